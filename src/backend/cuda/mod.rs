@@ -1,0 +1,1 @@
+//! The CUDA backend (feature `cuda`).

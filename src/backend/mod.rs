@@ -1,0 +1,79 @@
+//! Device backends: the kernels that move bytes on the device where they already are.
+//!
+//! Every backend implements [`Backend`]. [`backend_for`] picks the one for a device: the CPU
+//! backend for host-accessible memory, the CUDA backend for `kDLCUDA` (feature `cuda`; without
+//! it a stub with the same API returns [`Error::BackendUnavailable`]). Callers (the `ops` layer)
+//! validate arguments first; backends may assume shapes fit, boxes are in bounds, indices are
+//! normalised to `[0, len)`, and the destination is writable.
+
+pub mod cpu;
+
+use std::sync::Arc;
+
+use crate::device::{Device, DeviceType};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// One box copy: `shape` elements from `src` at `src_start` to `dst` at `dst_start`.
+/// Both tensors have the same dtype and live on the backend's device.
+#[derive(Clone, Debug)]
+pub struct BoxCopy<'a> {
+    pub src: &'a Tensor,
+    pub src_start: Vec<usize>,
+    pub dst: &'a Tensor,
+    pub dst_start: Vec<usize>,
+    pub shape: Vec<usize>,
+}
+
+/// The operations every device backend provides.
+pub trait Backend: Send + Sync {
+    /// The device this backend runs on.
+    fn device(&self) -> Device;
+
+    /// A new contiguous tensor with unspecified contents.
+    fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor>;
+
+    /// Runs every copy; the destination boxes do not overlap each other.
+    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
+
+    /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor
+    /// on this device with every value in `[0, src.shape[axis])`.
+    fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
+
+    /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`; later duplicates win.
+    fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
+
+    /// Waits until all work queued by this backend is done.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The backend for `device`.
+pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
+    match device.kind {
+        k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
+        DeviceType::Cuda => cuda_backend(device),
+        _ => Err(Error::UnsupportedDevice {
+            device: device.to_string(),
+            op: "native kernels".into(),
+        }),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend(_device: Device) -> Result<Arc<dyn Backend>> {
+    Err(Error::BackendUnavailable {
+        backend: "cuda",
+        reason: "dlpart was built without the `cuda` feature".into(),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend(device: Device) -> Result<Arc<dyn Backend>> {
+    cuda::CudaBackend::shared(device)
+}
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,1 @@
+//! DLPack import and export.

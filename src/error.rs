@@ -1,0 +1,218 @@
+//! The one error type of dlpart.
+//!
+//! Every variant carries the offending values as fields, so that callers can match on them and
+//! messages can name them. The Python layer maps variants onto exception classes:
+//! [`Error::Buffer`], [`Error::UnsupportedDType`] and [`Error::UnsupportedDevice`] become
+//! `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
+//! [`Error::InvalidDevice`] and [`Error::DeviceMismatch`] become `dlpart.DeviceError` (a
+//! `ValueError`); [`Error::IndexOutOfRange`] becomes `IndexError`; [`Error::BackendUnavailable`]
+//! becomes `dlpart.BackendUnavailableError` (a `RuntimeError`).
+
+use std::fmt;
+
+/// A grid position, printed like a Python tuple: `(0, 1)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Position(pub Vec<usize>);
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_tuple(f, &self.0)
+    }
+}
+
+/// Writes `items` as a Python tuple literal: `()`, `(3,)`, `(2, 4)`.
+pub(crate) fn write_tuple<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[T]) -> fmt::Result {
+    f.write_str("(")?;
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(f, "{x}")?;
+    }
+    if items.len() == 1 {
+        f.write_str(",")?;
+    }
+    f.write_str(")")
+}
+
+/// Formats a slice as a Python tuple literal (see [`write_tuple`]).
+pub fn tuple_string<T: fmt::Display>(items: &[T]) -> String {
+    struct T<'a, U>(&'a [U]);
+    impl<U: fmt::Display> fmt::Display for T<'_, U> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write_tuple(f, self.0)
+        }
+    }
+    T(items).to_string()
+}
+
+/// Everything that can go wrong in dlpart.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor cannot be exchanged as asked (DLPack rules, read-only data, copy refused, ...).
+    #[error("{reason}")]
+    Buffer { reason: String },
+
+    /// A DLPack data type dlpart does not handle.
+    #[error("unsupported DLPack dtype (code={code}, bits={bits}, lanes={lanes}): {reason}")]
+    UnsupportedDType {
+        code: u8,
+        bits: u8,
+        lanes: u16,
+        reason: &'static str,
+    },
+
+    /// An operation that the device cannot do (in this build or at all).
+    #[error("{op} is not supported on device {device}")]
+    UnsupportedDevice { device: String, op: String },
+
+    /// A device string or `(type, id)` pair that does not name a DLPack device.
+    #[error("invalid device {text:?}: {reason}")]
+    InvalidDevice { text: String, reason: String },
+
+    /// Data would have to cross devices and the caller did not ask for it.
+    #[error("{op}: {reason} (devices: {devices})")]
+    DeviceMismatch {
+        op: String,
+        devices: String,
+        reason: String,
+    },
+
+    /// A `__partitioned__` dict or layout that breaks the protocol.
+    /// `invariant` is the number of the [`crate::grid`] invariant that was violated, if any.
+    #[error("{}", protocol_message(key, position.as_ref(), found, *invariant))]
+    Protocol {
+        key: String,
+        position: Option<Position>,
+        found: String,
+        invariant: Option<u8>,
+    },
+
+    /// Several protocol violations, reported together.
+    #[error("{} protocol violations:\n{}", errors.len(), join_lines(errors))]
+    ProtocolMany { errors: Vec<Error> },
+
+    /// An index outside `[-len, len)`.
+    #[error("index {index} is out of bounds for axis {axis} with size {len}")]
+    IndexOutOfRange { index: i64, axis: usize, len: usize },
+
+    /// Shapes, axes or other arguments that do not fit together.
+    #[error("{what}: {found}")]
+    Shape { what: String, found: String },
+
+    /// A write into data that is read-only.
+    #[error("{what} is read-only")]
+    ReadOnly { what: String },
+
+    /// A backend that is not compiled in or cannot be loaded on this machine.
+    #[error("the {backend} backend is unavailable: {reason}")]
+    BackendUnavailable {
+        backend: &'static str,
+        reason: String,
+    },
+
+    /// A failure reported by a device runtime (CUDA driver, NVRTC, ...).
+    #[error("{backend} error in {op}: {message}")]
+    Backend {
+        backend: &'static str,
+        op: String,
+        message: String,
+    },
+}
+
+fn protocol_message(
+    key: &str,
+    position: Option<&Position>,
+    found: &str,
+    inv: Option<u8>,
+) -> String {
+    let mut s = format!("__partitioned__[{key:?}]");
+    if let Some(p) = position {
+        s.push_str(&format!(" at position {p}"));
+    }
+    s.push_str(": ");
+    s.push_str(found);
+    if let Some(n) = inv {
+        s.push_str(&format!(" (grid invariant {n})"));
+    }
+    s
+}
+
+fn join_lines(errors: &[Error]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  - {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Error {
+    /// Shorthand for [`Error::Buffer`].
+    pub fn buffer(reason: impl Into<String>) -> Self {
+        Error::Buffer {
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Shape`].
+    pub fn shape(what: impl Into<String>, found: impl Into<String>) -> Self {
+        Error::Shape {
+            what: what.into(),
+            found: found.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Protocol`].
+    pub fn protocol(
+        key: impl Into<String>,
+        position: Option<&[usize]>,
+        found: impl Into<String>,
+        invariant: Option<u8>,
+    ) -> Self {
+        Error::Protocol {
+            key: key.into(),
+            position: position.map(|p| Position(p.to_vec())),
+            found: found.into(),
+            invariant,
+        }
+    }
+
+    /// Folds a list of violations into one error: the error itself when there is one.
+    pub fn from_many(mut errors: Vec<Error>) -> Option<Self> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(Error::ProtocolMany { errors }),
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuples_print_like_python() {
+        assert_eq!(tuple_string::<usize>(&[]), "()");
+        assert_eq!(tuple_string(&[3]), "(3,)");
+        assert_eq!(tuple_string(&[2, 4]), "(2, 4)");
+    }
+
+    #[test]
+    fn protocol_message_names_key_position_and_invariant() {
+        let e = Error::protocol(
+            "start",
+            Some(&[0, 1]),
+            "expected (0, 4), found (0, 5)",
+            Some(4),
+        );
+        assert_eq!(
+            e.to_string(),
+            "__partitioned__[\"start\"] at position (0, 1): expected (0, 4), found (0, 5) (grid invariant 4)"
+        );
+    }
+}

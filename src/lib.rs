@@ -1,0 +1,26 @@
+//! # dlpart
+//!
+//! Partitioned, device-resident arrays exchanged between frameworks without copying, through
+//! DLPack and the `__partitioned__` protocol.
+//!
+//! | layer | module | what it holds |
+//! |---|---|---|
+//! | types | [`device`], [`dtype`], [`error`] | `Device` (`kDLCUDA:0`), `DType`, the one `Error` |
+//! | data | [`tensor`], [`dlpack`] | `Tensor` views with a shared owner; DLPack import/export |
+//! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature |
+//! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
+
+pub mod backend;
+pub mod device;
+pub mod dlpack;
+pub mod dtype;
+pub mod error;
+pub mod tensor;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use device::{Device, DeviceType};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use tensor::Tensor;

@@ -1,0 +1,1 @@
+//! The `dlpart._core` Python extension module.

@@ -1,0 +1,411 @@
+//! `Tensor`: a strided n-d array on some device, whose memory is kept alive by a shared owner.
+//!
+//! A tensor is a view: a pointer to element `[0, ..., 0]`, a shape, strides in elements (any
+//! sign, zero allowed), a dtype, a device and a read-only flag. The memory belongs to `owner`,
+//! an `Arc` that releases it when the last view goes: a Rust allocation ([`HostBuffer`]), a
+//! foreign DLPack tensor whose deleter runs on drop ([`crate::dlpack::ForeignTensor`]), or a
+//! device allocation of a backend. Views of views share the one owner.
+
+use std::any::Any;
+
+use ndarray::ShapeBuilder;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+
+/// Whatever keeps a tensor's memory alive. Dropping the last reference releases the memory.
+pub type Owner = Arc<dyn Any + Send + Sync>;
+
+/// A strided n-d array on a device. Cloning a `Tensor` makes another view of the same memory.
+#[derive(Clone)]
+pub struct Tensor {
+    data: *mut u8,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    dtype: DType,
+    device: Device,
+    readonly: bool,
+    owner: Owner,
+}
+
+// SAFETY: `data` points into memory owned by `owner`, which is `Send + Sync`; a `Tensor` only
+// hands the pointer out, and every write through it goes through an `unsafe` API whose caller
+// guarantees exclusive access to the elements written.
+unsafe impl Send for Tensor {}
+// SAFETY: see `Send`; shared references only read the metadata.
+unsafe impl Sync for Tensor {}
+
+/// Row-major (C-order) strides in elements for `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &n) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(n.max(1) as isize);
+    }
+    strides
+}
+
+/// Product of `shape`, or an error naming the shape when it overflows `isize`.
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| Error::shape("shape has too many elements", tuple_string(shape)))
+}
+
+impl Tensor {
+    /// Builds a tensor from raw parts.
+    ///
+    /// # Safety
+    /// For every index within `shape`, `data + sum(index * strides) * itemsize` must lie inside
+    /// memory that stays valid (and, unless `readonly`, writable) for as long as `owner` lives.
+    /// `data` may be dangling only when the tensor has no elements.
+    pub unsafe fn from_raw_parts(
+        data: *mut u8,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        dtype: DType,
+        device: Device,
+        readonly: bool,
+        owner: Owner,
+    ) -> Self {
+        debug_assert_eq!(shape.len(), strides.len());
+        Tensor {
+            data,
+            shape,
+            strides,
+            dtype,
+            device,
+            readonly,
+            owner,
+        }
+    }
+
+    /// A new zero-filled contiguous tensor in host memory.
+    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Self> {
+        let n = checked_numel(shape)?;
+        let nbytes = n
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
+        let buf = Arc::new(HostBuffer::zeroed(nbytes));
+        let data = buf.as_ptr();
+        // SAFETY: `buf` holds `nbytes = numel * itemsize` bytes and the strides are C-order for
+        // `shape`, so every in-bounds index addresses memory inside it; the Arc keeps it alive.
+        Ok(unsafe {
+            Tensor::from_raw_parts(
+                data,
+                shape.to_vec(),
+                contiguous_strides(shape),
+                dtype,
+                Device::CPU,
+                false,
+                buf,
+            )
+        })
+    }
+
+    /// A new host tensor holding `values` in C order.
+    pub fn from_slice<T: Element>(values: &[T], shape: &[usize]) -> Result<Self> {
+        let n = checked_numel(shape)?;
+        if n != values.len() {
+            return Err(Error::shape(
+                format!("{} values do not fill shape", values.len()),
+                tuple_string(shape),
+            ));
+        }
+        let t = Tensor::zeros(shape, T::DTYPE)?;
+        // SAFETY: `t` is a fresh contiguous allocation of exactly `n` elements of `T`, not yet
+        // shared with anyone.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), t.data as *mut T, n) };
+        Ok(t)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Strides in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Bytes of the elements (not of the span they occupy).
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.itemsize()
+    }
+    /// Address of element `[0, ..., 0]` (dangling or null when the tensor is empty).
+    pub fn data_ptr(&self) -> *mut u8 {
+        self.data
+    }
+    /// The owner keeping the memory alive.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Whether the elements are laid out in C order without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expect = 1isize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n > 1 && s != expect {
+                return false;
+            }
+            expect *= n as isize;
+        }
+        true
+    }
+
+    /// Byte offsets (relative to `data_ptr`) of the lowest and one-past-highest bytes that
+    /// the elements touch; `(0, 0)` for an empty tensor.
+    pub fn byte_span(&self) -> (isize, isize) {
+        if self.numel() == 0 {
+            return (0, 0);
+        }
+        let item = self.dtype.itemsize() as isize;
+        let (mut lo, mut hi) = (0isize, 0isize);
+        for (&n, &s) in self.shape.iter().zip(&self.strides) {
+            let ext = (n as isize - 1) * s * item;
+            if ext < 0 {
+                lo += ext;
+            } else {
+                hi += ext;
+            }
+        }
+        (lo, hi + item)
+    }
+
+    /// The same memory marked read-only (or not). Marking read-only data writable is refused.
+    pub fn with_readonly(&self, readonly: bool) -> Result<Self> {
+        if self.readonly && !readonly {
+            return Err(Error::ReadOnly {
+                what: format!("tensor {self:?}"),
+            });
+        }
+        let mut t = self.clone();
+        t.readonly = readonly;
+        Ok(t)
+    }
+
+    /// A view of the box `start .. start + shape`, sharing this tensor's memory.
+    pub fn view(&self, start: &[usize], shape: &[usize]) -> Result<Self> {
+        if start.len() != self.ndim() || shape.len() != self.ndim() {
+            return Err(Error::shape(
+                format!("box of a {}-d tensor", self.ndim()),
+                format!(
+                    "start {} shape {}",
+                    tuple_string(start),
+                    tuple_string(shape)
+                ),
+            ));
+        }
+        let mut offset = 0isize;
+        for d in 0..self.ndim() {
+            let end = start[d].checked_add(shape[d]);
+            if end.is_none_or(|e| e > self.shape[d]) {
+                return Err(Error::shape(
+                    format!("box outside tensor of shape {}", tuple_string(&self.shape)),
+                    format!(
+                        "start {} shape {}",
+                        tuple_string(start),
+                        tuple_string(shape)
+                    ),
+                ));
+            }
+            if shape[d] > 0 {
+                offset += start[d] as isize * self.strides[d];
+            }
+        }
+        let empty = shape.contains(&0);
+        let data = if empty {
+            self.data
+        } else {
+            self.data
+                .wrapping_offset(offset * self.dtype.itemsize() as isize)
+        };
+        let mut t = self.clone();
+        t.data = data;
+        t.shape = shape.to_vec();
+        Ok(t)
+    }
+
+    /// A read-only `ndarray` view of host data of element type `T`.
+    pub fn as_array<T: Element>(&self) -> Result<ndarray::ArrayViewD<'_, T>> {
+        self.check_host_element::<T>("as_array")?;
+        let shape = ndarray::IxDyn(&self.shape);
+        if self.numel() == 0 {
+            return Ok(ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view"));
+        }
+        let strides: Vec<usize> = self.strides.iter().map(|&s| s as usize).collect();
+        // SAFETY: the element type matches the dtype (checked above), the memory is host
+        // accessible, every in-bounds index lies inside memory kept alive by `self.owner` for
+        // the borrow's lifetime (invariant of `from_raw_parts`), and ndarray accepts negative
+        // strides given as wrapped `usize`.
+        Ok(unsafe {
+            ndarray::ArrayViewD::from_shape_ptr(
+                shape.strides(ndarray::IxDyn(&strides)),
+                self.data as *const T,
+            )
+        })
+    }
+
+    /// A copy of host data into a new C-order `ndarray`.
+    pub fn to_array<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
+        Ok(self.as_array::<T>()?.as_standard_layout().into_owned())
+    }
+
+    fn check_host_element<T: Element>(&self, op: &str) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::shape(
+                format!("{op}: element type {} does not match dtype", T::DTYPE),
+                self.dtype.name(),
+            ));
+        }
+        if !self.device.is_host_accessible() {
+            return Err(Error::UnsupportedDevice {
+                device: self.device.to_string(),
+                op: op.into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor(shape={}, dtype={}, device={}",
+            tuple_string(&self.shape),
+            self.dtype,
+            self.device
+        )?;
+        if !self.is_contiguous() {
+            write!(f, ", strides={}", tuple_string(&self.strides))?;
+        }
+        if self.readonly {
+            f.write_str(", readonly=True")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Rust element types with a dlpart dtype.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+}
+element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 => UInt8,
+    u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
+
+/// A zero-initialised, 64-byte aligned host allocation.
+pub struct HostBuffer {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is plain memory owned exclusively by this value; access to its bytes is
+// coordinated by the tensors that view it (see `Tensor`'s Send/Sync).
+unsafe impl Send for HostBuffer {}
+// SAFETY: as for Send; `&HostBuffer` exposes only the pointer.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    pub const ALIGN: usize = 64;
+
+    /// `nbytes` zeroed bytes (a dangling aligned pointer when `nbytes == 0`).
+    pub fn zeroed(nbytes: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(nbytes.max(1), Self::ALIGN)
+            .expect("allocation size fits isize");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        HostBuffer { ptr, layout }
+    }
+
+    /// `nbytes` uninitialised bytes, for outputs that are overwritten entirely.
+    pub fn uninit(nbytes: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(nbytes.max(1), Self::ALIGN)
+            .expect("allocation size fits isize");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        HostBuffer { ptr, layout }
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was allocated in `zeroed`/`uninit` with exactly `layout`, once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_share_memory_and_match_ndarray_slicing() {
+        let vals: Vec<i32> = (0..24).collect();
+        let t = Tensor::from_slice(&vals, &[2, 3, 4]).unwrap();
+        let v = t.view(&[1, 1, 2], &[1, 2, 2]).unwrap();
+        let reference = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[2, 3, 4]), vals).unwrap();
+        let expect = reference
+            .slice(ndarray::s![1..2, 1..3, 2..4])
+            .into_dyn()
+            .to_owned();
+        assert_eq!(v.to_array::<i32>().unwrap(), expect);
+        assert!(Arc::ptr_eq(v.owner(), t.owner()));
+        assert!(t.view(&[0, 0, 3], &[1, 1, 2]).is_err());
+        assert!(t.as_array::<f32>().is_err());
+    }
+
+    #[test]
+    fn spans_cover_negative_strides() {
+        let t = Tensor::zeros(&[3, 4], DType::Float32).unwrap();
+        assert_eq!(t.byte_span(), (0, 48));
+        let mut r = t.clone();
+        r.strides = vec![-4, 1];
+        assert_eq!(r.byte_span(), (-32, 16));
+        assert!(!r.is_contiguous());
+        assert!(t.is_contiguous());
+    }
+
+    #[test]
+    fn readonly_cannot_be_lifted() {
+        let t = Tensor::zeros(&[2], DType::UInt8)
+            .unwrap()
+            .with_readonly(true)
+            .unwrap();
+        assert!(t.with_readonly(false).is_err());
+        assert!(format!("{t:?}").contains("readonly=True"));
+    }
+}
