@@ -162,6 +162,9 @@ impl Tensor {
 
     /// Whether the elements are laid out in C order without gaps.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expect = 1isize;
         for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n > 1 && s != expect {
