@@ -255,17 +255,26 @@ impl Tensor {
         if self.numel() == 0 {
             return Ok(ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view"));
         }
-        let strides: Vec<usize> = self.strides.iter().map(|&s| s as usize).collect();
+        // ndarray wants non-negative strides: start at the lowest address, then flip the axes
+        // whose stride is negative.
+        let (lo, _) = self.byte_span();
+        let base = self.data.wrapping_offset(lo);
+        let strides: Vec<usize> = self.strides.iter().map(|&s| s.unsigned_abs()).collect();
         // SAFETY: the element type matches the dtype (checked above), the memory is host
-        // accessible, every in-bounds index lies inside memory kept alive by `self.owner` for
-        // the borrow's lifetime (invariant of `from_raw_parts`), and ndarray accepts negative
-        // strides given as wrapped `usize`.
-        Ok(unsafe {
+        // accessible, and with `base` at the lowest byte the elements touched with absolute
+        // strides are exactly those of the tensor, kept alive by `self.owner` for the borrow.
+        let mut view = unsafe {
             ndarray::ArrayViewD::from_shape_ptr(
                 shape.strides(ndarray::IxDyn(&strides)),
-                self.data as *const T,
+                base as *const T,
             )
-        })
+        };
+        for (axis, &s) in self.strides.iter().enumerate() {
+            if s < 0 {
+                view.invert_axis(ndarray::Axis(axis));
+            }
+        }
+        Ok(view)
     }
 
     /// A copy of host data into a new C-order `ndarray`.

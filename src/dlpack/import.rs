@@ -201,3 +201,188 @@ impl Drop for ForeignTensor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dlpack_rs::ffi::{DLDataType, DLDevice, DLPackVersion};
+
+    use super::*;
+
+    /// A producer-side allocation: the managed struct first, then what it points into.
+    #[repr(C)]
+    struct Producer {
+        managed: DLManagedTensorVersioned,
+        data: Vec<f32>,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        deleted: &'static AtomicUsize,
+    }
+
+    unsafe extern "C" fn delete(p: *mut DLManagedTensorVersioned) {
+        // SAFETY: `p` is the first field of a leaked `Box<Producer>` (`repr(C)`).
+        let b = unsafe { Box::from_raw(p.cast::<Producer>()) };
+        b.deleted.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn produce(
+        deleted: &'static AtomicUsize,
+        data: Vec<f32>,
+        shape: Vec<i64>,
+        strides: Option<Vec<i64>>,
+        edit: impl FnOnce(&mut DLManagedTensorVersioned),
+    ) -> NonNull<DLManagedTensorVersioned> {
+        let null_strides = strides.is_none();
+        let mut b = Box::new(Producer {
+            managed: DLManagedTensorVersioned {
+                version: DLPackVersion { major: 1, minor: 3 },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete),
+                flags: 0,
+                dl_tensor: DLTensor {
+                    data: std::ptr::null_mut(),
+                    device: DLDevice {
+                        device_type: 1,
+                        device_id: 0,
+                    },
+                    ndim: shape.len() as i32,
+                    dtype: DLDataType {
+                        code: 2,
+                        bits: 32,
+                        lanes: 1,
+                    },
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+            },
+            data,
+            shape,
+            strides: strides.unwrap_or_default(),
+            deleted,
+        });
+        let t = &mut b.managed.dl_tensor;
+        t.data = b.data.as_mut_ptr().cast();
+        t.shape = b.shape.as_mut_ptr();
+        if !null_strides {
+            t.strides = b.strides.as_mut_ptr();
+        }
+        edit(&mut b.managed);
+        NonNull::new(Box::into_raw(b).cast()).unwrap()
+    }
+
+    fn import(p: NonNull<DLManagedTensorVersioned>) -> Result<Tensor> {
+        // SAFETY: `p` comes fresh from `produce` and is owned by nobody else.
+        unsafe { ForeignTensor::from_versioned(p) }.into_tensor()
+    }
+
+    #[test]
+    fn valid_tensor_is_viewed_in_place_and_deleted_once() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        let p = produce(
+            &DELETED,
+            (0..12).map(|x| x as f32).collect(),
+            vec![3, 4],
+            Some(vec![-4, 1]),
+            |m| {
+                m.dl_tensor.byte_offset = 32; // row 2 first, read upwards
+                m.flags = FLAG_READ_ONLY;
+            },
+        );
+        let t = import(p).unwrap();
+        assert!(t.readonly());
+        let reference =
+            ndarray::Array::from_shape_vec((3, 4), (0..12).map(|x| x as f32).collect()).unwrap();
+        let expect = reference
+            .slice(ndarray::s![..;-1, ..])
+            .into_dyn()
+            .to_owned();
+        assert_eq!(t.to_array::<f32>().unwrap(), expect);
+        let v = t.view(&[1, 1], &[2, 2]).unwrap();
+        drop(t);
+        assert_eq!(DELETED.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            v.to_array::<f32>().unwrap(),
+            expect.slice(ndarray::s![1..3, 1..3]).into_dyn()
+        );
+        drop(v);
+        assert_eq!(DELETED.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn null_strides_mean_c_order_and_zero_strides_broadcast() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        let t = import(produce(
+            &DELETED,
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            vec![2, 3],
+            None,
+            |_| {},
+        ))
+        .unwrap();
+        assert_eq!(t.strides(), &[3, 1]);
+        let b = import(produce(
+            &DELETED,
+            vec![7.0, 8.0],
+            vec![3, 2],
+            Some(vec![0, 1]),
+            |_| {},
+        ))
+        .unwrap();
+        assert_eq!(
+            b.to_array::<f32>().unwrap(),
+            ndarray::arr2(&[[7.0f32, 8.0], [7.0, 8.0], [7.0, 8.0]]).into_dyn()
+        );
+        drop((t, b));
+        assert_eq!(DELETED.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn every_rejection_still_calls_the_deleter_once() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        type Edit = fn(&mut DLManagedTensorVersioned);
+        let cases: [(Edit, &str); 7] = [
+            (|m| m.version.major = 2, "version 2.3"),
+            (|m| m.dl_tensor.dtype.lanes = 2, "lanes=2"),
+            (|m| m.dl_tensor.dtype.code = 77, "code=77"),
+            (|m| m.dl_tensor.device.device_type = 6, "unknown device"),
+            (|m| m.dl_tensor.shape = std::ptr::null_mut(), "NULL shape"),
+            (|m| m.dl_tensor.data = std::ptr::null_mut(), "NULL data"),
+            (|m| m.dl_tensor.ndim = -3, "ndim -3"),
+        ];
+        let n = cases.len();
+        for (i, (edit, msg)) in cases.into_iter().enumerate() {
+            let e = import(produce(
+                &DELETED,
+                vec![1.0, 2.0],
+                vec![2],
+                Some(vec![1]),
+                edit,
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains(msg), "{e}");
+            assert_eq!(DELETED.load(Ordering::SeqCst), i + 1);
+        }
+        let e = import(produce(&DELETED, vec![], vec![-1], Some(vec![1]), |_| {})).unwrap_err();
+        assert!(e.to_string().contains("(-1,)"), "{e}");
+        assert_eq!(DELETED.load(Ordering::SeqCst), n + 1);
+    }
+
+    #[test]
+    fn zero_size_tensors_may_carry_null_data() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        let t = import(produce(
+            &DELETED,
+            vec![],
+            vec![0, 4],
+            Some(vec![4, 1]),
+            |m| m.dl_tensor.data = std::ptr::null_mut(),
+        ))
+        .unwrap();
+        assert_eq!(t.numel(), 0);
+        assert_eq!(t.to_array::<f32>().unwrap().shape(), &[0, 4]);
+        drop(t);
+        assert_eq!(DELETED.load(Ordering::SeqCst), 1);
+    }
+}
