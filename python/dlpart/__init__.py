@@ -9,13 +9,29 @@ from ._core import (
     __version__,
     from_dlpack,
 )
+from ._location import Location
+from ._partitioned import (
+    Partition,
+    PartitionedArray,
+    from_partitioned,
+    get,
+    partition,
+    validate,
+)
 
 __all__ = [
     "BackendUnavailableError",
     "Device",
     "DeviceError",
+    "Location",
+    "Partition",
+    "PartitionedArray",
     "ProtocolError",
     "Tensor",
     "__version__",
     "from_dlpack",
+    "from_partitioned",
+    "get",
+    "partition",
+    "validate",
 ]

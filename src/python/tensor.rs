@@ -85,7 +85,7 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
     )))
 }
 
-fn retag(t: &Tensor, device: Device) -> Tensor {
+pub(crate) fn retag(t: &Tensor, device: Device) -> Tensor {
     // SAFETY: same memory, same layout, same owner; only the device tag changes between two
     // host-accessible device types, which the CPU reads identically.
     unsafe {
@@ -202,6 +202,11 @@ impl PyTensor {
         }
         s.push(')');
         s
+    }
+
+    /// A zero-copy view of the box `start .. start + shape`.
+    fn view(&self, start: Vec<usize>, shape: Vec<usize>) -> PyResult<Self> {
+        self.inner.view(&start, &shape).map(PyTensor::new).map_err(to_py)
     }
 
     /// A contiguous copy on the same device.

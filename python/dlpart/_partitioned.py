@@ -1,0 +1,457 @@
+"""`PartitionedArray`: the `__partitioned__` protocol, produced and consumed."""
+
+import itertools
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from . import _core
+from ._core import Device, DeviceError, ProtocolError, Tensor
+from ._location import Location, framework_device, here, normalise
+
+Position = Tuple[int, ...]
+
+__all__ = ["Partition", "PartitionedArray", "from_partitioned", "get", "partition", "validate"]
+
+
+def get(handles):
+    """The ``get`` of dicts that dlpart produces: resolves a handle, or a sequence of them.
+
+    dlpart tensors and ``None`` resolve to themselves; Dask futures through their client; Ray
+    ObjectRefs through ``ray.get``. A module-level function, so the dict pickles.
+    """
+    if isinstance(handles, (list, tuple)):
+        return [_resolve(h) for h in handles]
+    return _resolve(handles)
+
+
+def _resolve(h):
+    if h is None or isinstance(h, Tensor) or hasattr(h, "__dlpack__"):
+        return h
+    kind = type(h).__module__.split(".")[0]
+    if kind == "distributed":
+        return h.result()
+    if kind == "ray":
+        import ray
+
+        return ray.get(h)
+    raise TypeError(f"dlpart.get cannot resolve a handle of type {type(h).__name__}")
+
+
+class Partition:
+    """One box of the grid: its position, start, shape, data (or a handle to it) and locations."""
+
+    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle")
+
+    def __init__(self, position, start, shape, locations=(), tensor=None, handle=None):
+        self.position: Position = tuple(position)
+        self.start: Tuple[int, ...] = tuple(start)
+        self.shape: Tuple[int, ...] = tuple(shape)
+        self.locations: Tuple[Location, ...] = tuple(locations)
+        self._tensor: Optional[Tensor] = tensor
+        self._handle = handle
+
+    @property
+    def tensor(self) -> Optional[Tensor]:
+        """The data as a dlpart tensor (None for another rank's partition, or an unfetched
+        handle: see `PartitionedArray.fetch`)."""
+        return self._tensor
+
+    @property
+    def handle(self):
+        """The producer's handle (a Dask future, a Ray ObjectRef), if the data is not here yet."""
+        return self._handle
+
+    @property
+    def device(self) -> Optional[Device]:
+        if self._tensor is not None:
+            return self._tensor.device
+        return self.locations[0].device if self.locations else None
+
+    def __repr__(self) -> str:
+        what = "tensor" if self._tensor is not None else ("handle" if self._handle is not None else "None")
+        return (
+            f"Partition(position={self.position}, start={self.start}, shape={self.shape}, "
+            f"data={what}, locations={list(self.locations)})"
+        )
+
+
+class PartitionedArray:
+    """A logical n-d array cut into a rectilinear grid of partitions, each a DLPack tensor on
+    some device (or a handle to one, or nothing for another rank's partition in SPMD mode)."""
+
+    def __init__(self, shape, splits, partitions: Mapping[Position, Partition], *, dtype=None,
+                 locals=None, get=None):
+        self._shape = tuple(int(n) for n in shape)
+        self._splits = tuple(tuple(s) for s in splits)
+        self._partitions: Dict[Position, Partition] = dict(partitions)
+        self._locals = None if locals is None else [tuple(p) for p in locals]
+        self._get = get
+        self._dtype = dtype
+        try:
+            self._check_data()
+        except BaseException:
+            self._partitions = {}  # a traceback keeps `self` alive: let go of the tensors now
+            raise
+
+    def _check_data(self):
+        """Invariants 6, 7 and 9 of the grid (see the Rust `grid` module) for the data held."""
+        for p in self._partitions.values():
+            t = p._tensor
+            if t is None:
+                continue
+            if t.shape != p.shape:
+                raise ProtocolError(
+                    f"__partitioned__['partitions'] at position {p.position}: data of shape "
+                    f"{t.shape} for an entry of shape {p.shape} (grid invariant 7)"
+                )
+            if self._dtype is None:
+                self._dtype = t.dtype
+            elif t.dtype != self._dtype:
+                raise ProtocolError(
+                    f"__partitioned__['partitions'] at position {p.position}: dtype {t.dtype} "
+                    f"differs from {self._dtype} (grid invariant 6)"
+                )
+
+    # -- the model -----------------------------------------------------------------------------
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self) -> Optional[str]:
+        """The element type, as a name like ``'float32'`` (None until some data is here)."""
+        return self._dtype
+
+    @property
+    def tiling(self) -> Tuple[int, ...]:
+        return tuple(len(s) - 1 for s in self._splits)
+
+    @property
+    def splits(self) -> Tuple[Tuple[int, ...], ...]:
+        """Per axis, the split points ``0 = b0 <= b1 <= ... <= bk = shape[axis]``."""
+        return self._splits
+
+    @property
+    def partitions(self) -> Mapping[Position, Partition]:
+        return self._partitions
+
+    @property
+    def locals(self) -> Optional[List[Position]]:
+        """The positions this rank owns (SPMD), or None when not SPMD."""
+        return None if self._locals is None else list(self._locals)
+
+    @property
+    def devices(self) -> List[Device]:
+        """The distinct devices the partitions live on, in order of first appearance."""
+        seen = []
+        for p in self._partitions.values():
+            d = p.device
+            if d is not None and d not in seen:
+                seen.append(d)
+        return seen
+
+    def __repr__(self) -> str:
+        return (
+            f"dlpart.PartitionedArray(shape={self._shape}, dtype={self._dtype!r}, "
+            f"tiling={self.tiling}, devices={[str(d) for d in self.devices]})"
+        )
+
+    # -- producing -----------------------------------------------------------------------------
+    @property
+    def __partitioned__(self) -> dict:
+        """The draft-2 ``__partitioned__`` dict. It pickles: tensors by value, handles as handles."""
+        parts = {}
+        for pos, p in self._partitions.items():
+            data = p._tensor if p._tensor is not None else p._handle
+            locs = p.locations or ((here(p._tensor.device),) if p._tensor is not None else ())
+            parts[pos] = {
+                "start": p.start,
+                "shape": p.shape,
+                "data": data,
+                "location": [loc.to_tuple() for loc in locs],
+            }
+        d = {
+            "shape": self._shape,
+            "partition_tiling": self.tiling,
+            "partitions": parts,
+            "get": get,
+        }
+        if self._locals is not None:
+            d["locals"] = list(self._locals)
+        return d
+
+    # -- handles ---------------------------------------------------------------------------------
+    def fetch(self, positions: Optional[Iterable[Position]] = None) -> "PartitionedArray":
+        """Resolves the handles of ``positions`` (default: all) through ``get`` in one call and
+        imports their data through DLPack. Returns self."""
+        wanted = [self._partitions[tuple(p)] for p in positions] if positions is not None else list(
+            self._partitions.values())
+        pending = [p for p in wanted if p._tensor is None and p._handle is not None]
+        if not pending:
+            return self
+        getter = self._get or get
+        raw = getter([p._handle for p in pending])
+        if not isinstance(raw, (list, tuple)) or len(raw) != len(pending):
+            raw = [getter(p._handle) for p in pending]
+        imported = []
+        try:
+            for p, obj in zip(pending, raw):
+                imported.append(_import_data(obj, p.position, None, None))
+            new = dict(zip((p.position for p in pending), imported))
+            for pos, t in new.items():
+                if t.shape != self._partitions[pos].shape:
+                    raise ProtocolError(
+                        f"__partitioned__['partitions'] at position {pos}: fetched data of shape "
+                        f"{t.shape} for an entry of shape {self._partitions[pos].shape} "
+                        "(grid invariant 7)"
+                    )
+                if self._dtype is not None and t.dtype != self._dtype:
+                    raise ProtocolError(
+                        f"__partitioned__['partitions'] at position {pos}: fetched dtype "
+                        f"{t.dtype} differs from {self._dtype} (grid invariant 6)"
+                    )
+        except BaseException:
+            imported.clear()  # release every tensor taken so far before the error propagates
+            raise
+        for p in pending:
+            t = new[p.position]
+            p._tensor, p._handle = t, None
+            if self._dtype is None:
+                self._dtype = t.dtype
+        return self
+
+    def tensors(self) -> List[Tensor]:
+        """Every partition's tensor in C order of positions (fetching handles first)."""
+        self.fetch()
+        out = []
+        for pos in itertools.product(*(range(n) for n in self.tiling)):
+            t = self._partitions[pos]._tensor
+            if t is None:
+                raise ProtocolError(
+                    f"__partitioned__['partitions'] at position {pos}: no data here (another "
+                    "rank's partition in SPMD mode)"
+                )
+            out.append(t)
+        return out
+
+    # -- unmaking ----------------------------------------------------------------------------------
+    def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
+        """The whole array as one tensor on the partitions' common device.
+
+        Partitions on different devices need ``device=`` and ``transfer=True``; otherwise
+        `dlpart.DeviceError` names the devices.
+        """
+        tensors = self.tensors()
+        devices = sorted({str(t.device) for t in tensors})
+        target = Device(device) if device is not None else None
+        if target is None:
+            if len(devices) > 1:
+                raise DeviceError(
+                    f"assemble: partitions live on several devices {devices}; pass device= and "
+                    "transfer=True to move them"
+                )
+            target = tensors[0].device if tensors else Device("kDLCPU")
+        moving = sorted({str(t.device) for t in tensors if t.device != target})
+        if moving and not transfer:
+            raise DeviceError(
+                f"assemble: partitions on {moving} would be moved to {target}; pass transfer=True"
+            )
+        if moving:
+            tensors = [t if t.device == target else _core._transfer(t, target) for t in tensors]
+        starts = [self._partitions[pos].start
+                  for pos in itertools.product(*(range(n) for n in self.tiling))]
+        return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)
+
+
+def _import_data(obj, position, device, copy) -> Tensor:
+    if isinstance(obj, Tensor) and device is None and not copy:
+        return obj
+    if not hasattr(obj, "__dlpack__"):
+        raise ProtocolError(
+            f"__partitioned__['partitions'] at position {position}: 'data' of type "
+            f"{type(obj).__name__} is neither None, a DLPack array nor a handle that 'get' resolves"
+        )
+    return _core.from_dlpack(obj, device=device, copy=copy)
+
+
+def _as_dict(obj) -> dict:
+    if isinstance(obj, Mapping):
+        return obj
+    attr = getattr(obj, "__partitioned__", None)
+    if attr is None:
+        raise TypeError(
+            f"objects of type {type(obj).__name__} do not implement __partitioned__"
+        )
+    d = attr() if callable(attr) else attr
+    if not isinstance(d, Mapping):
+        raise ProtocolError(f"__partitioned__ returned {type(d).__name__}, not a dict")
+    return d
+
+
+def _tuple_of_ints(value, key, position=None) -> Tuple[int, ...]:
+    where = f"__partitioned__[{key!r}]" + (f" at position {position}" if position is not None else "")
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int):
+            try:
+                import operator
+
+                operator.index(x)
+            except TypeError:
+                raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
+    return tuple(int(x) for x in items)
+
+
+class _Parsed:
+    __slots__ = ("shape", "tiling", "entries", "splits", "locals", "get")
+
+
+def _parse(d: Mapping) -> _Parsed:
+    """Checks the dict's structure and its grid (in Rust), importing no data."""
+    for key in ("shape", "partition_tiling", "partitions"):
+        if key not in d:
+            raise ProtocolError(f"__partitioned__ is missing the key {key!r}")
+    out = _Parsed()
+    out.shape = _tuple_of_ints(d["shape"], "shape")
+    out.tiling = _tuple_of_ints(d["partition_tiling"], "partition_tiling")
+    parts = d["partitions"]
+    if not isinstance(parts, Mapping):
+        raise ProtocolError(f"__partitioned__['partitions']: expected a dict, found {type(parts).__name__}")
+    entries = []
+    raw = []
+    for key, entry in parts.items():
+        pos = _tuple_of_ints(key, "partitions")
+        if not isinstance(entry, Mapping):
+            raise ProtocolError(
+                f"__partitioned__['partitions'] at position {pos}: expected a dict, found "
+                f"{type(entry).__name__}"
+            )
+        for k in ("start", "shape"):
+            if k not in entry:
+                raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing {k!r}")
+        if "data" not in entry:
+            raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing 'data'")
+        start = _tuple_of_ints(entry["start"], "start", pos)
+        shape = _tuple_of_ints(entry["shape"], "shape", pos)
+        entries.append((pos, start, shape))
+        raw.append((pos, start, shape, entry))
+    out.splits = _core._grid_from_entries(out.shape, out.tiling, entries)
+    out.entries = raw
+    loc = d.get("locals")
+    if loc is not None:
+        if not isinstance(loc, (list, tuple)):
+            raise ProtocolError(f"__partitioned__['locals']: expected a list of positions, found {loc!r}")
+        locs = [_tuple_of_ints(p, "locals") for p in loc]
+        tiling = out.tiling
+        for p in locs:
+            if len(p) != len(tiling) or any(not 0 <= i < n for i, n in zip(p, tiling)):
+                raise ProtocolError(
+                    f"__partitioned__['locals']: position {p} is not in a grid of tiling {tiling} "
+                    "(grid invariant 10)"
+                )
+        if len(set(locs)) != len(locs):
+            raise ProtocolError(f"__partitioned__['locals']: a position is listed twice in {locs} (grid invariant 10)")
+        out.locals = locs
+    else:
+        out.locals = None
+    g = d.get("get")
+    if g is not None and not callable(g):
+        raise ProtocolError(f"__partitioned__['get']: expected a callable, found {g!r}")
+    out.get = g
+    return out
+
+
+def validate(d) -> None:
+    """Checks a ``__partitioned__`` dict (or an object exposing one) without importing data.
+
+    Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
+    """
+    p = _parse(_as_dict(d))
+    for pos, _, _, entry in p.entries:
+        normalise(entry.get("location"), pos, framework_device(entry.get("device"), "device", pos))
+
+
+def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> PartitionedArray:
+    """Imports a partitioned array: an object with ``__partitioned__`` (property or method), or
+    the dict itself.
+
+    Partitions whose ``data`` is an array are imported through DLPack (zero-copy unless
+    ``device``/``copy`` ask otherwise); handles stay handles until needed and are resolved only
+    through the dict's ``get`` (`PartitionedArray.fetch`). On any error every tensor taken so far
+    is released.
+    """
+    if isinstance(obj, PartitionedArray) and device is None and not copy:
+        return obj
+    d = _as_dict(obj)
+    parsed = _parse(d)
+    target = Device(device) if device is not None else None
+    parts = {}
+    taken = []
+    try:
+        for pos, start, shape, entry in parsed.entries:
+            data = entry["data"]
+            extra = framework_device(entry.get("device"), "device", pos)
+            tensor = handle = None
+            if data is not None:
+                if hasattr(data, "__dlpack__"):
+                    tensor = _import_data(data, pos, target, copy)
+                    taken.append(tensor)
+                else:
+                    handle = data
+            fallback = tensor.device if tensor is not None else extra
+            if target is not None and tensor is not None:
+                # the data was moved: its locality is here now
+                locations = (here(tensor.device),)
+            else:
+                locations = normalise(entry.get("location"), pos, fallback)
+            parts[pos] = Partition(pos, start, shape, locations, tensor, handle)
+        dtype = _entry_dtype(d)
+        return PartitionedArray(parsed.shape, parsed.splits, parts, dtype=dtype,
+                                locals=parsed.locals, get=parsed.get)
+    except BaseException:
+        # The traceback keeps this frame alive: drop every reference to imported data.
+        taken.clear()
+        parts.clear()
+        tensor = None  # noqa: F841
+        raise
+
+
+def _entry_dtype(d) -> Optional[str]:
+    """A dtype stated by the producer without data (heat's extra ``dtype`` key), if any."""
+    for entry in d["partitions"].values():
+        dt = entry.get("dtype") if isinstance(entry, Mapping) else None
+        if dt is not None:
+            name = str(dt).replace("torch.", "")
+            return name
+    return None
+
+
+def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> PartitionedArray:
+    """Cuts any DLPack array into a grid of zero-copy views on its device.
+
+    ``tiling`` splits each axis evenly like `numpy.array_split`; ``splits`` gives the split
+    points per axis explicitly (``[[0, 3, 8], [0, 8]]``). Default: one partition.
+    """
+    t = x if isinstance(x, Tensor) else _core.from_dlpack(x)
+    if splits is not None:
+        if tiling is not None:
+            raise ValueError("pass tiling or splits, not both")
+        sp = _core._check_splits(t.shape, [list(s) for s in splits])
+    else:
+        tiling = tuple(tiling) if tiling is not None else (1,) * t.ndim
+        sp = _core._even_splits(t.shape, list(tiling))
+    parts = {}
+    loc = (here(t.device),)
+    for pos in itertools.product(*(range(len(s) - 1) for s in sp)):
+        start = tuple(sp[a][i] for a, i in enumerate(pos))
+        shape = tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos))
+        parts[pos] = Partition(pos, start, shape, loc, t.view(start, shape))
+    return PartitionedArray(t.shape, sp, parts, dtype=t.dtype)

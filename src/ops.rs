@@ -1,0 +1,285 @@
+//! Operations on top of the planner and the backends: repartition, gather, scatter.
+//!
+//! Every operation validates first and writes second, so an error leaves every output
+//! untouched. Data never crosses devices unless the caller passes `transfer = true`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::backend::{backend_for, Backend, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::Grid;
+use crate::plan::Plan;
+use crate::tensor::Tensor;
+
+/// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
+/// positions) into new tensors over the target grid; target partition `j` is allocated on
+/// `dst_devices[j]`. Each element is copied once, straight from its source partition into its
+/// target partition.
+pub fn repartition(
+    plan: &Plan,
+    src: &[Tensor],
+    dst_devices: &[Device],
+    transfer: bool,
+) -> Result<Vec<Tensor>> {
+    let (sg, dg) = (plan.src_grid(), plan.dst_grid());
+    let dtype = check_sources(sg, src)?;
+    if dst_devices.len() != dg.num_partitions() {
+        return Err(Error::shape(
+            format!("{} target partitions need as many devices", dg.num_partitions()),
+            format!("{} devices", dst_devices.len()),
+        ));
+    }
+    let pairs = plan.bytes_by_device_pair(
+        dtype.itemsize(),
+        &|i| src[i].device(),
+        &|j| dst_devices[j],
+    );
+    let crossing: Vec<String> = pairs
+        .keys()
+        .filter(|(s, d)| s != d)
+        .map(|(s, d)| format!("{s} -> {d}"))
+        .collect();
+    if !crossing.is_empty() && !transfer {
+        return Err(Error::DeviceMismatch {
+            op: "repartition".into(),
+            devices: crossing.join(", "),
+            reason: "the target layout moves data to another device; pass transfer=True".into(),
+        });
+    }
+    // Every backend is resolved before anything is allocated or written.
+    let mut backends: BTreeMap<Device, Arc<dyn Backend>> = BTreeMap::new();
+    for &(s, d) in pairs.keys() {
+        for dev in [s, d] {
+            if let std::collections::btree_map::Entry::Vacant(e) = backends.entry(dev) {
+                e.insert(backend_for(dev)?);
+            }
+        }
+        if s != d && !(s.is_host_accessible() && d.is_host_accessible()) {
+            return Err(Error::UnsupportedDevice {
+                device: format!("{s} -> {d}"),
+                op: "repartition with transfer".into(),
+            });
+        }
+    }
+    let mut out = Vec::with_capacity(dg.num_partitions());
+    for (j, &dev) in dst_devices.iter().enumerate() {
+        let backend = match backends.get(&dev) {
+            Some(b) => b.clone(),
+            None => backend_for(dev)?, // a target that receives no bytes (empty partition)
+        };
+        out.push(backend.empty(&dg.region_at(j).shape, dtype)?);
+    }
+    // One batch per executing device: same-device copies run on that device; host-to-host
+    // transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
+    let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
+    plan.ops().visit(|op| {
+        let (s, d) = (src[op.src].device(), dst_devices[op.dst]);
+        let exec = if s == d { s } else { Device::CPU };
+        batches.entry(exec).or_default().push(BoxCopy {
+            src: &src[op.src],
+            src_start: op.src_start.clone(),
+            dst: &out[op.dst],
+            dst_start: op.dst_start.clone(),
+            shape: op.shape.clone(),
+        });
+    });
+    for (dev, jobs) in &batches {
+        let backend = match backends.get(dev) {
+            Some(b) => b.clone(),
+            None => backend_for(*dev)?,
+        };
+        backend.copy_boxes(jobs)?;
+        backend.synchronize()?;
+    }
+    drop(batches);
+    Ok(out)
+}
+
+fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
+    if src.len() != grid.num_partitions() {
+        return Err(Error::shape(
+            format!(
+                "a grid of tiling {} needs one tensor per partition",
+                tuple_string(&grid.tiling())
+            ),
+            format!("{} tensors", src.len()),
+        ));
+    }
+    let dtype = src.first().map(Tensor::dtype).unwrap_or(DType::Float32);
+    for (i, t) in src.iter().enumerate() {
+        let region = grid.region_at(i);
+        if t.shape() != region.shape.as_slice() {
+            return Err(Error::protocol(
+                "partitions",
+                Some(&grid.position(i)),
+                format!(
+                    "data of shape {} for an entry of shape {}",
+                    tuple_string(t.shape()),
+                    tuple_string(&region.shape)
+                ),
+                Some(7),
+            ));
+        }
+        if t.dtype() != dtype {
+            return Err(Error::protocol(
+                "partitions",
+                Some(&grid.position(i)),
+                format!("dtype {} differs from {dtype}", t.dtype()),
+                Some(6),
+            ));
+        }
+    }
+    Ok(dtype)
+}
+
+/// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
+/// length `len`; an index outside `[-len, len)` is an error before anything is written.
+pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+    if indices.ndim() != 1 {
+        return Err(Error::shape(
+            "indices must be 1-d",
+            format!("shape {}", tuple_string(indices.shape())),
+        ));
+    }
+    if !indices.device().is_host_accessible() {
+        return Err(Error::UnsupportedDevice {
+            device: indices.device().to_string(),
+            op: "indices (host memory only in this build)".into(),
+        });
+    }
+    let n = indices.shape()[0];
+    let stride = indices.strides()[0];
+    let values: Vec<i64> = (0..n)
+        .map(|i| read_index(indices, i as isize * stride))
+        .collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(n);
+    for v in values {
+        let k = if v < 0 { v + len as i64 } else { v };
+        if k < 0 || k >= len as i64 {
+            return Err(Error::IndexOutOfRange {
+                index: v,
+                axis,
+                len,
+            });
+        }
+        out.push(k);
+    }
+    Tensor::from_slice(&out, &[n])
+}
+
+fn read_index(t: &Tensor, offset: isize) -> Result<i64> {
+    let p = t.data_ptr().wrapping_offset(offset * t.dtype().itemsize() as isize);
+    // SAFETY: `offset` addresses an in-bounds element of the host-accessible 1-d tensor `t`
+    // (callers iterate `i < shape[0]` with the tensor's own stride); unaligned reads are used
+    // because DLPack producers may hand out unaligned data.
+    unsafe {
+        Ok(match t.dtype() {
+            DType::Int8 => p.cast::<i8>().read_unaligned() as i64,
+            DType::Int16 => p.cast::<i16>().read_unaligned() as i64,
+            DType::Int32 => p.cast::<i32>().read_unaligned() as i64,
+            DType::Int64 => p.cast::<i64>().read_unaligned(),
+            DType::UInt8 => p.cast::<u8>().read_unaligned() as i64,
+            DType::UInt16 => p.cast::<u16>().read_unaligned() as i64,
+            DType::UInt32 => p.cast::<u32>().read_unaligned() as i64,
+            DType::UInt64 => {
+                let v = p.cast::<u64>().read_unaligned();
+                i64::try_from(v).map_err(|_| Error::IndexOutOfRange {
+                    index: i64::MAX,
+                    axis: 0,
+                    len: 0,
+                })?
+            }
+            other => {
+                return Err(Error::shape(
+                    "indices must have an integer dtype",
+                    other.name(),
+                ))
+            }
+        })
+    }
+}
+
+fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
+    if axis >= t.ndim() {
+        return Err(Error::shape(
+            format!("axis {axis} is out of range for the {}-d {what}", t.ndim()),
+            format!("shape {}", tuple_string(t.shape())),
+        ));
+    }
+    Ok(())
+}
+
+fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Result<()> {
+    if out.readonly() {
+        return Err(Error::ReadOnly {
+            what: format!("out {out:?}"),
+        });
+    }
+    if out.shape() != shape || out.dtype() != dtype || out.device() != device {
+        return Err(Error::shape(
+            format!(
+                "out must have shape {}, dtype {dtype} and device {device}",
+                tuple_string(shape)
+            ),
+            format!("{out:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
+/// on `src`'s device unless given.
+pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
+    check_axis(src, axis, "source")?;
+    let idx = normalise_indices(indices, axis, src.shape()[axis])?;
+    let mut shape = src.shape().to_vec();
+    shape[axis] = idx.shape()[0];
+    let backend = backend_for(src.device())?;
+    let out = match out {
+        Some(o) => {
+            check_out(o, &shape, src.dtype(), src.device())?;
+            o.clone()
+        }
+        None => backend.empty(&shape, src.dtype())?,
+    };
+    backend.gather(src, &idx, axis, &out)?;
+    backend.synchronize()?;
+    Ok(out)
+}
+
+/// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`, like numpy's fancy assignment
+/// (the last of duplicate indices wins).
+pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
+    check_axis(out, axis, "output")?;
+    let idx = normalise_indices(indices, axis, out.shape()[axis])?;
+    let mut shape = out.shape().to_vec();
+    shape[axis] = idx.shape()[0];
+    if values.shape() != shape.as_slice() || values.dtype() != out.dtype() {
+        return Err(Error::shape(
+            format!(
+                "values must have shape {} and dtype {}",
+                tuple_string(&shape),
+                out.dtype()
+            ),
+            format!("{values:?}"),
+        ));
+    }
+    if out.readonly() {
+        return Err(Error::ReadOnly {
+            what: format!("out {out:?}"),
+        });
+    }
+    if values.device() != out.device() {
+        return Err(Error::DeviceMismatch {
+            op: "scatter".into(),
+            devices: format!("{} -> {}", values.device(), out.device()),
+            reason: "values and out must be on one device".into(),
+        });
+    }
+    let backend = backend_for(out.device())?;
+    backend.scatter(values, &idx, axis, out)?;
+    backend.synchronize()
+}

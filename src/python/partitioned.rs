@@ -1,0 +1,110 @@
+//! Bindings for the partitioned layer: grid validation and whole-array copies.
+//!
+//! The `__partitioned__` dicts themselves are read and written in Python
+//! (`python/dlpart/_partitioned.py`); what must be fast or safe happens here.
+
+use pyo3::prelude::*;
+
+use crate::backend::{backend_for, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::grid::{Entry, Grid};
+
+use super::device::device_arg;
+use super::errors::to_py;
+use super::tensor::{copy_tensor, retag, PyTensor};
+
+/// Validates the entries of a dict (grid invariants 1-5) and returns the split points.
+#[pyfunction]
+fn _grid_from_entries(
+    py: Python<'_>,
+    shape: Vec<i64>,
+    tiling: Vec<i64>,
+    entries: Vec<Entry>,
+) -> PyResult<Vec<Vec<usize>>> {
+    let grid = py
+        .detach(|| Grid::from_entries(&shape, &tiling, &entries))
+        .map_err(to_py)?;
+    Ok(grid.splits().to_vec())
+}
+
+/// Split points cutting each axis like `numpy.array_split`.
+#[pyfunction]
+fn _even_splits(shape: Vec<usize>, tiling: Vec<usize>) -> PyResult<Vec<Vec<usize>>> {
+    Ok(Grid::even(&shape, &tiling).map_err(to_py)?.splits().to_vec())
+}
+
+/// Checks explicit split points against a shape.
+#[pyfunction]
+fn _check_splits(shape: Vec<usize>, splits: Vec<Vec<usize>>) -> PyResult<Vec<Vec<usize>>> {
+    Ok(Grid::from_splits(&shape, splits)
+        .map_err(to_py)?
+        .splits()
+        .to_vec())
+}
+
+/// One new tensor of `shape` on `device`, with each partition copied in at its start.
+#[pyfunction]
+fn _assemble(
+    py: Python<'_>,
+    tensors: Vec<PyTensor>,
+    starts: Vec<Vec<usize>>,
+    shape: Vec<usize>,
+    dtype: &str,
+    device: &Bound<'_, PyAny>,
+) -> PyResult<PyTensor> {
+    let device = device_arg(device)?;
+    let dtype: DType = dtype.parse().map_err(to_py)?;
+    if let Some(t) = tensors.iter().find(|t| t.inner.device() != device) {
+        return Err(to_py(Error::DeviceMismatch {
+            op: "assemble".into(),
+            devices: format!("{} and {device}", t.inner.device()),
+            reason: "every partition must be on the target device first".into(),
+        }));
+    }
+    let backend = backend_for(device).map_err(to_py)?;
+    let out = backend.empty(&shape, dtype).map_err(to_py)?;
+    let jobs: Vec<BoxCopy<'_>> = tensors
+        .iter()
+        .zip(&starts)
+        .map(|(t, start)| BoxCopy {
+            src: &t.inner,
+            src_start: vec![0; t.inner.ndim()],
+            dst: &out,
+            dst_start: start.clone(),
+            shape: t.inner.shape().to_vec(),
+        })
+        .collect();
+    py.detach(|| {
+        backend.copy_boxes(&jobs)?;
+        backend.synchronize()
+    })
+    .map_err(to_py)?;
+    drop(jobs);
+    Ok(PyTensor::new(out))
+}
+
+/// A copy of `t` on `device`, for explicit transfers.
+#[pyfunction]
+fn _transfer(t: &PyTensor, device: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+    let device: Device = device_arg(device)?;
+    let here = t.inner.device();
+    if here.is_host_accessible() && device.is_host_accessible() {
+        let c = copy_tensor(&t.inner)?;
+        return Ok(PyTensor::new(retag(&c, device)));
+    }
+    Err(to_py(Error::UnsupportedDevice {
+        device: format!("{here} -> {device}"),
+        op: "transfer".into(),
+    }))
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_grid_from_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(_even_splits, m)?)?;
+    m.add_function(wrap_pyfunction!(_check_splits, m)?)?;
+    m.add_function(wrap_pyfunction!(_assemble, m)?)?;
+    m.add_function(wrap_pyfunction!(_transfer, m)?)?;
+    Ok(())
+}
