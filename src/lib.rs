@@ -15,6 +15,9 @@ pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
+pub mod grid;
+pub mod partitioned;
+pub mod plan;
 pub mod tensor;
 
 #[cfg(feature = "python")]
@@ -23,4 +26,7 @@ mod python;
 pub use device::{Device, DeviceType};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use grid::{Grid, Region};
+pub use partitioned::{Location, Partition, PartitionedArray};
+pub use plan::{CopyOp, Layout, Plan};
 pub use tensor::Tensor;
