@@ -7,7 +7,10 @@
 //! |---|---|---|
 //! | types | [`device`], [`dtype`], [`error`] | `Device` (`kDLCUDA:0`), `DType`, the one `Error` |
 //! | data | [`tensor`], [`dlpack`] | `Tensor` views with a shared owner; DLPack import/export |
+//! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray` |
+//! | planning | [`plan`] | `Plan`: box copies between two grids; target `Layout`s |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature |
+//! | operations | [`ops`] | repartition, gather, scatter: validate, then copy |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 
 pub mod backend;
@@ -16,6 +19,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod grid;
+pub mod ops;
 pub mod partitioned;
 pub mod plan;
 pub mod tensor;

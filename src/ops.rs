@@ -28,15 +28,15 @@ pub fn repartition(
     let dtype = check_sources(sg, src)?;
     if dst_devices.len() != dg.num_partitions() {
         return Err(Error::shape(
-            format!("{} target partitions need as many devices", dg.num_partitions()),
+            format!(
+                "{} target partitions need as many devices",
+                dg.num_partitions()
+            ),
             format!("{} devices", dst_devices.len()),
         ));
     }
-    let pairs = plan.bytes_by_device_pair(
-        dtype.itemsize(),
-        &|i| src[i].device(),
-        &|j| dst_devices[j],
-    );
+    let pairs =
+        plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].device(), &|j| dst_devices[j]);
     let crossing: Vec<String> = pairs
         .keys()
         .filter(|(s, d)| s != d)
@@ -171,7 +171,9 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
 }
 
 fn read_index(t: &Tensor, offset: isize) -> Result<i64> {
-    let p = t.data_ptr().wrapping_offset(offset * t.dtype().itemsize() as isize);
+    let p = t
+        .data_ptr()
+        .wrapping_offset(offset * t.dtype().itemsize() as isize);
     // SAFETY: `offset` addresses an in-bounds element of the host-accessible 1-d tensor `t`
     // (callers iterate `i < shape[0]` with the tensor's own stride); unaligned reads are used
     // because DLPack producers may hand out unaligned data.

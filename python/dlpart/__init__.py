@@ -8,6 +8,8 @@ from ._core import (
     Tensor,
     __version__,
     from_dlpack,
+    gather,
+    scatter,
 )
 from ._location import Location
 from ._partitioned import (
@@ -31,7 +33,9 @@ __all__ = [
     "__version__",
     "from_dlpack",
     "from_partitioned",
+    "gather",
     "get",
     "partition",
+    "scatter",
     "validate",
 ]

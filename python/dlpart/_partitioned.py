@@ -39,7 +39,7 @@ def _resolve(h):
 class Partition:
     """One box of the grid: its position, start, shape, data (or a handle to it) and locations."""
 
-    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle")
+    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle", "_namespace")
 
     def __init__(self, position, start, shape, locations=(), tensor=None, handle=None):
         self.position: Position = tuple(position)
@@ -48,6 +48,7 @@ class Partition:
         self.locations: Tuple[Location, ...] = tuple(locations)
         self._tensor: Optional[Tensor] = tensor
         self._handle = handle
+        self._namespace = None  # the producer's array-API namespace, for non-native devices
 
     @property
     def tensor(self) -> Optional[Tensor]:
@@ -237,6 +238,23 @@ class PartitionedArray:
             out.append(t)
         return out
 
+    # -- operations ----------------------------------------------------------------------------
+    def repartition(self, tiling: Optional[Sequence[int]] = None, *, splits=None, block_cyclic=None,
+                    devices=None, process_grid=None, transfer: bool = False) -> "PartitionedArray":
+        """The same array over another grid: new partitions (dlpart tensors), each element copied
+        once from its source partition straight into its target partition, on the device where
+        the data is.
+
+        Give exactly one target: ``tiling`` (even split, like `numpy.array_split`), ``splits``
+        (split points per axis) or ``block_cyclic`` (block size, an int or one per axis; the
+        blocks are dealt round-robin over ``devices`` laid out on ``process_grid``, ScaLAPACK
+        style). ``devices`` may also name one device for every target partition or one per
+        partition; by default each target partition stays on the device of the source partition
+        holding its first element. A layout that moves data across devices raises
+        `dlpart.DeviceError` unless ``transfer=True``.
+        """
+        return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
+
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
         """The whole array as one tensor on the partitions' common device.
@@ -264,6 +282,119 @@ class PartitionedArray:
         starts = [self._partitions[pos].start
                   for pos in itertools.product(*(range(n) for n in self.tiling))]
         return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)
+
+
+_NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _repartition(pa: "PartitionedArray", tiling, splits, block_cyclic, devices, process_grid,
+                 transfer) -> "PartitionedArray":
+    given = [name for name, v in (("tiling", tiling), ("splits", splits),
+                                   ("block_cyclic", block_cyclic)) if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"repartition takes exactly one of tiling, splits, block_cyclic; got {given}")
+    shape = list(pa.shape)
+    if tiling is not None:
+        dst_splits = _core._even_splits(shape, list(tiling))
+        owners = None
+    elif splits is not None:
+        dst_splits = _core._check_splits(shape, [list(s) for s in splits])
+        owners = None
+    else:
+        if devices is None or isinstance(devices, (str, Device)):
+            raise ValueError("block_cyclic needs devices=[...], the devices the blocks are dealt to")
+        block = [block_cyclic] * len(shape) if isinstance(block_cyclic, int) else list(block_cyclic)
+        dst_splits, owners = _core._block_cyclic(shape, block, len(devices), process_grid)
+    n = _prod(len(s) - 1 for s in dst_splits)
+    src = pa.tensors()
+    if owners is not None:
+        dst_devs = [Device(devices[o]) for o in owners]
+    elif devices is None:
+        dst_devs = _default_devices(pa, src, dst_splits)
+    elif isinstance(devices, (str, Device, tuple)):
+        dst_devs = [Device(devices)] * n
+    else:
+        dst_devs = [Device(d) for d in devices]
+        if len(dst_devs) != n:
+            raise ValueError(f"devices has {len(dst_devs)} entries for {n} target partitions")
+    src_devs = {t.device.kind for t in src}
+    if src_devs | {d.kind for d in dst_devs} <= _NATIVE:
+        out = _core._repartition(src, shape, [list(s) for s in pa.splits], dst_splits, dst_devs,
+                                 transfer)
+    else:
+        out = _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer)
+    parts = {}
+    for k, pos in enumerate(itertools.product(*(range(len(s) - 1) for s in dst_splits))):
+        start = tuple(dst_splits[a][i] for a, i in enumerate(pos))
+        pshape = tuple(dst_splits[a][i + 1] - dst_splits[a][i] for a, i in enumerate(pos))
+        parts[pos] = Partition(pos, start, pshape, (here(out[k].device),), out[k])
+    return PartitionedArray(pa.shape, dst_splits, parts, dtype=pa.dtype)
+
+
+def _default_devices(pa, src, dst_splits) -> List[Device]:
+    """Each target partition stays on the device of the source partition holding its first
+    element, so a layout change alone never moves data."""
+    import bisect
+
+    tiling = pa.tiling
+    strides = [_prod(tiling[a + 1:]) for a in range(len(tiling))]
+    out = []
+    for pos in itertools.product(*(range(len(s) - 1) for s in dst_splits)):
+        flat = 0
+        for a, i in enumerate(pos):
+            start = dst_splits[a][i]
+            j = max(0, min(bisect.bisect_right(pa.splits[a], start) - 1, tiling[a] - 1))
+            flat += j * strides[a]
+        out.append(src[flat].device if src else Device("kDLCPU"))
+    return out
+
+
+def _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer) -> List[Tensor]:
+    """Repartitions partitions on devices without dlpart kernels (kDLOneAPI) through the
+    producer's array-API namespace, on the data's own device."""
+    crossing = sorted({f"{t.device} -> {d}" for t in src for d in dst_devs if t.device != d})
+    if crossing and not transfer:
+        raise DeviceError(
+            f"repartition: the target layout moves data between devices ({', '.join(crossing)}); "
+            "pass transfer=True"
+        )
+    xp = None
+    for p in pa.partitions.values():
+        xp = xp or p_namespace(p)
+    if xp is None:
+        raise _core.BackendUnavailableError(
+            f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
+            "devices and the partitions came without an array-API namespace"
+        )
+    native = [xp.from_dlpack(t) for t in src]
+    by_device = {}
+    for t, arr in zip(src, native):
+        by_device.setdefault(str(t.device), arr.device)
+    dtype = native[0].dtype if native else None
+    outs = []
+    for k, pos in enumerate(itertools.product(*(range(len(s) - 1) for s in dst_splits))):
+        shape = tuple(dst_splits[a][i + 1] - dst_splits[a][i] for a, i in enumerate(pos))
+        dev = by_device.get(str(dst_devs[k]))
+        if dev is None:
+            raise DeviceError(f"repartition: no partition lives on {dst_devs[k]} to allocate there")
+        outs.append(xp.empty(shape, dtype=dtype, device=dev))
+    for s, s_start, d, d_start, shape in _core._plan_ops(
+            list(pa.shape), [list(x) for x in pa.splits], dst_splits):
+        dst_box = tuple(slice(a, a + n) for a, n in zip(d_start, shape))
+        src_box = tuple(slice(a, a + n) for a, n in zip(s_start, shape))
+        outs[d][dst_box] = native[s][src_box]
+    return [_core.from_dlpack(o) for o in outs]
+
+
+def p_namespace(p: "Partition"):
+    return getattr(p, "_namespace", None)
 
 
 def _import_data(obj, position, device, copy) -> Tensor:
@@ -395,6 +526,7 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
     target = Device(device) if device is not None else None
     parts = {}
     taken = []
+    namespace = None
     try:
         for pos, start, shape, entry in parsed.entries:
             data = entry["data"]
@@ -404,6 +536,7 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
                 if hasattr(data, "__dlpack__"):
                     tensor = _import_data(data, pos, target, copy)
                     taken.append(tensor)
+                    namespace = getattr(data, "__array_namespace__", None)
                 else:
                     handle = data
             fallback = tensor.device if tensor is not None else extra
@@ -413,6 +546,9 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
             else:
                 locations = normalise(entry.get("location"), pos, fallback)
             parts[pos] = Partition(pos, start, shape, locations, tensor, handle)
+            if tensor is not None and namespace is not None and tensor.device.kind not in _NATIVE:
+                parts[pos]._namespace = namespace()
+            namespace = None
         dtype = _entry_dtype(d)
         return PartitionedArray(parsed.shape, parsed.splits, parts, dtype=dtype,
                                 locals=parsed.locals, get=parsed.get)
@@ -441,6 +577,7 @@ def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> Part
     points per axis explicitly (``[[0, 3, 8], [0, 8]]``). Default: one partition.
     """
     t = x if isinstance(x, Tensor) else _core.from_dlpack(x)
+    namespace = getattr(x, "__array_namespace__", None)
     if splits is not None:
         if tiling is not None:
             raise ValueError("pass tiling or splits, not both")
@@ -454,4 +591,6 @@ def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> Part
         start = tuple(sp[a][i] for a, i in enumerate(pos))
         shape = tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos))
         parts[pos] = Partition(pos, start, shape, loc, t.view(start, shape))
+        if namespace is not None and t.device.kind not in _NATIVE:
+            parts[pos]._namespace = namespace()
     return PartitionedArray(t.shape, sp, parts, dtype=t.dtype)

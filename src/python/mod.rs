@@ -6,6 +6,8 @@
 mod capsule;
 mod device;
 mod errors;
+mod ops;
+mod partitioned;
 mod tensor;
 mod testing;
 
@@ -28,6 +30,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTensor>()?;
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::_tensor_from_bytes, m)?)?;
+    partitioned::register(m)?;
+    ops::register(m)?;
     let testing = PyModule::new(py, "_testing")?;
     testing::register(&testing)?;
     m.add_submodule(&testing)?;

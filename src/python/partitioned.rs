@@ -32,7 +32,10 @@ fn _grid_from_entries(
 /// Split points cutting each axis like `numpy.array_split`.
 #[pyfunction]
 fn _even_splits(shape: Vec<usize>, tiling: Vec<usize>) -> PyResult<Vec<Vec<usize>>> {
-    Ok(Grid::even(&shape, &tiling).map_err(to_py)?.splits().to_vec())
+    Ok(Grid::even(&shape, &tiling)
+        .map_err(to_py)?
+        .splits()
+        .to_vec())
 }
 
 /// Checks explicit split points against a shape.

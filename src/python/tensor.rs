@@ -206,7 +206,10 @@ impl PyTensor {
 
     /// A zero-copy view of the box `start .. start + shape`.
     fn view(&self, start: Vec<usize>, shape: Vec<usize>) -> PyResult<Self> {
-        self.inner.view(&start, &shape).map(PyTensor::new).map_err(to_py)
+        self.inner
+            .view(&start, &shape)
+            .map(PyTensor::new)
+            .map_err(to_py)
     }
 
     /// A contiguous copy on the same device.
