@@ -422,60 +422,36 @@ def _as_dict(obj) -> dict:
     return d
 
 
-def _tuple_of_ints(value, key, position=None) -> Tuple[int, ...]:
-    where = f"__partitioned__[{key!r}]" + (f" at position {position}" if position is not None else "")
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
-    try:
-        items = tuple(value)
-    except TypeError:
-        raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
-    for x in items:
-        if isinstance(x, bool) or not isinstance(x, int):
-            try:
-                import operator
+def _tuple_of_ints(value, key) -> Tuple[int, ...]:
+    import operator
 
-                operator.index(x)
-            except TypeError:
-                raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
-    return tuple(int(x) for x in items)
+    try:
+        items = (value,) if isinstance(value, int) else tuple(value)
+        if any(isinstance(x, bool) for x in items):
+            raise TypeError
+        return tuple(operator.index(x) for x in items)
+    except TypeError:
+        raise ProtocolError(f"__partitioned__[{key!r}]: expected a tuple of ints, found {value!r}") from None
 
 
 class _Parsed:
     __slots__ = ("shape", "tiling", "entries", "splits", "locals", "get")
 
+    def boxes(self):
+        """``(position, start, shape, entry)`` of every entry; start and shape come from the
+        validated split points, which they equal."""
+        sp = self.splits
+        for pos, entry in self.entries:
+            yield (pos, tuple(sp[a][i] for a, i in enumerate(pos)),
+                   tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos)), entry)
+
 
 def _parse(d: Mapping) -> _Parsed:
     """Checks the dict's structure and its grid (in Rust), importing no data."""
-    for key in ("shape", "partition_tiling", "partitions"):
-        if key not in d:
-            raise ProtocolError(f"__partitioned__ is missing the key {key!r}")
     out = _Parsed()
-    out.shape = _tuple_of_ints(d["shape"], "shape")
-    out.tiling = _tuple_of_ints(d["partition_tiling"], "partition_tiling")
-    parts = d["partitions"]
-    if not isinstance(parts, Mapping):
-        raise ProtocolError(f"__partitioned__['partitions']: expected a dict, found {type(parts).__name__}")
-    entries = []
-    raw = []
-    for key, entry in parts.items():
-        pos = _tuple_of_ints(key, "partitions")
-        if not isinstance(entry, Mapping):
-            raise ProtocolError(
-                f"__partitioned__['partitions'] at position {pos}: expected a dict, found "
-                f"{type(entry).__name__}"
-            )
-        for k in ("start", "shape"):
-            if k not in entry:
-                raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing {k!r}")
-        if "data" not in entry:
-            raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing 'data'")
-        start = _tuple_of_ints(entry["start"], "start", pos)
-        shape = _tuple_of_ints(entry["shape"], "shape", pos)
-        entries.append((pos, start, shape))
-        raw.append((pos, start, shape, entry))
-    out.splits = _core._grid_from_entries(out.shape, out.tiling, entries)
-    out.entries = raw
+    shape, out.splits, out.entries = _core._grid_from_dict(d)
+    out.shape = tuple(shape)
+    out.tiling = tuple(len(s) - 1 for s in out.splits)
     loc = d.get("locals")
     if loc is not None:
         if not isinstance(loc, (list, tuple)):
@@ -506,7 +482,7 @@ def validate(d) -> None:
     Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
     """
     p = _parse(_as_dict(d))
-    for pos, _, _, entry in p.entries:
+    for pos, entry in p.entries:
         normalise(entry.get("location"), pos, framework_device(entry.get("device"), "device", pos))
 
 
@@ -528,7 +504,7 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
     taken = []
     namespace = None
     try:
-        for pos, start, shape, entry in parsed.entries:
+        for pos, start, shape, entry in parsed.boxes():
             data = entry["data"]
             extra = framework_device(entry.get("device"), "device", pos)
             tensor = handle = None
