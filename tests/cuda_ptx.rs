@@ -144,3 +144,24 @@ fn the_device_architecture_is_compiled_natively_when_known() {
         Err(Error::BackendUnavailable { .. })
     ));
 }
+
+#[test]
+fn every_cu_file_is_embedded_and_compiled() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cu"))
+        .collect();
+    let embedded: BTreeSet<String> = SOURCES.iter().map(|s| s.name.to_string()).collect();
+    assert_eq!(on_disk, embedded, "kernels/*.cu and nvrtc::SOURCES differ");
+    for s in &SOURCES {
+        let file = std::fs::read_to_string(dir.join(s.name)).unwrap();
+        assert_eq!(file, s.text, "{} is stale in the build", s.name);
+        let include_left = s
+            .full_text()
+            .lines()
+            .any(|l| l.trim_start().starts_with("#include"));
+        assert!(!include_left, "{}: an include is left for NVRTC", s.name);
+    }
+}

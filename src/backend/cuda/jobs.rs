@@ -56,7 +56,7 @@ const _: () = assert!(std::mem::size_of::<CudaJob>() == 216);
 impl CudaJob {
     /// The job as the kernels read it: the `repr(C)` fields in order, little-endian, no
     /// padding (the layout has none).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub fn to_bytes(self) -> Vec<u8> {
         let mut b = Vec::with_capacity(std::mem::size_of::<CudaJob>());
         for x in [self.src, self.dst, self.index] {
             b.extend(x.to_le_bytes());
@@ -115,6 +115,7 @@ pub fn magic_divider(d: u32) -> (u32, u32) {
 }
 
 /// The quotient the kernels compute from a [`magic_divider`].
+#[cfg(test)]
 pub fn magic_div(n: u32, magic: u32, shift: u32) -> u32 {
     let hi = ((u64::from(n) * u64::from(magic)) >> 32) as u32;
     (hi + n) >> shift

@@ -16,7 +16,7 @@
 //! | `stream.rs` | DLPack stream values and event-based waits |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 
-pub mod jobs;
+mod jobs;
 pub mod nvrtc;
 
 mod context;
