@@ -255,6 +255,16 @@ class PartitionedArray:
         """
         return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
 
+    def to(self, device) -> "PartitionedArray":
+        """Every partition copied onto ``device`` (an explicit transfer), same grid."""
+        target = Device(device)
+        parts = {}
+        for pos, t in zip(itertools.product(*(range(n) for n in self.tiling)), self.tensors()):
+            p = self._partitions[pos]
+            moved = t if t.device == target else t.to(target)
+            parts[pos] = Partition(pos, p.start, p.shape, (here(target),), moved)
+        return PartitionedArray(self._shape, self._splits, parts, dtype=self._dtype)
+
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
         """The whole array as one tensor on the partitions' common device.
@@ -278,7 +288,7 @@ class PartitionedArray:
                 f"assemble: partitions on {moving} would be moved to {target}; pass transfer=True"
             )
         if moving:
-            tensors = [t if t.device == target else _core._transfer(t, target) for t in tensors]
+            tensors = [t if t.device == target else t.to(target) for t in tensors]
         starts = [self._partitions[pos].start
                   for pos in itertools.product(*(range(n) for n in self.tiling))]
         return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)

@@ -7,14 +7,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use crate::backend::{backend_for, BoxCopy};
-use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::grid::{Entry, Grid};
 
 use super::device::device_arg;
 use super::errors::{to_py, ProtocolError};
-use super::tensor::{copy_tensor, retag, PyTensor};
+use super::tensor::PyTensor;
 
 /// Validates the entries of a dict (grid invariants 1-5) and returns the split points.
 #[pyfunction]
@@ -184,27 +183,11 @@ fn _assemble(
     Ok(PyTensor::new(out))
 }
 
-/// A copy of `t` on `device`, for explicit transfers.
-#[pyfunction]
-fn _transfer(t: &PyTensor, device: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
-    let device: Device = device_arg(device)?;
-    let here = t.inner.device();
-    if here.is_host_accessible() && device.is_host_accessible() {
-        let c = copy_tensor(&t.inner)?;
-        return Ok(PyTensor::new(retag(&c, device)));
-    }
-    Err(to_py(Error::UnsupportedDevice {
-        device: format!("{here} -> {device}"),
-        op: "transfer".into(),
-    }))
-}
-
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_grid_from_entries, m)?)?;
     m.add_function(wrap_pyfunction!(_grid_from_dict, m)?)?;
     m.add_function(wrap_pyfunction!(_even_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_check_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_assemble, m)?)?;
-    m.add_function(wrap_pyfunction!(_transfer, m)?)?;
     Ok(())
 }
