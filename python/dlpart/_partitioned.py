@@ -289,6 +289,9 @@ class PartitionedArray:
             )
         if moving:
             tensors = [t if t.device == target else t.to(target) for t in tensors]
+        if target.kind not in _NATIVE:
+            whole = [[0, n] for n in self._shape]
+            return _repartition_by_namespace(self, tensors, whole, [target], transfer)[0]
         starts = [self._partitions[pos].start
                   for pos in itertools.product(*(range(n) for n in self.tiling))]
         return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)
