@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -178,6 +180,7 @@ fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
 
 /// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
 /// length `len`; an index outside `[-len, len)` is an error before anything is written.
+/// Contiguous int64 indices that are all in `[0, len)` are returned as they are (no copy).
 pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
     if indices.ndim() != 1 {
         return Err(Error::shape(
@@ -192,21 +195,35 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
         });
     }
     let n = indices.shape()[0];
-    let stride = indices.strides()[0];
-    let values: Vec<i64> = (0..n)
-        .map(|i| read_index(indices, i as isize * stride))
-        .collect::<Result<_>>()?;
-    let mut out = Vec::with_capacity(n);
-    for v in values {
-        let k = if v < 0 { v + len as i64 } else { v };
-        if k < 0 || k >= len as i64 {
-            return Err(Error::IndexOutOfRange {
-                index: v,
-                axis,
-                len,
-            });
+    let (lo, hi) = (-(len as i64), len as i64);
+    let out_of_range = |index| Error::IndexOutOfRange { index, axis, len };
+    if indices.dtype() == DType::Int64 && (indices.strides()[0] == 1 || n <= 1) && n > 0 {
+        let ptr = indices.data_ptr().cast::<i64>();
+        if ptr.is_aligned() {
+            // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
+            // `indices` while `s` is used, and aligned (checked just above).
+            let s = unsafe { std::slice::from_raw_parts(ptr, n) };
+            if let Some(i) = s.par_iter().position_first(|&v| v < lo || v >= hi) {
+                return Err(out_of_range(s[i]));
+            }
+            if !s.par_iter().any(|&v| v < 0) {
+                return Ok(indices.clone());
+            }
+            let fixed: Vec<i64> = s
+                .par_iter()
+                .map(|&v| if v < 0 { v + hi } else { v })
+                .collect();
+            return Tensor::from_slice(&fixed, &[n]);
         }
-        out.push(k);
+    }
+    let stride = indices.strides()[0];
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let v = read_index(indices, i as isize * stride)?;
+        if v < lo || v >= hi {
+            return Err(out_of_range(v));
+        }
+        out.push(if v < 0 { v + hi } else { v });
     }
     Tensor::from_slice(&out, &[n])
 }
@@ -227,14 +244,8 @@ fn read_index(t: &Tensor, offset: isize) -> Result<i64> {
             DType::UInt8 => p.cast::<u8>().read_unaligned() as i64,
             DType::UInt16 => p.cast::<u16>().read_unaligned() as i64,
             DType::UInt32 => p.cast::<u32>().read_unaligned() as i64,
-            DType::UInt64 => {
-                let v = p.cast::<u64>().read_unaligned();
-                i64::try_from(v).map_err(|_| Error::IndexOutOfRange {
-                    index: i64::MAX,
-                    axis: 0,
-                    len: 0,
-                })?
-            }
+            // Beyond i64::MAX is out of range anyway: saturate so the range check names it.
+            DType::UInt64 => i64::try_from(p.cast::<u64>().read_unaligned()).unwrap_or(i64::MAX),
             other => {
                 return Err(Error::shape(
                     "indices must have an integer dtype",
