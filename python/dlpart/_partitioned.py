@@ -1,6 +1,7 @@
 """`PartitionedArray`: the `__partitioned__` protocol, produced and consumed."""
 
 import itertools
+import operator
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core
@@ -95,22 +96,30 @@ class PartitionedArray:
 
     def _check_data(self):
         """Invariants 6, 7 and 9 of the grid (see the Rust `grid` module) for the data held."""
+        # Raised here rather than in the loop: a traceback keeps the raising frame's locals
+        # (a tensor) alive for as long as the caller holds the error.
+        problem = self._data_problem()
+        if problem is not None:
+            raise ProtocolError(problem)
+
+    def _data_problem(self) -> Optional[str]:
         for p in self._partitions.values():
             t = p._tensor
             if t is None:
                 continue
             if t.shape != p.shape:
-                raise ProtocolError(
+                return (
                     f"__partitioned__['partitions'] at position {p.position}: data of shape "
                     f"{t.shape} for an entry of shape {p.shape} (grid invariant 7)"
                 )
             if self._dtype is None:
                 self._dtype = t.dtype
             elif t.dtype != self._dtype:
-                raise ProtocolError(
+                return (
                     f"__partitioned__['partitions'] at position {p.position}: dtype {t.dtype} "
                     f"differs from {self._dtype} (grid invariant 6)"
                 )
+        return None
 
     # -- the model -----------------------------------------------------------------------------
     @property
@@ -202,6 +211,7 @@ class PartitionedArray:
             for p, obj in zip(pending, raw):
                 imported.append(_import_data(obj, p.position, None, None))
             new = dict(zip((p.position for p in pending), imported))
+            dtype = self._dtype  # with no data here yet, the first fetched tensor sets it
             for pos, t in new.items():
                 if t.shape != self._partitions[pos].shape:
                     raise ProtocolError(
@@ -209,13 +219,17 @@ class PartitionedArray:
                         f"{t.shape} for an entry of shape {self._partitions[pos].shape} "
                         "(grid invariant 7)"
                     )
-                if self._dtype is not None and t.dtype != self._dtype:
+                if dtype is None:
+                    dtype = t.dtype
+                elif t.dtype != dtype:
                     raise ProtocolError(
                         f"__partitioned__['partitions'] at position {pos}: fetched dtype "
-                        f"{t.dtype} differs from {self._dtype} (grid invariant 6)"
+                        f"{t.dtype} differs from {dtype} (grid invariant 6)"
                     )
         except BaseException:
-            imported.clear()  # release every tensor taken so far before the error propagates
+            # The traceback keeps this frame alive: let go of every tensor taken so far.
+            imported.clear()
+            new = t = None  # noqa: F841
             raise
         for p in pending:
             t = new[p.position]
@@ -430,15 +444,20 @@ def _tuple_of_ints(value, key, position=None) -> Tuple[int, ...]:
         items = tuple(value)
     except TypeError:
         raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
+    out = []
     for x in items:
-        if isinstance(x, bool) or not isinstance(x, int):
-            try:
-                import operator
-
-                operator.index(x)
-            except TypeError:
-                raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
-    return tuple(int(x) for x in items)
+        # operator.index accepts bools, which are never a length or a position here.
+        try:
+            if isinstance(x, bool):
+                raise TypeError
+            n = operator.index(x)
+        except TypeError:
+            raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
+        # The grid is checked in Rust on i64: a larger int must not surface as OverflowError.
+        if not -(2**63) <= n < 2**63:
+            raise ProtocolError(f"{where}: {n} does not fit in 64 bits, found {value!r}")
+        out.append(n)
+    return tuple(out)
 
 
 class _Parsed:
