@@ -35,7 +35,7 @@ pub(crate) fn write_tuple<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[
     f.write_str(")")
 }
 
-/// Formats a slice as a Python tuple literal (see [`write_tuple`]).
+/// Formats a slice as a Python tuple literal: `()`, `(3,)`, `(2, 4)`.
 pub fn tuple_string<T: fmt::Display>(items: &[T]) -> String {
     struct T<'a, U>(&'a [U]);
     impl<U: fmt::Display> fmt::Display for T<'_, U> {

@@ -285,3 +285,113 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
     backend.scatter(values, &idx, axis, out)?;
     backend.synchronize()
 }
+
+/// A copy of `t` on `device`: the one way data crosses devices. Host memory moves with the CPU
+/// kernels; anything touching `kDLCUDA` needs the `cuda` feature. The same device gives a
+/// contiguous copy.
+pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
+    let here = t.device();
+    if here == device || (here.is_host_accessible() && device == Device::CPU) {
+        let backend = backend_for(here)?;
+        let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+        let zeros = vec![0; t.ndim()];
+        backend.copy_boxes(&[BoxCopy {
+            src: t,
+            src_start: zeros.clone(),
+            dst: &out,
+            dst_start: zeros,
+            shape: t.shape().to_vec(),
+        }])?;
+        backend.synchronize()?;
+        return Ok(out);
+    }
+    transfer(t, device)
+}
+
+#[cfg(feature = "cuda")]
+fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
+    use crate::device::DeviceType;
+    if device.kind != DeviceType::Cuda && device != Device::CPU {
+        return Err(Error::UnsupportedDevice {
+            device: format!("{} -> {device}", t.device()),
+            op: "transfer".into(),
+        });
+    }
+    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    crate::backend::cuda::copy_tensor(t, &out)?;
+    Ok(out)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
+    use crate::device::DeviceType;
+    if t.device().kind == DeviceType::Cuda || device.kind == DeviceType::Cuda {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda",
+            reason: format!(
+                "moving data {} -> {device} needs dlpart built with the `cuda` feature",
+                t.device()
+            ),
+        });
+    }
+    Err(Error::UnsupportedDevice {
+        device: format!("{} -> {device}", t.device()),
+        op: "transfer".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arange(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_slice(&(0..n as i32).collect::<Vec<_>>(), shape).unwrap()
+    }
+
+    #[test]
+    fn repartition_rows_to_columns_matches_ndarray() {
+        let t = arange(&[6, 4]);
+        let src_grid = Grid::even(&[6, 4], &[3, 1]).unwrap();
+        let dst_grid = Grid::even(&[6, 4], &[1, 3]).unwrap();
+        let src: Vec<Tensor> = (0..3)
+            .map(|i| {
+                let r = src_grid.region_at(i);
+                t.view(&r.start, &r.shape).unwrap()
+            })
+            .collect();
+        let plan = Plan::new(&src_grid, &dst_grid).unwrap();
+        let out = repartition(&plan, &src, &[Device::CPU; 3], false).unwrap();
+        let whole = t.to_array::<i32>().unwrap();
+        for (j, o) in out.iter().enumerate() {
+            let r = dst_grid.region_at(j);
+            let expect = whole.slice(ndarray::s![.., r.start[1]..r.start[1] + r.shape[1]]);
+            assert_eq!(o.to_array::<i32>().unwrap(), expect.into_dyn());
+        }
+    }
+
+    #[test]
+    fn crossing_devices_needs_transfer_and_names_them() {
+        let t = arange(&[4]);
+        let g = Grid::even(&[4], &[1]).unwrap();
+        let plan = Plan::new(&g, &g).unwrap();
+        let host = "kDLCUDAHost".parse().unwrap();
+        let e = repartition(&plan, &[t], &[host], false).unwrap_err();
+        assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_index_is_refused_naming_it() {
+        let idx = Tensor::from_slice(&[0i64, -3, 3], &[3]).unwrap();
+        let e = normalise_indices(&idx, 0, 3).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "index 3 is out of bounds for axis 0 with size 3"
+        );
+        let ok = normalise_indices(&Tensor::from_slice(&[-1i32, 0], &[2]).unwrap(), 1, 5).unwrap();
+        assert_eq!(
+            ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+            vec![4, 0]
+        );
+    }
+}

@@ -66,7 +66,27 @@ def framework_device(obj: Any, key: str, position) -> Optional[Device]:
     )
 
 
+_CACHE: dict = {}
+
+
 def normalise(value: Any, position, fallback: Optional[Device]) -> Tuple[Location, ...]:
+    """`_normalise`, memoised: dicts with many partitions repeat a few location values."""
+    try:
+        items = tuple(value) if isinstance(value, list) else (value,)
+        # types are part of the key: True == 1, but a bool is no rank
+        key = (items, tuple(map(type, items)), fallback)
+        hit = _CACHE.get(key)
+    except TypeError:  # unhashable parts: no caching
+        return _normalise(value, position, fallback)
+    if hit is None:
+        hit = _normalise(value, position, fallback)
+        if len(_CACHE) > 4096:
+            _CACHE.clear()
+        _CACHE[key] = hit
+    return hit
+
+
+def _normalise(value: Any, position, fallback: Optional[Device]) -> Tuple[Location, ...]:
     """Every location form in the wild, as `Location`s.
 
     Accepted: draft-2 ``[(ip, pid, device), ...]`` and ``[(ip, pid), ...]``; draft-1 lists of IP

@@ -1,7 +1,6 @@
 """`PartitionedArray`: the `__partitioned__` protocol, produced and consumed."""
 
 import itertools
-import operator
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core
@@ -269,6 +268,16 @@ class PartitionedArray:
         """
         return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
 
+    def to(self, device) -> "PartitionedArray":
+        """Every partition copied onto ``device`` (an explicit transfer), same grid."""
+        target = Device(device)
+        parts = {}
+        for pos, t in zip(itertools.product(*(range(n) for n in self.tiling)), self.tensors()):
+            p = self._partitions[pos]
+            moved = t if t.device == target else t.to(target)
+            parts[pos] = Partition(pos, p.start, p.shape, (here(target),), moved)
+        return PartitionedArray(self._shape, self._splits, parts, dtype=self._dtype)
+
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
         """The whole array as one tensor on the partitions' common device.
@@ -292,7 +301,10 @@ class PartitionedArray:
                 f"assemble: partitions on {moving} would be moved to {target}; pass transfer=True"
             )
         if moving:
-            tensors = [t if t.device == target else _core._transfer(t, target) for t in tensors]
+            tensors = [t if t.device == target else t.to(target) for t in tensors]
+        if target.kind not in _NATIVE:
+            whole = [[0, n] for n in self._shape]
+            return _repartition_by_namespace(self, tensors, whole, [target], transfer)[0]
         starts = [self._partitions[pos].start
                   for pos in itertools.product(*(range(n) for n in self.tiling))]
         return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)
@@ -436,65 +448,36 @@ def _as_dict(obj) -> dict:
     return d
 
 
-def _tuple_of_ints(value, key, position=None) -> Tuple[int, ...]:
-    where = f"__partitioned__[{key!r}]" + (f" at position {position}" if position is not None else "")
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
+def _tuple_of_ints(value, key) -> Tuple[int, ...]:
+    import operator
+
     try:
-        items = tuple(value)
+        items = (value,) if isinstance(value, int) else tuple(value)
+        if any(isinstance(x, bool) for x in items):
+            raise TypeError
+        return tuple(operator.index(x) for x in items)
     except TypeError:
-        raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
-    out = []
-    for x in items:
-        # operator.index accepts bools, which are never a length or a position here.
-        try:
-            if isinstance(x, bool):
-                raise TypeError
-            n = operator.index(x)
-        except TypeError:
-            raise ProtocolError(f"{where}: expected a tuple of ints, found {value!r}") from None
-        # The grid is checked in Rust on i64: a larger int must not surface as OverflowError.
-        if not -(2**63) <= n < 2**63:
-            raise ProtocolError(f"{where}: {n} does not fit in 64 bits, found {value!r}")
-        out.append(n)
-    return tuple(out)
+        raise ProtocolError(f"__partitioned__[{key!r}]: expected a tuple of ints, found {value!r}") from None
 
 
 class _Parsed:
     __slots__ = ("shape", "tiling", "entries", "splits", "locals", "get")
 
+    def boxes(self):
+        """``(position, start, shape, entry)`` of every entry; start and shape come from the
+        validated split points, which they equal."""
+        sp = self.splits
+        for pos, entry in self.entries:
+            yield (pos, tuple(sp[a][i] for a, i in enumerate(pos)),
+                   tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos)), entry)
+
 
 def _parse(d: Mapping) -> _Parsed:
     """Checks the dict's structure and its grid (in Rust), importing no data."""
-    for key in ("shape", "partition_tiling", "partitions"):
-        if key not in d:
-            raise ProtocolError(f"__partitioned__ is missing the key {key!r}")
     out = _Parsed()
-    out.shape = _tuple_of_ints(d["shape"], "shape")
-    out.tiling = _tuple_of_ints(d["partition_tiling"], "partition_tiling")
-    parts = d["partitions"]
-    if not isinstance(parts, Mapping):
-        raise ProtocolError(f"__partitioned__['partitions']: expected a dict, found {type(parts).__name__}")
-    entries = []
-    raw = []
-    for key, entry in parts.items():
-        pos = _tuple_of_ints(key, "partitions")
-        if not isinstance(entry, Mapping):
-            raise ProtocolError(
-                f"__partitioned__['partitions'] at position {pos}: expected a dict, found "
-                f"{type(entry).__name__}"
-            )
-        for k in ("start", "shape"):
-            if k not in entry:
-                raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing {k!r}")
-        if "data" not in entry:
-            raise ProtocolError(f"__partitioned__['partitions'] at position {pos}: missing 'data'")
-        start = _tuple_of_ints(entry["start"], "start", pos)
-        shape = _tuple_of_ints(entry["shape"], "shape", pos)
-        entries.append((pos, start, shape))
-        raw.append((pos, start, shape, entry))
-    out.splits = _core._grid_from_entries(out.shape, out.tiling, entries)
-    out.entries = raw
+    shape, out.splits, out.entries = _core._grid_from_dict(d)
+    out.shape = tuple(shape)
+    out.tiling = tuple(len(s) - 1 for s in out.splits)
     loc = d.get("locals")
     if loc is not None:
         if not isinstance(loc, (list, tuple)):
@@ -525,7 +508,7 @@ def validate(d) -> None:
     Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
     """
     p = _parse(_as_dict(d))
-    for pos, _, _, entry in p.entries:
+    for pos, entry in p.entries:
         normalise(entry.get("location"), pos, framework_device(entry.get("device"), "device", pos))
 
 
@@ -547,7 +530,7 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
     taken = []
     namespace = None
     try:
-        for pos, start, shape, entry in parsed.entries:
+        for pos, start, shape, entry in parsed.boxes():
             data = entry["data"]
             extra = framework_device(entry.get("device"), "device", pos)
             tensor = handle = None

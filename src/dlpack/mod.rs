@@ -1,9 +1,9 @@
 //! DLPack import and export.
 //!
 //! * [`ForeignTensor`] owns one foreign `DLManagedTensor(Versioned)` and calls its deleter exactly
-//!   once, when dropped. [`ForeignTensor::into_tensor`] validates the struct into a [`Tensor`]
+//!   once, when dropped. [`ForeignTensor::into_tensor`] validates the struct into a [`Tensor`](crate::Tensor)
 //!   whose owner is the `ForeignTensor`; a rejected tensor is dropped, so its deleter still runs.
-//! * [`export_versioned`] / [`export_legacy`] hand a [`Tensor`] out as a heap-allocated managed
+//! * [`export_versioned`] / [`export_legacy`] hand a [`Tensor`](crate::Tensor) out as a heap-allocated managed
 //!   tensor whose private part owns the shape, the strides and a clone of the tensor; the
 //!   deleter frees all of it.
 

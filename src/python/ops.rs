@@ -90,6 +90,13 @@ fn _plan_ops(
         .collect())
 }
 
+/// `None` when dlpart has working kernels for `device` here, else the reason it has none.
+#[pyfunction]
+fn backend_status(device: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let d = device_arg(device)?;
+    Ok(crate::backend::backend_for(d).err().map(|e| e.to_string()))
+}
+
 fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     match x.cast::<PyTensor>() {
         Ok(t) => Ok(t.get().clone()),
@@ -137,6 +144,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_block_cyclic, m)?)?;
     m.add_function(wrap_pyfunction!(_plan_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(backend_status, m)?)?;
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(scatter, m)?)?;
     Ok(())

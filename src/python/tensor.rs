@@ -101,6 +101,37 @@ pub(crate) fn retag(t: &Tensor, device: Device) -> Tensor {
     }
 }
 
+/// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for
+/// the work dlpart queued on the device. Without the CUDA backend dlpart queued none.
+#[cfg(feature = "cuda")]
+fn consumer_waits(device: Device, stream: Option<i64>) -> PyResult<()> {
+    match crate::backend::cuda::CudaBackend::get(device) {
+        Ok(b) => b.make_consumer_wait(stream).map_err(to_py),
+        Err(crate::Error::BackendUnavailable { .. }) => Ok(()),
+        Err(e) => Err(to_py(e)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn consumer_waits(_device: Device, _stream: Option<i64>) -> PyResult<()> {
+    Ok(())
+}
+
+/// Import side: the stream to hand a producer for data on `device`: our backend's stream,
+/// so the producer makes it wait for its work; `None` (the legacy default stream) otherwise.
+#[cfg(feature = "cuda")]
+fn import_stream(device: Option<Device>) -> Option<i64> {
+    let d = device.filter(|d| d.kind == crate::DeviceType::Cuda)?;
+    crate::backend::cuda::CudaBackend::get(d)
+        .ok()
+        .map(|b| b.dlpack_stream())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn import_stream(_device: Option<Device>) -> Option<i64> {
+    None
+}
+
 fn stream_ok(device: Device, stream: &Bound<'_, PyAny>) -> PyResult<()> {
     if stream.is_none() {
         return Ok(());
@@ -212,6 +243,16 @@ impl PyTensor {
             .map_err(to_py)
     }
 
+    /// A copy on `device`: the explicit way to move data between devices (host and CUDA
+    /// devices need dlpart built with the `cuda` feature).
+    fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let d = device_arg(device)?;
+        let t = self.inner.clone();
+        py.detach(|| crate::ops::to_device(&t, d))
+            .map(PyTensor::new)
+            .map_err(to_py)
+    }
+
     /// A contiguous copy on the same device.
     fn copy(&self) -> PyResult<Self> {
         copy_tensor(&self.inner).map(PyTensor::new)
@@ -234,6 +275,14 @@ impl PyTensor {
             _ => None,
         };
         let (t, copied) = place(self.inner.clone(), target, copy)?;
+        if t.device().kind == crate::DeviceType::Cuda {
+            let s = stream
+                .as_ref()
+                .filter(|s| !s.is_none())
+                .map(|s| s.extract::<i64>())
+                .transpose()?;
+            consumer_waits(t.device(), s)?;
+        }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
         export_capsule(py, &t, versioned, copied)
     }
@@ -369,7 +418,8 @@ fn import_producer(
         None
     };
     let kwargs = PyDict::new(py);
-    kwargs.set_item("stream", py.None())?;
+    let stream = import_stream(source);
+    kwargs.set_item("stream", stream)?;
     kwargs.set_item("max_version", (1u32, 3u32))?;
     if let (Some(t), Some(s)) = (target, source) {
         if t != s {
@@ -383,7 +433,7 @@ fn import_producer(
         Ok(cap) => (cap, true),
         Err(e) if e.is_instance_of::<PyTypeError>(py) => {
             let legacy = PyDict::new(py);
-            legacy.set_item("stream", py.None())?;
+            legacy.set_item("stream", stream)?;
             match x.call_method("__dlpack__", (), Some(&legacy)) {
                 Ok(cap) => (cap, false),
                 Err(e2) if e2.is_instance_of::<PyTypeError>(py) => {

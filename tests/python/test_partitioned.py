@@ -309,3 +309,28 @@ def test_not_partitioned():
         dlpart.from_partitioned([1, 2])
     with pytest.raises(dlpart.ProtocolError, match="dict"):
         dlpart.from_partitioned(type("X", (), {"__partitioned__": property(lambda s: 3)})())
+
+
+def test_oneapi_partitions_repartition_on_their_own_device():
+    if not os.environ.get("OCL_ICD_FILENAMES"):
+        pytest.skip("dpctl needs OCL_ICD_FILENAMES (scripts/setup.sh)")
+    pytest.importorskip("dpctl")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import dpctl.tensor as dpt
+    ref = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    x = dpt.asarray(ref)
+    pa = dlpart.partition(x, (2, 2))
+    assert pa.devices == [dlpart.Device("kDLOneAPI:0")]
+    out = pa.repartition((1, 4))
+    for p in out.partitions.values():
+        assert p.tensor.device == "kDLOneAPI:0"
+        np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(p.tensor)),
+                                      ref[:, p.start[1]:p.start[1] + p.shape[1]])
+    whole = pa.assemble()
+    assert whole.device == "kDLOneAPI:0"
+    np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(whole)), ref)
+    with pytest.raises(dlpart.DeviceError, match="kDLOneAPI:0 -> kDLCPU"):
+        pa.repartition((3, 1), devices="kDLCPU")

@@ -1,0 +1,144 @@
+//! Running a range of units of a [`Plan`] on one thread.
+
+use std::ptr::{read_unaligned, write_unaligned};
+
+use super::plan::{Dim, Kind, Plan, MAX_DIMS};
+use super::stream::{copy_row, Store};
+
+/// Calls `$f::<T>($args)` with `T` the unsigned integer of `$elem` bytes.
+macro_rules! by_word {
+    ($elem:expr, $f:ident ( $($arg:expr),* )) => {
+        match $elem {
+            1 => $f::<u8>($($arg),*),
+            2 => $f::<u16>($($arg),*),
+            4 => $f::<u32>($($arg),*),
+            8 => $f::<u64>($($arg),*),
+            16 => $f::<u128>($($arg),*),
+            e => unreachable!("element size {e} is not a machine word"),
+        }
+    };
+}
+
+/// Runs units `lo..hi` of `plan` on the box whose element `[0, ..., 0]` is at `src` / `dst`.
+///
+/// # Safety
+/// The box described by the plan's original shape and strides must be readable from `src`
+/// and writable from `dst`, the two must not overlap, and `lo <= hi <= plan.units`. No other
+/// thread may touch the destination elements of these units meanwhile.
+pub(crate) unsafe fn run(
+    plan: &Plan<'_>,
+    src: *const u8,
+    dst: *mut u8,
+    lo: usize,
+    hi: usize,
+    store: Store,
+) {
+    if lo >= hi {
+        return;
+    }
+    if plan.kind == Kind::Naive {
+        let o = plan.orig;
+        // SAFETY: forwarded caller contract; a naive plan has exactly one unit.
+        unsafe { super::copy_strided(src, o.src_strides, dst, o.dst_strides, o.shape, o.itemsize) };
+        return;
+    }
+    let outer = plan.outer.as_slice();
+    let iu = plan.inner_units;
+    let mut idx = [0usize; MAX_DIMS];
+    let (mut so, mut dof) = (plan.src_off, plan.dst_off);
+    let mut rest = lo / iu;
+    for (j, dim) in outer.iter().enumerate().rev() {
+        idx[j] = rest % dim.n;
+        rest /= dim.n;
+        so += idx[j] as isize * dim.s;
+        dof += idx[j] as isize * dim.d;
+    }
+    let mut k = lo % iu;
+    for _ in lo..hi {
+        let (s, d) = (src.wrapping_offset(so), dst.wrapping_offset(dof));
+        // SAFETY: (s, d) address the element of the current outer index, inside the box;
+        // `k < iu` names a unit inside it (caller contract).
+        unsafe { unit(plan, s, d, k, store) };
+        k += 1;
+        if k == iu {
+            k = 0;
+            for (j, dim) in outer.iter().enumerate().rev() {
+                idx[j] += 1;
+                so += dim.s;
+                dof += dim.d;
+                if idx[j] < dim.n {
+                    break;
+                }
+                idx[j] = 0;
+                so -= dim.n as isize * dim.s;
+                dof -= dim.n as isize * dim.d;
+            }
+        }
+    }
+}
+
+/// Runs unit `k` of the inner kernel at one outer index.
+///
+/// # Safety
+/// As for [`run`], with `src`/`dst` at the outer index and `k < plan.inner_units`.
+#[inline]
+unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: Store) {
+    // SAFETY (all arms): the unit's elements lie inside the box (caller contract); every
+    // offset below is within the inner extents the plan was built from.
+    match plan.kind {
+        Kind::Rows { bytes, seg } => {
+            let off = k * seg;
+            unsafe { copy_row(dst.add(off), src.add(off), seg.min(bytes - off), store) }
+        }
+        Kind::Elems { run, seg } => {
+            let start = k * seg;
+            let n = seg.min(run.n - start);
+            let s = src.wrapping_offset(start as isize * run.s);
+            let d = dst.wrapping_offset(start as isize * run.d);
+            unsafe { by_word!(plan.elem, strided(s, run.s, d, run.d, n)) }
+        }
+        Kind::Tile { p, q, t, tiles_q } => {
+            let (p0, q0) = ((k / tiles_q) * t, (k % tiles_q) * t);
+            let (np, nq) = (t.min(p.n - p0), t.min(q.n - q0));
+            let s = src.wrapping_offset(p0 as isize * p.s + q0 as isize * q.s);
+            let d = dst.wrapping_offset(p0 as isize * p.d + q0 as isize * q.d);
+            unsafe { by_word!(plan.elem, tile(s, d, p, q, np, nq)) }
+        }
+        Kind::Naive => unreachable!("naive plans are run whole"),
+    }
+}
+
+/// `n` elements of `T` from `src` (step `ss` bytes) to `dst` (step `ds` bytes).
+///
+/// # Safety
+/// Every addressed element must be readable / writable; unaligned addresses are fine.
+#[inline]
+pub(crate) unsafe fn strided<T: Copy>(
+    src: *const u8,
+    ss: isize,
+    dst: *mut u8,
+    ds: isize,
+    n: usize,
+) {
+    let (mut s, mut d) = (src, dst);
+    for _ in 0..n {
+        // SAFETY: the i-th element on each side is inside the caller's ranges.
+        unsafe { write_unaligned(d as *mut T, read_unaligned(s as *const T)) };
+        s = s.wrapping_offset(ss);
+        d = d.wrapping_offset(ds);
+    }
+}
+
+/// One `np x nq` tile: source contiguous along `p`, destination contiguous along `q`. Both
+/// sides touch `np` / `nq` short runs of whole lines, so the tile stays in L1 while it turns.
+///
+/// # Safety
+/// Every addressed element must be readable / writable.
+unsafe fn tile<T: Copy>(src: *const u8, dst: *mut u8, p: Dim, q: Dim, np: usize, nq: usize) {
+    for i in 0..np as isize {
+        let s = src.wrapping_offset(i * p.s);
+        let d = dst.wrapping_offset(i * p.d);
+        // SAFETY: row i of the tile is inside the box (caller contract).
+        unsafe { strided::<T>(s, q.s, d, q.d, nq) };
+    }
+}

@@ -1,0 +1,391 @@
+//! The CPU backend: host-memory kernels.
+//!
+//! The raw kernels ([`copy_box`], [`pack`], [`unpack`], [`copy_boxes`], [`gather`],
+//! [`scatter`]) take pointers, shapes and strides in elements and move elements as 1-, 2-, 4-,
+//! 8- or 16-byte words by item size (float8, bfloat16 and complex are just bytes; other item
+//! sizes are moved as byte runs). They plan each box into long loops ([`plan`]), run them in
+//! one rayon pass over pieces of similar size, and store large copies with streaming stores
+//! ([`stream`]). [`CpuBackend`] is the safe layer: it validates tensors, then calls them.
+
+mod copy;
+mod exec;
+mod index;
+mod plan;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+pub use copy::{
+    copy_box, copy_boxes, copy_boxes_with, pack, unpack, DstView, RawCopy, SrcView, Stores,
+    STREAM_MIN_BYTES,
+};
+pub use index::{gather, scatter};
+
+use crate::backend::{Backend, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::tensor::{contiguous_strides, HostBuffer, Tensor};
+
+/// Kernels for host-accessible memory (`kDLCPU`, `kDLCUDAHost`, ...).
+pub struct CpuBackend {
+    device: Device,
+}
+
+impl CpuBackend {
+    pub fn shared(device: Device) -> Arc<dyn Backend> {
+        Arc::new(CpuBackend { device })
+    }
+}
+
+/// Copies the strided box `src` to the strided box `dst`, both of `shape`, element by element:
+/// the slow reference the fast kernels are tested against.
+///
+/// # Safety
+/// Every index within `shape` must address `itemsize` readable bytes from `src` and writable
+/// bytes from `dst` (strides in elements), and the two boxes must not overlap.
+pub unsafe fn copy_strided(
+    src: *const u8,
+    src_strides: &[isize],
+    dst: *mut u8,
+    dst_strides: &[isize],
+    shape: &[usize],
+    itemsize: usize,
+) {
+    if shape.contains(&0) {
+        return;
+    }
+    let nd = shape.len();
+    let mut idx = vec![0usize; nd];
+    loop {
+        let (mut so, mut d_o) = (0isize, 0isize);
+        for d in 0..nd {
+            so += idx[d] as isize * src_strides[d];
+            d_o += idx[d] as isize * dst_strides[d];
+        }
+        let i = itemsize as isize;
+        // SAFETY: the index is within `shape`, so both addresses are valid (caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.wrapping_offset(so * i),
+                dst.wrapping_offset(d_o * i),
+                itemsize,
+            )
+        };
+        let mut d = nd;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Lowest and one-past-highest address touched by a box (`(0, 0)` when empty).
+fn span(ptr: *const u8, shape: &[usize], strides: &[isize], itemsize: usize) -> (usize, usize) {
+    if shape.contains(&0) {
+        return (0, 0);
+    }
+    let (mut lo, mut hi) = (ptr as isize, ptr as isize + itemsize as isize);
+    for (&n, &s) in shape.iter().zip(strides) {
+        let ext = (n as isize - 1) * s * itemsize as isize;
+        if ext < 0 {
+            lo += ext;
+        } else {
+            hi += ext;
+        }
+    }
+    (lo as usize, hi as usize)
+}
+
+fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+/// Names copy job `.0` (and a side, `.1`) in errors, formatted only when one is raised.
+struct Job(usize, &'static str);
+
+impl fmt::Display for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "copy job {}{}", self.0, self.1)
+    }
+}
+
+/// The address of box `start` (of `shape`) in `t`, checking it lies inside `t`.
+fn box_ptr(
+    t: &Tensor,
+    start: &[usize],
+    shape: &[usize],
+    what: &dyn fmt::Display,
+) -> Result<*mut u8> {
+    let fits = start.len() == t.ndim()
+        && shape.len() == t.ndim()
+        && (0..t.ndim()).all(|d| {
+            start[d]
+                .checked_add(shape[d])
+                .is_some_and(|e| e <= t.shape()[d])
+        });
+    if !fits {
+        return Err(Error::shape(
+            format!(
+                "{what} box outside tensor of shape {}",
+                tuple_string(t.shape())
+            ),
+            format!(
+                "start {} shape {}",
+                tuple_string(start),
+                tuple_string(shape)
+            ),
+        ));
+    }
+    if shape.contains(&0) {
+        return Ok(t.data_ptr());
+    }
+    let off: isize = start
+        .iter()
+        .zip(t.strides())
+        .map(|(&i, &s)| i as isize * s)
+        .sum();
+    Ok(t.data_ptr()
+        .wrapping_offset(off * t.dtype().itemsize() as isize))
+}
+
+impl CpuBackend {
+    /// Checks that `src` can be read and `dst` written by this backend, with one dtype.
+    fn check_pair(&self, op: &dyn fmt::Display, src: &Tensor, dst: &Tensor) -> Result<usize> {
+        for t in [src, dst] {
+            if !t.device().is_host_accessible() {
+                return Err(Error::UnsupportedDevice {
+                    device: t.device().to_string(),
+                    op: format!("{op} on the CPU backend"),
+                });
+            }
+        }
+        if src.dtype() != dst.dtype() {
+            return Err(Error::shape(
+                format!("{op}: source and destination dtypes differ"),
+                format!("{} and {}", src.dtype(), dst.dtype()),
+            ));
+        }
+        if dst.readonly() {
+            return Err(Error::ReadOnly {
+                what: format!("{op} destination {dst:?}"),
+            });
+        }
+        Ok(src.dtype().itemsize())
+    }
+}
+
+/// The values of a 1-d int64 index tensor, borrowed when contiguous, aligned and not aliased
+/// by `out`.
+fn index_values<'a>(indices: &'a Tensor, out: &Tensor) -> Result<Cow<'a, [i64]>> {
+    if indices.dtype() != DType::Int64 || indices.ndim() != 1 {
+        return Err(Error::shape(
+            "indices must be a 1-d int64 tensor",
+            format!(
+                "{} of shape {}",
+                indices.dtype(),
+                tuple_string(indices.shape())
+            ),
+        ));
+    }
+    if !indices.device().is_host_accessible() {
+        return Err(Error::UnsupportedDevice {
+            device: indices.device().to_string(),
+            op: "indices on the CPU backend".into(),
+        });
+    }
+    let n = indices.shape()[0];
+    let p = indices.data_ptr() as *const i64;
+    let out_span = span(
+        out.data_ptr(),
+        out.shape(),
+        out.strides(),
+        out.dtype().itemsize(),
+    );
+    let idx_span = span(p as *const u8, indices.shape(), indices.strides(), 8);
+    if n == 0 {
+        Ok(Cow::Borrowed(&[]))
+    } else if (n == 1 || indices.strides()[0] == 1)
+        && p.is_aligned()
+        && !overlap(idx_span, out_span)
+    {
+        // SAFETY: `n` contiguous, aligned int64 values kept alive by `indices` for 'a, and
+        // nothing writes them during the call (they do not overlap `out`).
+        Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, n) }))
+    } else {
+        let s = indices.strides()[0];
+        // SAFETY: element `i < n` of a valid 1-d tensor; unaligned reads are allowed.
+        Ok(Cow::Owned(
+            (0..n as isize)
+                .map(|i| unsafe { p.wrapping_offset(i * s).read_unaligned() })
+                .collect(),
+        ))
+    }
+}
+
+fn src_view(t: &Tensor) -> SrcView<'_> {
+    SrcView {
+        ptr: t.data_ptr(),
+        shape: t.shape(),
+        strides: t.strides(),
+    }
+}
+
+fn dst_view(t: &Tensor) -> DstView<'_> {
+    DstView {
+        ptr: t.data_ptr(),
+        shape: t.shape(),
+        strides: t.strides(),
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = crate::tensor::checked_numel(shape)?;
+        let nbytes = n
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
+        let buf = Arc::new(HostBuffer::uninit(nbytes));
+        // SAFETY: the buffer holds numel * itemsize bytes laid out in C order for `shape`.
+        Ok(unsafe {
+            Tensor::from_raw_parts(
+                buf.as_ptr(),
+                shape.to_vec(),
+                contiguous_strides(shape),
+                dtype,
+                self.device,
+                false,
+                buf,
+            )
+        })
+    }
+
+    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+        let mut ptrs = Vec::with_capacity(jobs.len());
+        let mut temps = Vec::new();
+        for (n, j) in jobs.iter().enumerate() {
+            let itemsize = self.check_pair(&Job(n, ""), j.src, j.dst)?;
+            let src = box_ptr(j.src, &j.src_start, &j.shape, &Job(n, ": source"))?;
+            let dst = box_ptr(j.dst, &j.dst_start, &j.shape, &Job(n, ": destination"))?;
+            let view = SrcView {
+                ptr: src,
+                shape: &j.shape,
+                strides: j.src.strides(),
+            };
+            if overlap(
+                span(src, &j.shape, view.strides, itemsize),
+                span(dst, &j.shape, j.dst.strides(), itemsize),
+            ) {
+                // A job that reads memory it writes reads a packed copy of its source first,
+                // as numpy does for overlapping assignments.
+                temps.push((n, packed(view, itemsize)));
+            }
+            ptrs.push((src as *const u8, dst, itemsize));
+        }
+        let mut temps = temps.iter().peekable();
+        let raw: Vec<RawCopy<'_>> = jobs
+            .iter()
+            .zip(&ptrs)
+            .enumerate()
+            .map(|(n, (j, &(src, dst, itemsize)))| {
+                let src = match temps.next_if(|t| t.0 == n) {
+                    Some((_, (buf, strides))) => SrcView {
+                        ptr: buf.as_ptr(),
+                        shape: &j.shape,
+                        strides,
+                    },
+                    None => SrcView {
+                        ptr: src,
+                        shape: &j.shape,
+                        strides: j.src.strides(),
+                    },
+                };
+                let dst = DstView {
+                    ptr: dst,
+                    shape: &j.shape,
+                    strides: j.dst.strides(),
+                };
+                RawCopy { src, dst, itemsize }
+            })
+            .collect();
+        // SAFETY: every box was checked to lie inside its tensor, destinations are writable
+        // host memory, sources that overlap their destination were replaced by copies, and the
+        // trait's contract keeps destinations apart from each other and from other sources.
+        unsafe { copy_boxes(&raw) };
+        Ok(())
+    }
+
+    fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
+        let itemsize = self.check_pair(&"gather", src, out)?;
+        let idx = index_values(indices, out)?;
+        // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
+        // are checked by the kernel before any access they govern.
+        unsafe { index_checked::<false>(src_view(src), &idx, axis, dst_view(out), itemsize) }
+    }
+
+    fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
+        let itemsize = self.check_pair(&"scatter", values, out)?;
+        let idx = index_values(indices, out)?;
+        // SAFETY: as for `gather`.
+        unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }
+    }
+}
+
+/// A C-order copy of the box `src` and its strides.
+fn packed(src: SrcView<'_>, itemsize: usize) -> (HostBuffer, Vec<isize>) {
+    let buf = HostBuffer::uninit(src.shape.iter().product::<usize>() * itemsize);
+    // SAFETY: `src` is a valid box (checked by the caller) and `buf` holds exactly its
+    // elements in C order; `buf` is new, so nothing else touches it.
+    unsafe { pack(src, buf.as_ptr(), itemsize) };
+    (buf, contiguous_strides(src.shape))
+}
+
+/// Gather or scatter between tensors that may alias each other: an aliased source is copied
+/// first, so that the result is as if every value was read before any was written.
+///
+/// # Safety
+/// The views must describe valid host memory, `dst` writable.
+unsafe fn index_checked<const SCATTER: bool>(
+    src: SrcView<'_>,
+    idx: &[i64],
+    axis: usize,
+    dst: DstView<'_>,
+    itemsize: usize,
+) -> Result<()> {
+    let aliased = overlap(
+        span(src.ptr, src.shape, src.strides, itemsize),
+        span(dst.ptr, dst.shape, dst.strides, itemsize),
+    );
+    let temp = aliased.then(|| packed(src, itemsize));
+    let src = match &temp {
+        Some((buf, strides)) => SrcView {
+            ptr: buf.as_ptr(),
+            shape: src.shape,
+            strides,
+        },
+        None => src,
+    };
+    // SAFETY: forwarded; `src` no longer overlaps `dst`.
+    unsafe {
+        if SCATTER {
+            scatter(src, idx, axis, dst, itemsize)
+        } else {
+            gather(src, idx, axis, dst, itemsize)
+        }
+    }
+}

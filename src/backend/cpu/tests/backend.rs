@@ -1,0 +1,212 @@
+//! The safe layer: `CpuBackend` on tensors, checked against ndarray.
+
+use std::sync::Arc;
+
+use ndarray::{s, Axis};
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::tensor::Tensor;
+
+fn backend() -> Arc<dyn Backend> {
+    CpuBackend::shared(Device::CPU)
+}
+
+fn iota(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_slice(&(0..n as i32).collect::<Vec<_>>(), shape).unwrap()
+}
+
+/// A 1-d view of every other element of `t` (a non-contiguous index tensor).
+fn every_other(t: &Tensor) -> Tensor {
+    let n = t.shape()[0].div_ceil(2);
+    // SAFETY: elements 0, 2, 4, ... of `t` lie inside it; `t`'s owner keeps them alive.
+    unsafe {
+        Tensor::from_raw_parts(
+            t.data_ptr(),
+            vec![n],
+            vec![2],
+            t.dtype(),
+            t.device(),
+            false,
+            t.owner().clone(),
+        )
+    }
+}
+
+#[test]
+fn row_blocks_to_column_blocks() {
+    let b = backend();
+    let src = iota(&[6, 8]);
+    // Rows 0..3 and 3..6 of `src` into two column blocks of 4 columns each.
+    let cols = [
+        b.empty(&[6, 4], DType::Int32).unwrap(),
+        b.empty(&[6, 4], DType::Int32).unwrap(),
+    ];
+    let mut jobs = Vec::new();
+    for (c, col) in cols.iter().enumerate() {
+        for r in 0..2 {
+            jobs.push(BoxCopy {
+                src: &src,
+                src_start: vec![3 * r, 4 * c],
+                dst: col,
+                dst_start: vec![3 * r, 0],
+                shape: vec![3, 4],
+            });
+        }
+    }
+    b.copy_boxes(&jobs).unwrap();
+    let whole = src.to_array::<i32>().unwrap();
+    for (c, col) in cols.iter().enumerate() {
+        let want = whole.slice(s![.., 4 * c..4 * c + 4]).into_dyn();
+        assert_eq!(col.to_array::<i32>().unwrap(), want);
+    }
+}
+
+#[test]
+fn copy_boxes_refuses_bad_boxes_naming_them() {
+    let b = backend();
+    let src = iota(&[4, 4]);
+    let dst = Tensor::zeros(&[4, 4], DType::Int32).unwrap();
+    let far = BoxCopy {
+        src: &src,
+        src_start: vec![3, 0],
+        dst: &dst,
+        dst_start: vec![0, 0],
+        shape: vec![2, 4],
+    };
+    let e = b.copy_boxes(&[far]).unwrap_err();
+    assert!(e.to_string().contains("start (3, 0) shape (2, 4)"), "{e}");
+    let f = Tensor::zeros(&[4, 4], DType::Float32).unwrap();
+    let e = b
+        .copy_boxes(&[BoxCopy {
+            src: &src,
+            src_start: vec![0, 0],
+            dst: &f,
+            dst_start: vec![0, 0],
+            shape: vec![1, 1],
+        }])
+        .unwrap_err();
+    assert!(e.to_string().contains("int32 and float32"), "{e}");
+    let ro = dst.with_readonly(true).unwrap();
+    let e = b
+        .copy_boxes(&[BoxCopy {
+            src: &src,
+            src_start: vec![0, 0],
+            dst: &ro,
+            dst_start: vec![0, 0],
+            shape: vec![1, 1],
+        }])
+        .unwrap_err();
+    assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
+}
+
+#[test]
+fn a_box_copied_within_one_tensor() {
+    // Column 0 into column 1 of the same tensor: spans overlap, elements do not.
+    let b = backend();
+    let t = iota(&[5, 3]);
+    let want = t
+        .to_array::<i32>()
+        .unwrap()
+        .slice(s![.., 0..1])
+        .to_owned()
+        .into_dyn();
+    let job = BoxCopy {
+        src: &t,
+        src_start: vec![0, 0],
+        dst: &t,
+        dst_start: vec![0, 1],
+        shape: vec![5, 1],
+    };
+    b.copy_boxes(&[job]).unwrap();
+    assert_eq!(
+        t.view(&[0, 1], &[5, 1]).unwrap().to_array::<i32>().unwrap(),
+        want
+    );
+}
+
+#[test]
+fn overlapping_boxes_copy_as_if_read_first() {
+    // Rows 0..4 onto rows 1..5 of the same tensor, as numpy's `t[1:] = t[:-1]`.
+    let b = backend();
+    let t = iota(&[5, 3]);
+    let want = t
+        .to_array::<i32>()
+        .unwrap()
+        .slice(s![0..4, ..])
+        .to_owned()
+        .into_dyn();
+    let job = BoxCopy {
+        src: &t,
+        src_start: vec![0, 0],
+        dst: &t,
+        dst_start: vec![1, 0],
+        shape: vec![4, 3],
+    };
+    b.copy_boxes(&[job]).unwrap();
+    assert_eq!(
+        t.view(&[1, 0], &[4, 3]).unwrap().to_array::<i32>().unwrap(),
+        want
+    );
+}
+
+#[test]
+fn gather_and_scatter_on_tensors() {
+    let b = backend();
+    let src = iota(&[5, 4]);
+    let all = Tensor::from_slice(&[3i64, 9, 0, 9, 1, 9, 1, 9], &[8]).unwrap();
+    let idx = every_other(&all); // [3, 0, 1, 1]
+    let list = [3usize, 0, 1, 1];
+    let out = b.empty(&[5, 4], DType::Int32).unwrap();
+    b.gather(&src, &idx, 1, &out).unwrap();
+    let want = src.to_array::<i32>().unwrap().select(Axis(1), &list);
+    assert_eq!(out.to_array::<i32>().unwrap(), want);
+
+    let dst = Tensor::zeros(&[5, 4], DType::Int32).unwrap();
+    b.scatter(&src, &idx, 1, &dst).unwrap();
+    let v = src.to_array::<i32>().unwrap();
+    let mut want = ndarray::ArrayD::<i32>::zeros(ndarray::IxDyn(&[5, 4]));
+    for (i, &j) in list.iter().enumerate() {
+        want.slice_mut(s![.., j]).assign(&v.slice(s![.., i]));
+    }
+    assert_eq!(dst.to_array::<i32>().unwrap(), want);
+    // Column 1 got values column 3, the later of its two writers.
+    assert_eq!(dst.to_array::<i32>().unwrap()[[0, 1]], 3);
+}
+
+#[test]
+fn gather_checks_index_tensors() {
+    let b = backend();
+    let src = iota(&[5]);
+    let out = b.empty(&[2], DType::Int32).unwrap();
+    let idx32 = Tensor::from_slice(&[0i32, 1], &[2]).unwrap();
+    let e = b.gather(&src, &idx32, 0, &out).unwrap_err();
+    assert!(e.to_string().contains("int32"), "{e}");
+    let bad = Tensor::from_slice(&[0i64, 5], &[2]).unwrap();
+    let e = b.gather(&src, &bad, 0, &out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                index: 5,
+                axis: 0,
+                len: 5
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn identity_gather_in_place_keeps_the_data() {
+    let b = backend();
+    let t = iota(&[6, 2]);
+    let want = t.to_array::<i32>().unwrap();
+    let idx = Tensor::from_slice(&(0..6i64).collect::<Vec<_>>(), &[6]).unwrap();
+    b.gather(&t, &idx, 0, &t).unwrap();
+    assert_eq!(t.to_array::<i32>().unwrap(), want);
+}

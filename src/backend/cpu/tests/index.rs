@@ -1,0 +1,220 @@
+//! Gather and scatter against naive loops.
+
+use super::*;
+use crate::backend::cpu::copy::TUNING;
+use crate::backend::cpu::index::{gather_tuned, scatter_tuned};
+use crate::error::Error;
+
+const SHAPES: &[&[usize]] = &[
+    &[5],
+    &[4, 6],
+    &[3, 5, 2],
+    &[1, 7],
+    &[6, 1, 4],
+    &[2, 3, 2, 3],
+];
+
+/// `m` indices in `[0, len)` of a random kind: random with repeats, strictly increasing,
+/// blocks of consecutive indices, or all equal.
+fn indices(rng: &mut Rng, m: usize, len: usize) -> Vec<i64> {
+    let len = len as i64;
+    match rng.below(4) {
+        0 => (0..m).map(|_| rng.below(len as usize) as i64).collect(),
+        1 => {
+            let mut v: Vec<i64> = (0..len).filter(|_| rng.below(2) == 0).collect();
+            v.truncate(m);
+            v
+        }
+        2 => {
+            let mut v = Vec::new();
+            while v.len() < m {
+                let start = rng.below(len as usize) as i64;
+                v.extend((start..len).take(1 + rng.below(5)));
+            }
+            v.truncate(m);
+            v
+        }
+        _ => vec![rng.below(len as usize) as i64; m],
+    }
+}
+
+fn naive_gather(src: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
+    let shape = dst.shape.clone();
+    for_each_index(&shape, |ix| {
+        let mut sx = ix.to_vec();
+        sx[axis] = idx[ix[axis]] as usize;
+        dst.set(ix, src.item(&sx));
+    });
+}
+
+/// C order visits the values of one destination slot in increasing `i`: later ones win.
+fn naive_scatter(values: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
+    for_each_index(&values.shape, |ix| {
+        let mut dx = ix.to_vec();
+        dx[axis] = idx[ix[axis]] as usize;
+        dst.set(&dx, values.item(ix));
+    });
+}
+
+fn with_len(shape: &[usize], axis: usize, m: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s[axis] = m;
+    s
+}
+
+fn check_gather(
+    rng: &mut Rng,
+    shape: &[usize],
+    axis: usize,
+    idx: &[i64],
+    item: usize,
+    tuning: &Tuning,
+) {
+    let src = Buf::random(rng, shape, item, true);
+    let mut dst = Buf::random(rng, &with_len(shape, axis, idx.len()), item, false);
+    let mut want = dst.clone();
+    naive_gather(&src, idx, axis, &mut want);
+    // SAFETY: separate buffers; the boxes lie inside them.
+    in_pool(|| unsafe { gather_tuned(src.src(), idx, axis, dst.dst(), item, tuning) }).unwrap();
+    assert!(
+        dst.bytes == want.bytes,
+        "gather {shape:?} axis {axis} item {item} idx {idx:?} src {:?} dst {:?}",
+        src.strides,
+        dst.strides
+    );
+}
+
+fn check_scatter(
+    rng: &mut Rng,
+    shape: &[usize],
+    axis: usize,
+    idx: &[i64],
+    item: usize,
+    tuning: &Tuning,
+) {
+    let values = Buf::random(rng, &with_len(shape, axis, idx.len()), item, true);
+    let mut dst = Buf::random(rng, shape, item, false);
+    let mut want = dst.clone();
+    naive_scatter(&values, idx, axis, &mut want);
+    // SAFETY: separate buffers; the boxes lie inside them.
+    in_pool(|| unsafe { scatter_tuned(values.src(), idx, axis, dst.dst(), item, tuning) }).unwrap();
+    assert!(
+        dst.bytes == want.bytes,
+        "scatter {shape:?} axis {axis} item {item} idx {idx:?} values {:?} dst {:?}",
+        values.strides,
+        dst.strides
+    );
+}
+
+#[test]
+fn gather_and_scatter_match_naive_loops() {
+    let mut rng = Rng::new(11);
+    for &item in &ITEMSIZES {
+        for shape in SHAPES {
+            for axis in 0..shape.len() {
+                for t in 0..TRIALS {
+                    let m = rng.below(9);
+                    let tuning = [TINY, TUNING][t % 2];
+                    let idx = indices(&mut rng, m, shape[axis]);
+                    check_gather(&mut rng, shape, axis, &idx, item, &tuning);
+                    let idx = indices(&mut rng, m, shape[axis]);
+                    check_scatter(&mut rng, shape, axis, &idx, item, &tuning);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scatter_keeps_the_last_duplicate_in_every_parallel_mode() {
+    let mut rng = Rng::new(12);
+    // Strictly increasing indices (free split), many outer slices (split by slice), and few
+    // slices with repeats (split by destination window).
+    check_scatter(
+        &mut rng,
+        &[3, 40],
+        1,
+        &(0..40).step_by(3).collect::<Vec<_>>(),
+        4,
+        &TINY,
+    );
+    for (shape, axis) in [(&[12, 6][..], 1), (&[2, 30], 1), (&[30], 0), (&[30, 2], 0)] {
+        let len = shape[axis];
+        let idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
+        check_scatter(&mut rng, shape, axis, &idx, 8, &TINY);
+        let blocks: Vec<i64> = (0..3 * len as i64)
+            .map(|i| (i / 2 + i % 5) % len as i64)
+            .collect();
+        check_scatter(&mut rng, shape, axis, &blocks, 2, &TINY);
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn large_random_and_blocked_indices() {
+    let mut rng = Rng::new(13);
+    let n = 200_000;
+    let random: Vec<i64> = (0..n).map(|_| rng.below(n) as i64).collect();
+    let blocked: Vec<i64> = (0..n as i64)
+        .map(|i| (i / 32 * 7919 % (n as i64 / 32)) * 32 + i % 32)
+        .collect();
+    for idx in [&random, &blocked] {
+        check_gather(&mut rng, &[n], 0, idx, 4, &TUNING);
+        check_scatter(&mut rng, &[n], 0, idx, 4, &TUNING);
+        check_gather(
+            &mut rng,
+            &[n / 100, 100],
+            0,
+            &idx[..1000].iter().map(|i| i / 100).collect::<Vec<_>>(),
+            8,
+            &TUNING,
+        );
+    }
+}
+
+fn gather_err(idx: &[i64], len: usize, other: usize) -> Error {
+    let mut rng = Rng::new(14);
+    let src = Buf::contiguous(&mut rng, &[len, other], 4);
+    let mut dst = Buf::contiguous(&mut rng, &[idx.len(), other], 4);
+    // SAFETY: separate buffers; the boxes lie inside them.
+    unsafe { gather_tuned(src.src(), idx, 0, dst.dst(), 4, &TINY) }.unwrap_err()
+}
+
+fn scatter_err(idx: &[i64], len: usize, other: usize) -> Error {
+    let mut rng = Rng::new(15);
+    let values = Buf::contiguous(&mut rng, &[idx.len(), other], 4);
+    let mut dst = Buf::contiguous(&mut rng, &[len, other], 4);
+    // SAFETY: separate buffers; the boxes lie inside them.
+    unsafe { scatter_tuned(values.src(), idx, 0, dst.dst(), 4, &TINY) }.unwrap_err()
+}
+
+#[test]
+fn bad_indices_are_reported_with_their_value() {
+    let cases: &[(&[i64], usize, usize, i64)] = &[
+        (&[0, 5, 1], 5, 3, 5),
+        (&[2, -1], 5, 1, -1),
+        (&[7, 8, 9, 10], 10, 1, 10), // a run running off the end
+        (&[3, 11], 4, 0, 11),        // nothing to copy, still checked
+    ];
+    for &(idx, len, other, bad) in cases {
+        for e in [gather_err(idx, len, other), scatter_err(idx, len, other)] {
+            assert!(
+                matches!(e, Error::IndexOutOfRange { index, axis: 0, len: l } if index == bad && l == len),
+                "{idx:?}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_shapes_are_refused() {
+    let mut rng = Rng::new(16);
+    let src = Buf::contiguous(&mut rng, &[4, 3], 4);
+    let mut dst = Buf::contiguous(&mut rng, &[2, 4], 4);
+    // SAFETY: the shapes are refused before any access.
+    let e = unsafe { gather_tuned(src.src(), &[0, 1], 0, dst.dst(), 4, &TINY) }.unwrap_err();
+    assert!(e.to_string().contains("(4, 3) and (2, 4)"), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { scatter_tuned(src.src(), &[0], 2, dst.dst(), 4, &TINY) }.unwrap_err();
+    assert!(e.to_string().contains("axis 2"), "{e}");
+}
