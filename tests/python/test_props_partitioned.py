@@ -193,7 +193,8 @@ def make_dict(draw, splits, name, kinds, seed):
     entries, locs = [], {}
     for pos, start, pshape in boxes(splits):
         part = view[region(start, pshape)]
-        kind = draw(st.sampled_from(kinds if DTYPES[name][2] else [k for k in kinds if k != "numpy"]))
+        usable = kinds if DTYPES[name][2] else [k for k in kinds if k != "numpy"]
+        kind = draw(st.sampled_from(usable))
         data = {"numpy": lambda: part,
                 "producer": lambda: Producer(part, code),
                 "tensor": lambda: dlpart.from_dlpack(Producer(part, code)),
@@ -480,6 +481,7 @@ def test_corrupted_dicts_raise_protocol_error_and_release_every_capsule(kind, sp
 
 
 def test_ints_outside_64_bits_and_bools_are_protocol_errors():
+    """Not OverflowError from the conversion to i64, and bools are not lengths."""
     x = np.arange(4.0)
 
     def make(**entry):
@@ -488,9 +490,11 @@ def test_ints_outside_64_bits_and_bools_are_protocol_errors():
 
     for entry, key in [({"start": (2**63,)}, "start"), ({"shape": (10**30,)}, "shape"),
                        ({"start": (False,)}, "start"), ({"shape": (np.bool_(True),)}, "shape")]:
-        with pytest.raises(dlpart.ProtocolError, match=rf"\['{key}'\] at position \(0,\)"):
+        with pytest.raises(dlpart.ProtocolError,
+                           match=rf"""\[['"]{key}['"]\] at position \(0,\)"""):
             dlpart.from_partitioned(make(**entry))
     d = make()
     d["shape"] = (2**64,)
-    with pytest.raises(dlpart.ProtocolError, match=r"\['shape'\].*64 bits"):
+    with pytest.raises(dlpart.ProtocolError,
+                       match=r"""\[['"]shape['"]\]: .*18446744073709551616"""):
         dlpart.from_partitioned(d)
