@@ -35,6 +35,53 @@ pub fn repartition(
             format!("{} devices", dst_devices.len()),
         ));
     }
+    let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
+    let mut out = Vec::with_capacity(dg.num_partitions());
+    for (j, &dev) in dst_devices.iter().enumerate() {
+        let backend = match backends.get(&dev) {
+            Some(b) => b.clone(),
+            None => backend_for(dev)?, // a target that receives no bytes (empty partition)
+        };
+        out.push(backend.empty(&dg.region_at(j).shape, dtype)?);
+    }
+    run_copies(plan, src, &out, &backends)?;
+    Ok(out)
+}
+
+/// Like [`repartition`], into existing target tensors `dst` (one per partition of the target
+/// grid, C order): the caller's buffers are reused. Read-only targets are refused; nothing is
+/// written unless every check passes.
+pub fn repartition_into(plan: &Plan, src: &[Tensor], dst: &[Tensor], transfer: bool) -> Result<()> {
+    let (sg, dg) = (plan.src_grid(), plan.dst_grid());
+    let dtype = check_sources(sg, src)?;
+    let dst_dtype = check_sources(dg, dst)?;
+    if !dst.is_empty() && !src.is_empty() && dst_dtype != dtype {
+        return Err(Error::shape(
+            format!("targets must have the sources' dtype {dtype}"),
+            dst_dtype.name(),
+        ));
+    }
+    if let Some(j) = dst.iter().position(Tensor::readonly) {
+        return Err(Error::ReadOnly {
+            what: format!("target partition {}", tuple_string(&dg.position(j))),
+        });
+    }
+    let devices: Vec<Device> = dst.iter().map(Tensor::device).collect();
+    let backends = check_devices(plan, src, &devices, dtype, transfer)?;
+    run_copies(plan, src, dst, &backends)
+}
+
+type Backends = BTreeMap<Device, Arc<dyn Backend>>;
+
+/// Refuses device crossings without `transfer`, and resolves every backend needed, before
+/// anything is allocated or written.
+fn check_devices(
+    plan: &Plan,
+    src: &[Tensor],
+    dst_devices: &[Device],
+    dtype: DType,
+    transfer: bool,
+) -> Result<Backends> {
     let pairs =
         plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].device(), &|j| dst_devices[j]);
     let crossing: Vec<String> = pairs
@@ -49,8 +96,7 @@ pub fn repartition(
             reason: "the target layout moves data to another device; pass transfer=True".into(),
         });
     }
-    // Every backend is resolved before anything is allocated or written.
-    let mut backends: BTreeMap<Device, Arc<dyn Backend>> = BTreeMap::new();
+    let mut backends = Backends::new();
     for &(s, d) in pairs.keys() {
         for dev in [s, d] {
             if let std::collections::btree_map::Entry::Vacant(e) = backends.entry(dev) {
@@ -64,24 +110,20 @@ pub fn repartition(
             });
         }
     }
-    let mut out = Vec::with_capacity(dg.num_partitions());
-    for (j, &dev) in dst_devices.iter().enumerate() {
-        let backend = match backends.get(&dev) {
-            Some(b) => b.clone(),
-            None => backend_for(dev)?, // a target that receives no bytes (empty partition)
-        };
-        out.push(backend.empty(&dg.region_at(j).shape, dtype)?);
-    }
-    // One batch per executing device: same-device copies run on that device; host-to-host
-    // transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
+    Ok(backends)
+}
+
+/// Runs the plan's copies: one batch per executing device. Same-device copies run on that
+/// device; host-to-host transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
+fn run_copies(plan: &Plan, src: &[Tensor], dst: &[Tensor], backends: &Backends) -> Result<()> {
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {
-        let (s, d) = (src[op.src].device(), dst_devices[op.dst]);
+        let (s, d) = (src[op.src].device(), dst[op.dst].device());
         let exec = if s == d { s } else { Device::CPU };
         batches.entry(exec).or_default().push(BoxCopy {
             src: &src[op.src],
             src_start: op.src_start.clone(),
-            dst: &out[op.dst],
+            dst: &dst[op.dst],
             dst_start: op.dst_start.clone(),
             shape: op.shape.clone(),
         });
@@ -94,8 +136,7 @@ pub fn repartition(
         backend.copy_boxes(jobs)?;
         backend.synchronize()?;
     }
-    drop(batches);
-    Ok(out)
+    Ok(())
 }
 
 fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {

@@ -81,6 +81,10 @@ def _repartition(
     tensors: List[Tensor], shape: Sequence[int], src_splits: Splits, dst_splits: Splits,
     devices: List[DeviceLike], transfer: bool = False,
 ) -> List[Tensor]: ...
+def _repartition_into(
+    tensors: List[Tensor], shape: Sequence[int], src_splits: Splits, targets: List[Tensor],
+    dst_splits: Splits, transfer: bool = False,
+) -> None: ...
 def _plan_stats(shape: Sequence[int], src_splits: Splits, dst_splits: Splits) -> Tuple[int, float]: ...
 def _plan_ops(
     shape: Sequence[int], src_splits: Splits, dst_splits: Splits

@@ -268,6 +268,21 @@ class PartitionedArray:
         """
         return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
 
+    def repartition_into(self, out: "PartitionedArray", *, transfer: bool = False) -> "PartitionedArray":
+        """Copies this array into ``out``'s existing partitions (its grid is the target layout),
+        reusing the caller's buffers. ``out`` must have the same shape and dtype and writable
+        partitions; nothing is written unless every check passes. Returns ``out``."""
+        if tuple(out.shape) != self._shape:
+            raise ValueError(f"repartition_into: out has shape {out.shape}, this array {self._shape}")
+        src, dst = self.tensors(), out.tensors()
+        kinds = {t.device.kind for t in src} | {t.device.kind for t in dst}
+        if not kinds <= _NATIVE:
+            raise _core.BackendUnavailableError(
+                f"repartition_into on {sorted(kinds)}: needs dlpart kernels for every device")
+        _core._repartition_into(src, list(self._shape), [list(s) for s in self._splits], dst,
+                                [list(s) for s in out.splits], transfer)
+        return out
+
     def to(self, device) -> "PartitionedArray":
         """Every partition copied onto ``device`` (an explicit transfer), same grid."""
         target = Device(device)

@@ -38,6 +38,26 @@ fn _repartition(
     Ok(out.into_iter().map(PyTensor::new).collect())
 }
 
+/// Copies `tensors` (C order over `src_splits`) into the existing `targets` (C order over
+/// `dst_splits`).
+#[pyfunction]
+#[pyo3(signature = (tensors, shape, src_splits, targets, dst_splits, transfer=false))]
+fn _repartition_into(
+    py: Python<'_>,
+    tensors: Vec<PyTensor>,
+    shape: Vec<usize>,
+    src_splits: Vec<Vec<usize>>,
+    targets: Vec<PyTensor>,
+    dst_splits: Vec<Vec<usize>>,
+    transfer: bool,
+) -> PyResult<()> {
+    let plan = Plan::new(&grid(&shape, src_splits)?, &grid(&shape, dst_splits)?).map_err(to_py)?;
+    let src: Vec<_> = tensors.into_iter().map(|t| t.inner).collect();
+    let dst: Vec<_> = targets.into_iter().map(|t| t.inner).collect();
+    py.detach(|| crate::ops::repartition_into(&plan, &src, &dst, transfer))
+        .map_err(to_py)
+}
+
 /// The number of box copies between two grids over `shape`, and the seconds planning took.
 #[pyfunction]
 fn _plan_stats(
@@ -141,6 +161,7 @@ fn scatter(
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_repartition, m)?)?;
+    m.add_function(wrap_pyfunction!(_repartition_into, m)?)?;
     m.add_function(wrap_pyfunction!(_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_block_cyclic, m)?)?;
     m.add_function(wrap_pyfunction!(_plan_ops, m)?)?;

@@ -24,16 +24,21 @@ def rows_to_cols_cases(ctx: Ctx) -> List[Case]:
     n = 1024 if ctx.quick else 8192
     return [
         Case(
-            f"rows_to_cols/{dt}",
+            f"rows_to_cols{'_into' if into else ''}/{dt}",
             "1",
-            {"shape": [n, n], "dtype": dt, "source_tiling": [4, 1], "target_tiling": [1, 4]},
-            _rows_to_cols,
+            {"shape": [n, n], "dtype": dt, "source_tiling": [4, 1], "target_tiling": [1, 4],
+             "targets": "preallocated (repartition_into)" if into else "new (repartition)"},
+            partial(_rows_to_cols, into=into),
         )
+        for into in (True, False)
         for dt in ("float32", "float64", "uint8")
     ]
 
 
-def _rows_to_cols(ctx: Ctx, res: Result) -> None:
+def _rows_to_cols(ctx: Ctx, res: Result, into: bool) -> None:
+    """Into preallocated targets this compares like with like against numpy's per-block copy
+    into preallocated outputs and memcpy; with new targets, the page faults of fresh memory are
+    part of the cost, as in the memcpy1-alloc reference."""
     env, p = ctx.env, res.params
     x = env.filled(p["shape"], p["dtype"])
     n, parts = p["shape"][0], 4
@@ -41,9 +46,17 @@ def _rows_to_cols(ctx: Ctx, res: Result) -> None:
     dst_splits = [[0, n], even_splits(n, parts)]
     res.bytes = 2 * _nbytes(x)
     pa = dlpart().partition(x, (parts, 1))
-    res.stats = ctx.stats(
-        lambda: pa.repartition(tiling=(1, parts)), res.bytes, check_repartition(env, x, dst_splits)
-    )
+    if into:
+        target = pa.repartition(tiling=(1, parts))
+
+        def run():
+            return pa.repartition_into(target)
+    else:
+
+        def run():
+            return pa.repartition(tiling=(1, parts))
+
+    res.stats = ctx.stats(run, res.bytes, check_repartition(env, x, dst_splits))
     src, _, pairs = direct_setup(env, x, src_splits, dst_splits)
     res.references[env.direct] = ctx.stats(partial(run_pairs, pairs), res.bytes)
     del pairs
@@ -54,7 +67,9 @@ def _rows_to_cols(ctx: Ctx, res: Result) -> None:
     ctx.add_memcpy(res, _nbytes(x))
     res.ratio(env.direct)
     res.ratio(env.concat_split_name)
-    if env.kind == "cpu":
+    if not into:
+        res.ratio("memcpy1-alloc")
+    if env.kind == "cpu" and into:
         res.targets = dict(ROWS_TO_COLS_TARGETS)
 
 
