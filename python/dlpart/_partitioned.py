@@ -95,22 +95,30 @@ class PartitionedArray:
 
     def _check_data(self):
         """Invariants 6, 7 and 9 of the grid (see the Rust `grid` module) for the data held."""
+        # Raised here rather than in the loop: a traceback keeps the raising frame's locals
+        # (a tensor) alive for as long as the caller holds the error.
+        problem = self._data_problem()
+        if problem is not None:
+            raise ProtocolError(problem)
+
+    def _data_problem(self) -> Optional[str]:
         for p in self._partitions.values():
             t = p._tensor
             if t is None:
                 continue
             if t.shape != p.shape:
-                raise ProtocolError(
+                return (
                     f"__partitioned__['partitions'] at position {p.position}: data of shape "
                     f"{t.shape} for an entry of shape {p.shape} (grid invariant 7)"
                 )
             if self._dtype is None:
                 self._dtype = t.dtype
             elif t.dtype != self._dtype:
-                raise ProtocolError(
+                return (
                     f"__partitioned__['partitions'] at position {p.position}: dtype {t.dtype} "
                     f"differs from {self._dtype} (grid invariant 6)"
                 )
+        return None
 
     # -- the model -----------------------------------------------------------------------------
     @property
@@ -202,6 +210,7 @@ class PartitionedArray:
             for p, obj in zip(pending, raw):
                 imported.append(_import_data(obj, p.position, None, None))
             new = dict(zip((p.position for p in pending), imported))
+            dtype = self._dtype  # with no data here yet, the first fetched tensor sets it
             for pos, t in new.items():
                 if t.shape != self._partitions[pos].shape:
                     raise ProtocolError(
@@ -209,13 +218,17 @@ class PartitionedArray:
                         f"{t.shape} for an entry of shape {self._partitions[pos].shape} "
                         "(grid invariant 7)"
                     )
-                if self._dtype is not None and t.dtype != self._dtype:
+                if dtype is None:
+                    dtype = t.dtype
+                elif t.dtype != dtype:
                     raise ProtocolError(
                         f"__partitioned__['partitions'] at position {pos}: fetched dtype "
-                        f"{t.dtype} differs from {self._dtype} (grid invariant 6)"
+                        f"{t.dtype} differs from {dtype} (grid invariant 6)"
                     )
         except BaseException:
-            imported.clear()  # release every tensor taken so far before the error propagates
+            # The traceback keeps this frame alive: let go of every tensor taken so far.
+            imported.clear()
+            new = t = None  # noqa: F841
             raise
         for p in pending:
             t = new[p.position]
