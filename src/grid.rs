@@ -293,7 +293,7 @@ impl Grid {
             let n = s.len() - 1;
             if p >= n {
                 return Err(Error::IndexOutOfRange {
-                    index: p as i64,
+                    index: p as i128,
                     axis: a,
                     len: n,
                 });
@@ -369,7 +369,7 @@ impl Grid {
         (0..self.ndim())
             .map(|a| {
                 self.locate_axis(a, index[a]).ok_or(Error::IndexOutOfRange {
-                    index: index[a] as i64,
+                    index: index[a] as i128,
                     axis: a,
                     len: self.shape[a],
                 })

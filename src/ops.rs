@@ -196,7 +196,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
     }
     let n = indices.shape()[0];
     let (lo, hi) = (-(len as i64), len as i64);
-    let out_of_range = |index| Error::IndexOutOfRange { index, axis, len };
+    let out_of_range = |index: i128| Error::IndexOutOfRange { index, axis, len };
     if indices.dtype() == DType::Int64 && (indices.strides()[0] == 1 || n <= 1) && n > 0 {
         let ptr = indices.data_ptr().cast::<i64>();
         if ptr.is_aligned() {
@@ -204,7 +204,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             // `indices` while `s` is used, and aligned (checked just above).
             let s = unsafe { std::slice::from_raw_parts(ptr, n) };
             if let Some(i) = s.par_iter().position_first(|&v| v < lo || v >= hi) {
-                return Err(out_of_range(s[i]));
+                return Err(out_of_range(s[i] as i128));
             }
             if !s.par_iter().any(|&v| v < 0) {
                 return Ok(indices.clone());
@@ -220,15 +220,16 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let v = read_index(indices, i as isize * stride)?;
-        if v < lo || v >= hi {
+        if v < lo as i128 || v >= hi as i128 {
             return Err(out_of_range(v));
         }
+        let v = v as i64; // in range, so it fits
         out.push(if v < 0 { v + hi } else { v });
     }
     Tensor::from_slice(&out, &[n])
 }
 
-fn read_index(t: &Tensor, offset: isize) -> Result<i64> {
+fn read_index(t: &Tensor, offset: isize) -> Result<i128> {
     let p = t
         .data_ptr()
         .wrapping_offset(offset * t.dtype().itemsize() as isize);
@@ -237,15 +238,14 @@ fn read_index(t: &Tensor, offset: isize) -> Result<i64> {
     // because DLPack producers may hand out unaligned data.
     unsafe {
         Ok(match t.dtype() {
-            DType::Int8 => p.cast::<i8>().read_unaligned() as i64,
-            DType::Int16 => p.cast::<i16>().read_unaligned() as i64,
-            DType::Int32 => p.cast::<i32>().read_unaligned() as i64,
-            DType::Int64 => p.cast::<i64>().read_unaligned(),
-            DType::UInt8 => p.cast::<u8>().read_unaligned() as i64,
-            DType::UInt16 => p.cast::<u16>().read_unaligned() as i64,
-            DType::UInt32 => p.cast::<u32>().read_unaligned() as i64,
-            // Beyond i64::MAX is out of range anyway: saturate so the range check names it.
-            DType::UInt64 => i64::try_from(p.cast::<u64>().read_unaligned()).unwrap_or(i64::MAX),
+            DType::Int8 => p.cast::<i8>().read_unaligned() as i128,
+            DType::Int16 => p.cast::<i16>().read_unaligned() as i128,
+            DType::Int32 => p.cast::<i32>().read_unaligned() as i128,
+            DType::Int64 => p.cast::<i64>().read_unaligned() as i128,
+            DType::UInt8 => p.cast::<u8>().read_unaligned() as i128,
+            DType::UInt16 => p.cast::<u16>().read_unaligned() as i128,
+            DType::UInt32 => p.cast::<u32>().read_unaligned() as i128,
+            DType::UInt64 => p.cast::<u64>().read_unaligned() as i128,
             other => {
                 return Err(Error::shape(
                     "indices must have an integer dtype",

@@ -25,7 +25,7 @@ impl CudaBackend {
             .map_err(driver_err("cuStreamSynchronize"))?;
         if words[0] != 0 {
             return Err(Error::IndexOutOfRange {
-                index: words[1] as i64,
+                index: words[1] as i64 as i128,
                 axis,
                 len,
             });
