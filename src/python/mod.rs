@@ -1,1 +1,8 @@
 //! The `dlpart._core` Python extension module.
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}
