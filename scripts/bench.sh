@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh
-dlpart_build_extension
+dlpart_build_extension --release
 exec python -m dlpart bench "$@"

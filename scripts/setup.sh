@@ -70,7 +70,7 @@ _dlpart_log() { printf '[setup] %s\n' "$*" >&2; }
     if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
         _dlpart_log "pip install (pinned requirements changed or first run)"
         # shellcheck disable=SC2086  # one requirement per word
-        "$_dlpart_venv/bin/python" -m pip install --quiet $_dlpart_requirements
+        "$_dlpart_venv/bin/python" -m pip install --quiet --no-compile $_dlpart_requirements
         echo "$want" >"$stamp"
     fi
 ) || {
@@ -102,7 +102,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export RAY_AUTH_MODE=disabled
 
-# Build the extension into the venv (release; maturin develop puts _core next to python/dlpart).
+# Build the extension into the venv: maturin develop installs the package editable and puts
+# _core.abi3.so next to python/dlpart. Debug by default (tests); pass --release for benchmarks.
 dlpart_build_extension() {
-    (cd "$_dlpart_root" && maturin develop --release --quiet "$@")
+    (cd "$_dlpart_root" && maturin develop --quiet "$@")
 }
