@@ -29,10 +29,10 @@ step_clippy-python() { cargo clippy --all-targets --features python -- -D warnin
 step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
 step_cargo-test() { cargo test; }
 step_miri() {
-    rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-    rustup component add miri rust-src --toolchain nightly
-    cargo +nightly miri setup
-    timeout "${DLPART_MIRI_TIMEOUT:-900}" cargo +nightly miri test --lib
+    { rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal; } &&
+        rustup component add miri rust-src --toolchain nightly &&
+        cargo +nightly miri setup &&
+        timeout "${DLPART_MIRI_TIMEOUT:-900}" cargo +nightly miri test --lib
 }
 step_build-ext() { dlpart_build_extension; }
 step_pytest() {
