@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh || exit 1
 
-all_steps=(fmt clippy clippy-python clippy-cuda cargo-test miri build-ext pytest)
+all_steps=(fmt clippy clippy-python clippy-cuda cargo-test cargo-test-cuda miri build-ext pytest)
 steps=("${@:-${all_steps[@]}}")
 for s in "${steps[@]}"; do
     [[ " ${all_steps[*]} " == *" $s "* ]] || { echo "unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2; }
@@ -28,6 +28,9 @@ step_clippy() { cargo clippy --all-targets -- -D warnings; }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
 step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
 step_cargo-test() { cargo test; }
+# The CUDA backend's host-side tests, and every kernel compiled to PTX by NVRTC (no GPU needed);
+# DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather than a skip.
+step_cargo-test-cuda() { DLPART_REQUIRE_NVRTC=1 cargo test --features cuda --lib --test cuda_ptx --test cuda_backend; }
 step_miri() {
     { rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal; } &&
         rustup component add miri rust-src --toolchain nightly &&
@@ -63,7 +66,7 @@ total_p=0 total_f=0 total_s=0
 printf '\n==== summary ====\n'
 for r in "${results[@]}"; do echo "$r"; done
 echo
-for s in cargo-test miri pytest; do
+for s in cargo-test cargo-test-cuda miri pytest; do
     [[ " ${steps[*]} " == *" $s "* ]] || continue
     log="$logs/$s.log"
     p=$(count "$log" passed)
