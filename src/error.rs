@@ -95,7 +95,11 @@ pub enum Error {
 
     /// An index outside `[-len, len)`.
     #[error("index {index} is out of bounds for axis {axis} with size {len}")]
-    IndexOutOfRange { index: i128, axis: usize, len: usize },
+    IndexOutOfRange {
+        index: i128,
+        axis: usize,
+        len: usize,
+    },
 
     /// Shapes, axes or other arguments that do not fit together.
     #[error("{what}: {found}")]

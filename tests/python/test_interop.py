@@ -121,14 +121,23 @@ class TestPyarrow:
         t = dlpart.from_dlpack(arr)
         np.testing.assert_array_equal(np.from_dlpack(t), arr.to_numpy())
 
-    def test_dlpart_to_pyarrow_buffer_is_zero_copy(self):
-        # pyarrow has no DLPack consumer; it wraps foreign memory through the buffer protocol
-        # of the numpy view that dlpart hands out.
+    def test_dlpart_to_pyarrow_is_zero_copy(self):
         pa = pytest.importorskip("pyarrow")
         a = np.arange(6, dtype=np.int32)
-        arr = pa.array(np.from_dlpack(dlpart.from_dlpack(a)))
+        arr = pa.Array.from_dlpack(dlpart.from_dlpack(a))
         assert arr.buffers()[1].address == a.ctypes.data
         np.testing.assert_array_equal(arr.to_numpy(), a)
+        m = np.arange(12, dtype=np.float64).reshape(3, 4)
+        tensor = pa.Tensor.from_dlpack(dlpart.from_dlpack(m))
+        assert tensor.shape == (3, 4) and tensor.to_numpy().ctypes.data == m.ctypes.data
+
+    def test_pyarrow_round_trip_keeps_pointer_and_read_only(self):
+        pa = pytest.importorskip("pyarrow")
+        arr = pa.array([1.5, 2.5, -3.0])
+        t = dlpart.from_dlpack(arr)
+        back = pa.Array.from_dlpack(t)
+        assert back.buffers()[1].address == arr.buffers()[1].address
+        assert t.readonly and back.equals(arr)
 
 
 def _dpctl_tensor():
