@@ -11,6 +11,7 @@ from ._core import (
     gather,
     scatter,
 )
+from . import adapters
 from ._location import Location
 from ._partitioned import (
     Partition,
@@ -31,6 +32,7 @@ __all__ = [
     "ProtocolError",
     "Tensor",
     "__version__",
+    "adapters",
     "from_dlpack",
     "from_partitioned",
     "gather",
