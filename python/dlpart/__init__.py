@@ -12,6 +12,7 @@ from ._core import (
     gather,
     scatter,
 )
+from . import adapters
 from ._location import Location
 from ._partitioned import (
     Partition,
@@ -23,6 +24,7 @@ from ._partitioned import (
 )
 
 __all__ = [
+    "adapters",
     "BackendUnavailableError",
     "Device",
     "DeviceError",
