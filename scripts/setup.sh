@@ -27,6 +27,7 @@ ray==2.60.0
 nvidia-cuda-nvrtc-cu12==12.9.86
 hypothesis==6.170.15
 pytest==9.2.0
+pytest-timeout==2.4.0
 maturin==1.16.0
 matplotlib==3.11.2
 cloudpickle==3.1.2

@@ -9,11 +9,26 @@ use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 use crate::backend::{backend_for, BoxCopy};
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::grid::Grid;
+use crate::grid::{Entry, Grid};
 
 use super::device::device_arg;
 use super::errors::{to_py, ProtocolError};
 use super::tensor::PyTensor;
+
+/// Validates `(position, start, shape)` entries (grid invariants 1-5) and returns the split
+/// points; for adapters that derive entries from a framework's own layout.
+#[pyfunction]
+fn _grid_from_entries(
+    py: Python<'_>,
+    shape: Vec<i64>,
+    tiling: Vec<i64>,
+    entries: Vec<Entry>,
+) -> PyResult<Vec<Vec<usize>>> {
+    let grid = py
+        .detach(|| Grid::from_entries(&shape, &tiling, &entries))
+        .map_err(to_py)?;
+    Ok(grid.splits().to_vec())
+}
 
 fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult<Vec<i64>> {
     let bad = || {
@@ -171,6 +186,7 @@ fn _assemble(
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_grid_from_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(_grid_from_entries, m)?)?;
     m.add_function(wrap_pyfunction!(_even_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_check_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_assemble, m)?)?;

@@ -223,8 +223,6 @@ def test_aliased_operands_behave_as_if_copied_first(case, data):
     assert same(out, expect)
 
 
-@pytest.mark.xfail(strict=True, reason="ops::read_index reports a uint64 index above i64::MAX "
-                   "as index i64::MAX on axis 0 of size 0, whatever the axis and its size")
 def test_huge_unsigned_index_is_named_with_its_axis():
     with pytest.raises(IndexError, match=r"index 9223372036854775813 is out of bounds for axis 1 "
                                          r"with size 3"):
