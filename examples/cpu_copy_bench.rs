@@ -59,7 +59,7 @@ fn buffer(n: usize) -> Vec<u8> {
 fn memcpy_case<'a>(src: &'a [u8], dst: &'a mut [u8], threads: usize) -> Case<'a> {
     let n = src.len();
     Case {
-        name: format!("memcpy {} MiB, {threads} thread(s)", n >> 20),
+        name: format!("memcpy {} KiB, {threads} thread(s)", n >> 10),
         bytes: 2 * n,
         f: Box::new(move || {
             if threads == 1 {
@@ -233,50 +233,49 @@ fn index_op(runs: usize, n: usize, scatter: bool) {
     }
 }
 
-/// `mib` MiB of f32 spread over a 64x64 grid, copied into the transposed grid position of a
-/// second array: 4096 small jobs in one call; also prints microseconds.
+/// `mib` MiB of f32 spread over a 64x64 grid of separate partitions, assembled into one
+/// array: 4096 small jobs in one call (overhead-bound); also prints microseconds.
 fn tiny(runs: usize, mib: usize) {
     let side = ((mib << 20) / 4).isqrt() / 64 * 64;
     let part = side / 64;
-    let src = buffer(side * side * 4);
+    let parts: Vec<Vec<u8>> = (0..64 * 64).map(|_| buffer(part * part * 4)).collect();
     let mut dst = buffer(side * side * 4);
-    let strides = [side as isize, 1];
+    let (src_strides, dst_strides) = ([part as isize, 1], [side as isize, 1]);
     let shape = [part, part];
     let dptr = dst.as_mut_ptr();
-    let mut jobs = Vec::new();
-    for r in 0..64 {
-        for c in 0..64 {
-            jobs.push(RawCopy {
-                src: SrcView {
-                    ptr: src.as_ptr().wrapping_add((r * part * side + c * part) * 4),
-                    shape: &shape,
-                    strides: &strides,
-                },
-                dst: DstView {
-                    ptr: dptr.wrapping_add((c * part * side + r * part) * 4),
-                    shape: &shape,
-                    strides: &strides,
-                },
-                itemsize: 4,
-            });
-        }
-    }
+    let jobs: Vec<RawCopy<'_>> = parts
+        .iter()
+        .enumerate()
+        .map(|(k, p)| RawCopy {
+            src: SrcView {
+                ptr: p.as_ptr(),
+                shape: &shape,
+                strides: &src_strides,
+            },
+            dst: DstView {
+                ptr: dptr.wrapping_add(((k / 64) * part * side + (k % 64) * part) * 4),
+                shape: &shape,
+                strides: &dst_strides,
+            },
+            itemsize: 4,
+        })
+        .collect();
     let bytes = 2 * side * side * 4;
     let (msrc, mut mdst) = (buffer(side * side * 4), buffer(side * side * 4));
     let jobs = &jobs;
     let mut cases = vec![
         memcpy_case(&msrc, &mut mdst, 2),
         Case {
-            name: format!("64x64 grid of {part}x{part} f32, 4096 jobs"),
+            name: format!("assemble 64x64 grid of {part}x{part} f32"),
             bytes,
-            // SAFETY: the jobs tile two separate live buffers.
+            // SAFETY: the jobs read separate live partitions and tile the live `dst`.
             f: Box::new(move || unsafe { cpu::copy_boxes(jobs) }),
         },
     ];
     let g = interleaved(runs, &mut cases, true);
     println!(
         "{:<46} {:>9.1} us",
-        "  (grid copy time)",
+        "  (4096 jobs, one call)",
         bytes as f64 / g[1] / 1e3
     );
 }
@@ -284,8 +283,8 @@ fn tiny(runs: usize, mib: usize) {
 /// Plain against streaming stores for contiguous copies of several sizes (how
 /// `cpu::STREAM_MIN_BYTES` was chosen).
 fn stores(runs: usize) {
-    for mib in [4usize, 8, 16, 32, 64, 128] {
-        let n = mib << 20;
+    for kib in [256usize, 1024, 2048, 4096, 16384, 65536] {
+        let n = kib << 10;
         let (src, mut dst) = (buffer(n), buffer(n));
         let (msrc, mut mdst) = (buffer(n), buffer(n));
         let shape = [n / 4];
@@ -305,7 +304,7 @@ fn stores(runs: usize) {
         let mut cases = vec![memcpy_case(&msrc, &mut mdst, 2)];
         for st in [Stores::Plain, Stores::Streaming] {
             cases.push(Case {
-                name: format!("copy {mib} MiB {st:?}"),
+                name: format!("copy {kib} KiB {st:?}"),
                 bytes: 2 * n,
                 // SAFETY: both boxes lie inside their separate live buffers.
                 f: Box::new(move || unsafe { cpu::copy_boxes_with(&[job], st) }),
@@ -353,7 +352,10 @@ fn main() {
         index_op(runs, 64 << 20, true);
     }
     if on("tiny") {
-        for mib in [1, 4, 16] {
+        let mibs: Vec<usize> = std::env::var("TINY_MIB")
+            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_else(|_| vec![1, 4, 16]);
+        for mib in mibs {
             tiny(runs, mib);
         }
     }

@@ -48,8 +48,7 @@ pub struct RawCopy<'a> {
 /// Which stores large copies use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Stores {
-    /// Streaming stores when the copy is much larger than the last-level cache (measured
-    /// faster here, see `examples/cpu_copy_bench.rs`), plain stores otherwise.
+    /// Streaming stores for copies of [`STREAM_MIN_BYTES`] or more, plain stores otherwise.
     #[default]
     Auto,
     /// Always plain stores (memcpy).
@@ -58,9 +57,10 @@ pub enum Stores {
     Streaming,
 }
 
-/// Copies at least this many bytes in one call before `Stores::Auto` streams: the
-/// destination then cannot stay in a last-level cache of typical size anyway.
-pub const STREAM_MIN_BYTES: usize = 64 << 20;
+/// Copies of at least this many bytes in one call use streaming stores under
+/// `Stores::Auto`. Measured here (`cpu_copy_bench stores`, 2 threads): streaming was 1.4-1.6x
+/// faster than plain stores from 2 MiB up and slower at 1 MiB and below.
+pub const STREAM_MIN_BYTES: usize = 2 << 20;
 
 /// How work is cut for threads. The defaults suit real use; tests shrink them so that tiny
 /// boxes exercise the parallel paths too.
@@ -71,12 +71,16 @@ pub(crate) struct Tuning {
     /// Bounds of the bytes one thread takes at a time.
     pub piece_min: usize,
     pub piece_max: usize,
+    /// Runs the pieces on the calling thread, last first: tests use it to make any
+    /// dependence on the order of pieces show.
+    pub reverse: bool,
 }
 
 pub(crate) const TUNING: Tuning = Tuning {
     parallel_min: 256 << 10,
     piece_min: 64 << 10,
     piece_max: 4 << 20,
+    reverse: false,
 };
 
 /// Everything on the calling thread.
@@ -95,29 +99,34 @@ impl Tuning {
     pub fn parallel(&self, total: usize) -> bool {
         total >= self.parallel_min && threads() > 1
     }
+
+    /// Calls `f(start)` for every `start` in `(0..n).step_by(step)` on rayon's threads,
+    /// stopping at an error. Under Miri the calls run in order on this thread: rayon's deques
+    /// trip Miri's Stacked Borrows checks inside crossbeam-epoch, and our kernels are what Miri
+    /// should check.
+    pub fn run<E: Send>(
+        &self,
+        n: usize,
+        step: usize,
+        f: impl Fn(usize) -> Result<(), E> + Sync + Send,
+    ) -> Result<(), E> {
+        if self.reverse {
+            return (0..n).step_by(step).rev().try_for_each(f);
+        }
+        #[cfg(not(miri))]
+        return (0..n).into_par_iter().step_by(step).try_for_each(f);
+        #[cfg(miri)]
+        return (0..n).step_by(step).try_for_each(f);
+    }
 }
 
-/// The number of threads work is cut for (a fixed 3 under Miri, see [`par_steps`]).
+/// The number of threads work is cut for (a fixed 3 under Miri, see [`Tuning::run`]).
 pub(crate) fn threads() -> usize {
     if cfg!(miri) {
         3
     } else {
         rayon::current_num_threads()
     }
-}
-
-/// Calls `f(start)` for every `start` in `(0..n).step_by(step)` on rayon's threads, stopping
-/// at an error. Under Miri the calls run in order on this thread: rayon's deques trip Miri's
-/// Stacked Borrows checks inside crossbeam-epoch, and our kernels are what Miri should check.
-pub(crate) fn par_steps<E: Send>(
-    n: usize,
-    step: usize,
-    f: impl Fn(usize) -> Result<(), E> + Sync + Send,
-) -> Result<(), E> {
-    #[cfg(not(miri))]
-    return (0..n).into_par_iter().step_by(step).try_for_each(f);
-    #[cfg(miri)]
-    return (0..n).step_by(step).try_for_each(f);
 }
 
 /// Resolves `stores` for a call moving `bytes` in total.
@@ -214,55 +223,107 @@ pub unsafe fn copy_boxes_with(jobs: &[RawCopy<'_>], stores: Stores) {
 
 /// One piece of work for a thread.
 enum Piece {
-    /// Whole jobs `a..b`.
+    /// Whole jobs `a..b`, planned by the thread that runs them.
     Jobs(usize, usize),
-    /// Units `lo..hi` of job `j`.
+    /// Units `lo..hi` of big job `big[p]`.
     Part(usize, usize, usize),
 }
 
-/// [`copy_boxes_with`] with explicit tuning.
+/// The plan of `job`.
+///
+/// # Panics
+/// If the job's shapes or stride counts differ.
+fn plan_of<'a>(job: &RawCopy<'a>) -> Plan<'a> {
+    let (s, d) = (job.src, job.dst);
+    assert!(
+        s.shape == d.shape && s.strides.len() == s.shape.len() && d.strides.len() == d.shape.len(),
+        "box copy with source shape {:?} strides {:?} and destination shape {:?} strides {:?}",
+        s.shape,
+        s.strides,
+        d.shape,
+        d.strides
+    );
+    Plan::new(Orig {
+        shape: s.shape,
+        src_strides: s.strides,
+        dst_strides: d.strides,
+        itemsize: job.itemsize,
+    })
+}
+
+/// Plans and runs all of `job`.
+///
+/// # Safety
+/// As for [`copy_box`].
+unsafe fn run_whole(job: &RawCopy<'_>, store: Store) {
+    let plan = plan_of(job);
+    // SAFETY: forwarded caller contract; all units of the plan.
+    unsafe { run(&plan, job.src.ptr, job.dst.ptr, 0, plan.units, store) }
+}
+
+/// [`copy_boxes_with`] with explicit tuning. Small jobs are planned by the thread that runs
+/// them (a plan is a few hundred bytes: storing thousands would cost more than copying tiny
+/// boxes); only jobs big enough to be split are planned up front.
 ///
 /// # Safety
 /// As for [`copy_boxes`].
 pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuning: &Tuning) {
-    let plans: Vec<(Plan<'_>, Ptrs)> = jobs
-        .iter()
-        .map(|j| {
-            let (s, d) = (j.src, j.dst);
-            assert!(
-                s.shape == d.shape && s.strides.len() == s.shape.len() && d.strides.len() == d.shape.len(),
-                "box copy with source shape {:?} strides {:?} and destination shape {:?} strides {:?}",
-                s.shape,
-                s.strides,
-                d.shape,
-                d.strides
-            );
-            let plan = Plan::new(Orig {
-                shape: s.shape,
-                src_strides: s.strides,
-                dst_strides: d.strides,
-                itemsize: j.itemsize,
-            });
-            (plan, Ptrs { src: s.ptr, dst: d.ptr })
-        })
-        .collect();
-    let total: usize = plans.iter().map(|(p, _)| p.bytes).sum();
+    let bytes = |j: &RawCopy<'_>| j.src.shape.iter().product::<usize>() * j.itemsize;
+    let total: usize = jobs.iter().map(bytes).sum();
     let store = store_for(stores, total);
-    let whole = |(plan, ptrs): &(Plan<'_>, Ptrs)| {
-        // SAFETY: each job's boxes are valid and disjoint (caller contract); all units.
-        unsafe { run(plan, ptrs.src, ptrs.dst, 0, plan.units, store) }
-    };
     if !tuning.parallel(total) {
-        plans.iter().for_each(whole);
+        // SAFETY: forwarded caller contract, job by job.
+        jobs.iter().for_each(|j| unsafe { run_whole(j, store) });
         stream::fence(store);
         return;
     }
-    let pieces = cut(&plans, tuning.piece(total));
-    let done = par_steps(pieces.len(), 1, |k| {
+    let target = tuning.piece(total);
+    let mut big = Vec::new();
+    let mut pieces = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (j, job) in jobs.iter().enumerate() {
+        let b = bytes(job);
+        let plan = (b >= target).then(|| plan_of(job));
+        // A job whose destination overlaps itself stays in one piece.
+        let Some(plan) = plan.filter(|p| p.dst_distinct && p.units > 1) else {
+            acc += b;
+            if acc >= target {
+                pieces.push(Piece::Jobs(start, j + 1));
+                (start, acc) = (j + 1, 0);
+            }
+            continue;
+        };
+        if start < j {
+            pieces.push(Piece::Jobs(start, j));
+        }
+        (start, acc) = (j + 1, 0);
+        let per = (target / plan.unit_bytes.max(1)).max(1);
+        let step = plan.units.div_ceil(plan.units.div_ceil(per));
+        let p = big.len();
+        pieces.extend(
+            (0..plan.units)
+                .step_by(step)
+                .map(|lo| Piece::Part(p, lo, (lo + step).min(plan.units))),
+        );
+        big.push((
+            plan,
+            Ptrs {
+                src: job.src.ptr,
+                dst: job.dst.ptr,
+            },
+        ));
+    }
+    if start < jobs.len() {
+        pieces.push(Piece::Jobs(start, jobs.len()));
+    }
+    let done = tuning.run(pieces.len(), 1, |k| {
         match pieces[k] {
-            Piece::Jobs(a, b) => plans[a..b].iter().for_each(whole),
-            Piece::Part(j, lo, hi) => {
-                let (plan, ptrs) = &plans[j];
+            // SAFETY: forwarded caller contract, job by job.
+            Piece::Jobs(a, b) => jobs[a..b]
+                .iter()
+                .for_each(|j| unsafe { run_whole(j, store) }),
+            Piece::Part(p, lo, hi) => {
+                let (plan, ptrs) = &big[p];
                 // SAFETY: pieces cover disjoint unit ranges, and units of a plan whose
                 // destination elements are distinct write disjoint elements.
                 unsafe { run(plan, ptrs.src, ptrs.dst, lo, hi, store) }
@@ -272,37 +333,4 @@ pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuni
         Ok::<(), ()>(())
     });
     debug_assert!(done.is_ok());
-}
-
-/// Cuts jobs into pieces of about `target` bytes: big jobs into unit ranges, runs of small
-/// jobs grouped. A job whose destination overlaps itself stays in one piece.
-fn cut(plans: &[(Plan<'_>, Ptrs)], target: usize) -> Vec<Piece> {
-    let mut pieces = Vec::new();
-    let (mut start, mut acc) = (0, 0);
-    for (j, (plan, _)) in plans.iter().enumerate() {
-        if plan.bytes < target || !plan.dst_distinct || plan.units <= 1 {
-            acc += plan.bytes;
-            if acc >= target {
-                pieces.push(Piece::Jobs(start, j + 1));
-                (start, acc) = (j + 1, 0);
-            }
-            continue;
-        }
-        if start < j {
-            pieces.push(Piece::Jobs(start, j));
-        }
-        (start, acc) = (j + 1, 0);
-        let per = (target / plan.unit_bytes.max(1)).max(1);
-        let n = plan.units.div_ceil(per);
-        let step = plan.units.div_ceil(n);
-        pieces.extend(
-            (0..plan.units)
-                .step_by(step)
-                .map(|lo| Piece::Part(j, lo, (lo + step).min(plan.units))),
-        );
-    }
-    if start < plans.len() {
-        pieces.push(Piece::Jobs(start, plans.len()));
-    }
-    pieces
 }

@@ -44,16 +44,28 @@ pub(crate) unsafe fn run(
     }
     let outer = plan.outer.as_slice();
     let iu = plan.inner_units;
-    let mut idx = [0usize; MAX_DIMS];
     let (mut so, mut dof) = (plan.src_off, plan.dst_off);
-    let mut rest = lo / iu;
-    for (j, dim) in outer.iter().enumerate().rev() {
-        idx[j] = rest % dim.n;
-        rest /= dim.n;
-        so += idx[j] as isize * dim.s;
-        dof += idx[j] as isize * dim.d;
+    if let (Kind::Rows { bytes, .. }, [dim], 1) = (plan.kind, outer, iu) {
+        // Rows along one outer dim, the most common box (tiny ones included): a plain loop.
+        for r in lo..hi {
+            let (s, d) = (so + r as isize * dim.s, dof + r as isize * dim.d);
+            // SAFETY: row r < dim.n of the box (caller contract).
+            unsafe { copy_row(dst.wrapping_offset(d), src.wrapping_offset(s), bytes, store) };
+        }
+        return;
     }
-    let mut k = lo % iu;
+    let mut idx = [0usize; MAX_DIMS];
+    let mut k = 0;
+    if lo > 0 {
+        let mut rest = lo / iu;
+        for (j, dim) in outer.iter().enumerate().rev() {
+            idx[j] = rest % dim.n;
+            rest /= dim.n;
+            so += idx[j] as isize * dim.s;
+            dof += idx[j] as isize * dim.d;
+        }
+        k = lo % iu;
+    }
     for _ in lo..hi {
         let (s, d) = (src.wrapping_offset(so), dst.wrapping_offset(dof));
         // SAFETY: (s, d) address the element of the current outer index, inside the box;
@@ -97,12 +109,23 @@ unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: S
             let d = dst.wrapping_offset(start as isize * run.d);
             unsafe { by_word!(plan.elem, strided(s, run.s, d, run.d, n)) }
         }
-        Kind::Tile { p, q, t, tiles_q } => {
-            let (p0, q0) = ((k / tiles_q) * t, (k % tiles_q) * t);
-            let (np, nq) = (t.min(p.n - p0), t.min(q.n - q0));
-            let s = src.wrapping_offset(p0 as isize * p.s + q0 as isize * q.s);
-            let d = dst.wrapping_offset(p0 as isize * p.d + q0 as isize * q.d);
-            unsafe { by_word!(plan.elem, tile(s, d, p, q, np, nq)) }
+        Kind::Tile {
+            p,
+            q,
+            t,
+            block,
+            blocks_q,
+        } => {
+            let (p0, q0) = ((k / blocks_q) * block, (k % blocks_q) * block);
+            let (np, nq) = (block.min(p.n - p0), block.min(q.n - q0));
+            for pt in (p0..p0 + np).step_by(t) {
+                for qt in (q0..q0 + nq).step_by(t) {
+                    let s = src.wrapping_offset(pt as isize * p.s + qt as isize * q.s);
+                    let d = dst.wrapping_offset(pt as isize * p.d + qt as isize * q.d);
+                    let (tp, tq) = (t.min(p0 + np - pt), t.min(q0 + nq - qt));
+                    unsafe { by_word!(plan.elem, tile(s, d, p, q, tp, tq)) }
+                }
+            }
         }
         Kind::Naive => unreachable!("naive plans are run whole"),
     }

@@ -14,14 +14,18 @@
 
 use std::marker::PhantomData;
 
-use super::copy::{par_steps, store_for, threads, DstView, Ptrs, SrcView, Stores, Tuning, TUNING};
+use super::copy::{store_for, threads, DstView, Ptrs, SrcView, Stores, Tuning, TUNING};
 use super::exec::run;
 use super::plan::{is_word, Dim, Dims, Kind, Orig, Plan, MAX_DIMS};
 use super::stream::{copy_row, fence, prefetch, Store};
 use crate::error::{tuple_string, Error, Result};
 
-/// How far ahead random accesses are prefetched (in indices).
-const PREFETCH: usize = 16;
+/// How far ahead random accesses are prefetched (in indices); 0 disables prefetching.
+const PREFETCH: usize = 32;
+/// Chunks of indices spanning fewer positions than this are not prefetched.
+const NEAR: u64 = 1024;
+/// The shortest run of consecutive indices copied as one block (see [`slice`]).
+const RUN: usize = 8;
 
 /// `dst[.., i, ..] = src[.., indices[i], ..]` along `axis`.
 ///
@@ -305,6 +309,20 @@ trait Unit: Sync {
     /// # Safety
     /// The boxes must be readable at `src` and writable at `dst`.
     unsafe fn copy(&self, src: *const u8, dst: *mut u8, count: usize);
+
+    /// Whether an inner box is one word (at most 16 bytes): such boxes may be written to a
+    /// scratch word instead of branching around the write.
+    const WORD: bool = false;
+
+    /// One inner box.
+    ///
+    /// # Safety
+    /// As for [`Unit::copy`].
+    #[inline(always)]
+    unsafe fn one(&self, src: *const u8, dst: *mut u8) {
+        // SAFETY: forwarded.
+        unsafe { self.copy(src, dst, 1) }
+    }
 }
 
 struct Word<T>(PhantomData<T>);
@@ -312,15 +330,19 @@ struct Word<T>(PhantomData<T>);
 unsafe impl<T> Sync for Word<T> {}
 
 impl<T: Copy> Unit for Word<T> {
+    const WORD: bool = true;
+
     #[inline(always)]
     unsafe fn copy(&self, src: *const u8, dst: *mut u8, count: usize) {
         // SAFETY: caller contract; `count` contiguous words on both sides.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, count * size_of::<T>()) }
+    }
+
+    #[inline(always)]
+    unsafe fn one(&self, src: *const u8, dst: *mut u8) {
+        // SAFETY: caller contract; unaligned words are allowed.
         unsafe {
-            if count == 1 {
-                std::ptr::write_unaligned(dst as *mut T, std::ptr::read_unaligned(src as *const T));
-            } else {
-                std::ptr::copy_nonoverlapping(src, dst, count * size_of::<T>());
-            }
+            std::ptr::write_unaligned(dst as *mut T, std::ptr::read_unaligned(src as *const T))
         }
     }
 }
@@ -378,19 +400,53 @@ unsafe fn schedule<U: Unit, const SCATTER: bool>(
     }
     let threads = threads();
     let per = (tuning.piece(bytes) / plan.unit_bytes.max(64)).max(1);
-    let unique = !SCATTER || plan.idx.windows(2).all(|w| w[0] < w[1]);
-    if unique {
-        let step = units.div_ceil(units.div_ceil(per));
-        par_steps(units, step, |lo| piece(lo, (lo + step).min(units), full))
+    let step = units.div_ceil(units.div_ceil(per));
+    if !SCATTER {
+        tuning.run(units, step, |lo| piece(lo, (lo + step).min(units), full))
+    } else if sorted(plan.idx, tuning) {
+        // Repeated indices are neighbours: pieces that never split a group of equal indices
+        // keep every group in order on one thread.
+        let idx = plan.idx;
+        let snap = |u: usize| {
+            let i = u % m;
+            if u >= units || i == 0 {
+                return u.min(units);
+            }
+            let prev = idx[i - 1];
+            u + idx[i..].partition_point(|&x| x == prev).min(m - i)
+        };
+        tuning.run(units, step, |lo| {
+            let (a, b) = (snap(lo), snap(lo + step));
+            if a < b {
+                piece(a, b, full)
+            } else {
+                Ok(())
+            }
+        })
     } else if plan.outer_count >= 4 * threads {
         let step = per.div_ceil(m).max(1) * m;
-        par_steps(units, step, |lo| piece(lo, (lo + step).min(units), full))
+        tuning.run(units, step, |lo| piece(lo, (lo + step).min(units), full))
     } else {
         let step = plan.len.div_ceil(threads);
-        par_steps(plan.len, step, |a| {
+        tuning.run(plan.len, step, |a| {
             piece(0, units, (a, (a + step).min(plan.len)))
         })
     }
+}
+
+/// Whether `idx` never decreases, checked in parallel pieces that overlap by one index.
+fn sorted(idx: &[i64], tuning: &Tuning) -> bool {
+    const CHUNK: usize = 1 << 16;
+    tuning
+        .run(idx.len(), CHUNK, |lo| {
+            let chunk = &idx[lo..(lo + CHUNK + 1).min(idx.len())];
+            if chunk.is_sorted() {
+                Ok(())
+            } else {
+                Err(())
+            }
+        })
+        .is_ok()
 }
 
 /// Units `lo..hi`, writing only indexed positions inside `win`.
@@ -421,7 +477,13 @@ unsafe fn units_range<U: Unit, const SCATTER: bool>(
         let end = (i + left).min(m);
         let (s, d) = (ptrs.src.wrapping_offset(so), ptrs.dst.wrapping_offset(dof));
         // SAFETY: (s, d) is the outer slice of the current index (caller contract).
-        unsafe { slice::<U, SCATTER>(p, unit, s, d, i, end, win)? };
+        unsafe {
+            if win == (0, p.len) {
+                slice::<U, SCATTER, false>(p, unit, s, d, i, end, win)?
+            } else {
+                slice::<U, SCATTER, true>(p, unit, s, d, i, end, win)?
+            }
+        };
         left -= end - i;
         i = 0;
         for (j, dim) in outer.iter().enumerate().rev() {
@@ -439,12 +501,18 @@ unsafe fn units_range<U: Unit, const SCATTER: bool>(
     Ok(())
 }
 
-/// Indices `i0..i1` of one outer slice; `Err(i)` names the first bad index met.
+/// Indices `i0..i1` of one outer slice; `Err(i)` names the first bad index met. With
+/// `WINDOW`, only indexed positions inside `win` are written.
+///
+/// Runs of at least [`RUN`] consecutive indices become one copy. Checking for one costs a
+/// load and a compare per index that is well predicted both in random indices (never a run)
+/// and in blocked ones; shorter runs would cost more in mispredictions and calls than they save.
 ///
 /// # Safety
 /// As for [`schedule`], with `src`/`dst` at the outer slice.
 #[inline]
-unsafe fn slice<U: Unit, const SCATTER: bool>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn slice<U: Unit, const SCATTER: bool, const WINDOW: bool>(
     p: &IndexPlan<'_>,
     unit: &U,
     src: *const u8,
@@ -453,51 +521,120 @@ unsafe fn slice<U: Unit, const SCATTER: bool>(
     i1: usize,
     win: (usize, usize),
 ) -> Result<(), usize> {
-    let (idx, len) = (p.idx, p.len);
-    // The randomly addressed side: prefetch where indices will send us.
-    let (far, far_step) = if SCATTER {
-        (dst as *const u8, p.ax_d)
-    } else {
-        (src, p.ax_s)
+    // Locals, not fields: stores through raw pointers would make the compiler reload fields.
+    let (all, idx, len, runs) = (p.idx, &p.idx[..i1], p.len, p.runs);
+    let (ax_s, ax_d) = (p.ax_s, p.ax_d);
+    // Value-side position x, indexed-side position y.
+    let at = |x: usize, y: usize| {
+        let (x, y) = (x as isize, y as isize);
+        if SCATTER {
+            (src.wrapping_offset(x * ax_s), dst.wrapping_offset(y * ax_d))
+        } else {
+            (src.wrapping_offset(y * ax_s), dst.wrapping_offset(x * ax_d))
+        }
     };
+    // The randomly addressed side, prefetched where the indices will send us.
+    let (far, far_step) = if SCATTER {
+        (dst as *const u8, ax_d)
+    } else {
+        (src, ax_s)
+    };
+    let mut scratch = 0u128;
+    let sink = (&mut scratch as *mut u128).cast::<u8>();
     let mut i = i0;
     while i < i1 {
-        let j = idx[i];
-        if j as u64 >= len as u64 {
-            return Err(i);
-        }
-        if let Some(&ahead) = idx.get(i + PREFETCH) {
-            prefetch(far.wrapping_offset((ahead as isize).wrapping_mul(far_step)));
-        }
-        let j = j as usize;
-        let mut k = 1;
-        if p.runs {
+        let Some(chunk) = idx.get(i..i + RUN) else {
+            // The last few indices, one by one.
+            let j = idx[i];
+            if j as u64 >= len as u64 {
+                return Err(i);
+            }
+            let j = j as usize;
+            if !WINDOW || (win.0 <= j && j < win.1) {
+                let (s, d) = at(i, j);
+                // SAFETY: position i (value side) and j (indexed side, checked < len) are
+                // inside the boxes.
+                unsafe { unit.one(s, d) };
+            }
+            i += 1;
+            continue;
+        };
+        let j = chunk[0];
+        if runs
+            && chunk[RUN - 1].wrapping_sub(j) == RUN as i64 - 1
+            && (1..RUN).all(|t| chunk[t] == j.wrapping_add(t as i64))
+        {
+            if j as u64 >= len as u64 {
+                return Err(i);
+            }
+            let j = j as usize;
+            let mut k = RUN;
             while i + k < i1 && idx[i + k] == (j + k) as i64 {
                 k += 1;
             }
             if j + k > len {
                 return Err(i + (len - j));
             }
-        }
-        let (a, b) = (j.max(win.0), (j + k).min(win.1));
-        if a < b {
-            let (x, y) = ((i + (a - j)) as isize, a as isize);
-            let (s, d) = if SCATTER {
-                (
-                    src.wrapping_offset(x * p.ax_s),
-                    dst.wrapping_offset(y * p.ax_d),
-                )
+            let (a, b) = if WINDOW {
+                (j.max(win.0), (j + k).min(win.1))
             } else {
-                (
-                    src.wrapping_offset(y * p.ax_s),
-                    dst.wrapping_offset(x * p.ax_d),
-                )
+                (j, j + k)
             };
-            // SAFETY: positions x.. (value side) and y.. (indexed side, checked < len) are
-            // inside the boxes; runs are contiguous on both sides when `p.runs`.
-            unsafe { unit.copy(s, d, b - a) };
+            if a < b {
+                let (s, d) = at(i + (a - j), a);
+                // SAFETY: positions a..b (checked <= len) and the matching value-side
+                // positions are inside the boxes, contiguous on both sides (`runs`).
+                unsafe { unit.copy(s, d, b - a) };
+            }
+            i += k;
+            continue;
         }
-        i += k;
+        // One well-predicted branch for the range checks of the whole chunk.
+        if chunk
+            .iter()
+            .fold(false, |bad, &x| bad | (x as u64 >= len as u64))
+        {
+            let t = chunk
+                .iter()
+                .position(|&x| x as u64 >= len as u64)
+                .unwrap_or(0);
+            return Err(i + t);
+        }
+        if PREFETCH > 0 {
+            // Chunks whose indices stay close together need no help from us: the hardware
+            // prefetcher follows them.
+            if let Some(ahead) = all.get(i + PREFETCH..i + PREFETCH + RUN) {
+                if ahead[RUN - 1].wrapping_sub(ahead[0]).unsigned_abs() >= NEAR {
+                    for &a in ahead {
+                        // Outside the window: a line at its edge, already in cache.
+                        let a = if WINDOW {
+                            (a as usize).clamp(win.0, win.1 - 1)
+                        } else {
+                            a as usize
+                        };
+                        prefetch(far.wrapping_offset((a as isize).wrapping_mul(far_step)));
+                    }
+                }
+            }
+        }
+        for (t, &j) in chunk.iter().enumerate() {
+            let j = j as usize;
+            if WINDOW && U::WORD {
+                // Random indices fall outside the window half the time: a write to a
+                // scratch word instead of a branch that would be mispredicted as often.
+                let (s, d) = at(i + t, j);
+                let d = if win.0 <= j && j < win.1 { d } else { sink };
+                // SAFETY: position i + t (value side) is inside the box; `d` is either
+                // position j (checked < len) or the scratch word, which is large enough.
+                unsafe { unit.one(s, d) };
+            } else if !WINDOW || (win.0 <= j && j < win.1) {
+                let (s, d) = at(i + t, j);
+                // SAFETY: position i + t (value side) and j (indexed side, checked < len)
+                // are inside the boxes.
+                unsafe { unit.one(s, d) };
+            }
+        }
+        i += RUN;
     }
     Ok(())
 }

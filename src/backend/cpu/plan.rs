@@ -16,6 +16,10 @@ pub(crate) const ROW_SEG: usize = 128 << 10;
 pub(crate) const ELEM_SEG: usize = 16 << 10;
 /// Side of a transpose tile in bytes: two cache lines, so both sides touch whole lines.
 const TILE_BYTES: usize = 128;
+/// Side of a block of tiles in elements (a multiple of every tile side). Each side of a block
+/// spans at most this many rows, so a block's pages stay within the TLB, which tiles taken
+/// in plain order along one side would thrash.
+const TILE_BLOCK: usize = 256;
 
 /// One dimension: extent and byte strides in the source and the destination.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -96,12 +100,14 @@ pub(crate) enum Kind {
     /// A run of `bytes` contiguous on both sides, cut into segments of `seg` bytes.
     Rows { bytes: usize, seg: usize },
     /// Read contiguously along `p`, written contiguously along `q`: square tiles of `t`
-    /// elements a side, `tiles_q` of them along `q`.
+    /// elements a side, in square blocks of `block` elements a side (one unit each),
+    /// `blocks_q` of them along `q`.
     Tile {
         p: Dim,
         q: Dim,
         t: usize,
-        tiles_q: usize,
+        block: usize,
+        blocks_q: usize,
     },
     /// A strided run of single elements, cut into segments of `seg` elements.
     Elems { run: Dim, seg: usize },
@@ -306,15 +312,16 @@ impl<'a> Plan<'a> {
                 dims.remove(p.max(q));
                 dims.remove(p.min(q));
                 let t = (TILE_BYTES / elem).max(1);
-                let tiles_q = ceil_div(qd.n, t);
+                let blocks_q = ceil_div(qd.n, TILE_BLOCK);
                 self.kind = Kind::Tile {
                     p: pd,
                     q: qd,
                     t,
-                    tiles_q,
+                    block: TILE_BLOCK,
+                    blocks_q,
                 };
-                self.inner_units = ceil_div(pd.n, t) * tiles_q;
-                self.unit_bytes = t.min(pd.n) * t.min(qd.n) * elem;
+                self.inner_units = ceil_div(pd.n, TILE_BLOCK) * blocks_q;
+                self.unit_bytes = TILE_BLOCK.min(pd.n) * TILE_BLOCK.min(qd.n) * elem;
             } else {
                 let run = dims.remove(dims.len - 1);
                 let seg = ELEM_SEG.min(run.n);
@@ -386,13 +393,26 @@ mod tests {
                 p.kind,
                 Kind::Tile {
                     t: 32,
-                    tiles_q: 1,
+                    blocks_q: 1,
                     ..
                 }
             ),
             "{p:?}"
         );
-        assert_eq!(p.units, 2);
+        assert_eq!(p.units, 1);
+        let big = plan(&[600, 300], &[1, 600], &[300, 1], 2);
+        assert!(
+            matches!(
+                big.kind,
+                Kind::Tile {
+                    t: 64,
+                    blocks_q: 2,
+                    ..
+                }
+            ),
+            "{big:?}"
+        );
+        assert_eq!(big.units, 6);
         let r = plan(&[5], &[1], &[-1], 8);
         assert_eq!(
             r.kind,

@@ -23,12 +23,46 @@ pub(crate) const STREAM_MIN_ROW: usize = 256;
 /// `src` must be readable and `dst` writable for `len` bytes, and the ranges must not overlap.
 #[inline]
 pub(crate) unsafe fn copy_row(dst: *mut u8, src: *const u8, len: usize, store: Store) {
-    if store == Store::Stream && len >= STREAM_MIN_ROW {
+    if len <= 32 {
+        // SAFETY: forwarded caller contract.
+        unsafe { copy_small(dst, src, len) }
+    } else if store == Store::Stream && len >= STREAM_MIN_ROW {
         // SAFETY: forwarded caller contract.
         unsafe { copy_streaming(dst, src, len) }
     } else {
         // SAFETY: forwarded caller contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
+/// Copies up to 32 bytes inline, as two overlapping words: tiny rows are common (small boxes,
+/// narrow blocks) and a call to `memcpy` would cost more than the copy.
+///
+/// # Safety
+/// As for [`copy_row`], with `len <= 32`.
+#[inline(always)]
+unsafe fn copy_small(dst: *mut u8, src: *const u8, len: usize) {
+    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
+    // SAFETY: every access lies in the first or last word of the `len` bytes, both inside the
+    // caller's ranges; unaligned accesses are allowed.
+    unsafe {
+        if len >= 16 {
+            let (a, b) = (rd(src as *const u128), rd(src.add(len - 16) as *const u128));
+            wr(dst as *mut u128, a);
+            wr(dst.add(len - 16) as *mut u128, b);
+        } else if len >= 8 {
+            let (a, b) = (rd(src as *const u64), rd(src.add(len - 8) as *const u64));
+            wr(dst as *mut u64, a);
+            wr(dst.add(len - 8) as *mut u64, b);
+        } else if len >= 4 {
+            let (a, b) = (rd(src as *const u32), rd(src.add(len - 4) as *const u32));
+            wr(dst as *mut u32, a);
+            wr(dst.add(len - 4) as *mut u32, b);
+        } else {
+            for i in 0..len {
+                *dst.add(i) = *src.add(i);
+            }
+        }
     }
 }
 

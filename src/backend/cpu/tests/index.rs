@@ -14,12 +14,18 @@ const SHAPES: &[&[usize]] = &[
     &[2, 3, 2, 3],
 ];
 
-/// `m` indices in `[0, len)` of a random kind: random with repeats, strictly increasing,
-/// blocks of consecutive indices, or all equal.
+/// `m` indices in `[0, len)` of a random kind: random with repeats, sorted with repeats,
+/// strictly increasing, blocks of consecutive indices (long enough to be copied as runs), or
+/// all equal.
 fn indices(rng: &mut Rng, m: usize, len: usize) -> Vec<i64> {
     let len = len as i64;
-    match rng.below(4) {
+    match rng.below(5) {
         0 => (0..m).map(|_| rng.below(len as usize) as i64).collect(),
+        4 => {
+            let mut v: Vec<i64> = (0..m).map(|_| rng.below(len as usize) as i64).collect();
+            v.sort_unstable();
+            v
+        }
         1 => {
             let mut v: Vec<i64> = (0..len).filter(|_| rng.below(2) == 0).collect();
             v.truncate(m);
@@ -29,7 +35,7 @@ fn indices(rng: &mut Rng, m: usize, len: usize) -> Vec<i64> {
             let mut v = Vec::new();
             while v.len() < m {
                 let start = rng.below(len as usize) as i64;
-                v.extend((start..len).take(1 + rng.below(5)));
+                v.extend((start..len).take(1 + rng.below(12)));
             }
             v.truncate(m);
             v
@@ -113,7 +119,7 @@ fn gather_and_scatter_match_naive_loops() {
         for shape in SHAPES {
             for axis in 0..shape.len() {
                 for t in 0..TRIALS {
-                    let m = rng.below(9);
+                    let m = rng.below(if t % 2 == 0 { 9 } else { 40 });
                     let tuning = [TINY, TUNING][t % 2];
                     let idx = indices(&mut rng, m, shape[axis]);
                     check_gather(&mut rng, shape, axis, &idx, item, &tuning);
@@ -128,24 +134,77 @@ fn gather_and_scatter_match_naive_loops() {
 #[test]
 fn scatter_keeps_the_last_duplicate_in_every_parallel_mode() {
     let mut rng = Rng::new(12);
-    // Strictly increasing indices (free split), many outer slices (split by slice), and few
-    // slices with repeats (split by destination window).
-    check_scatter(
-        &mut rng,
-        &[3, 40],
-        1,
-        &(0..40).step_by(3).collect::<Vec<_>>(),
-        4,
-        &TINY,
-    );
-    for (shape, axis) in [(&[12, 6][..], 1), (&[2, 30], 1), (&[30], 0), (&[30, 2], 0)] {
+    // Sorted indices (split where the index changes), many outer slices (split by slice),
+    // and few slices with repeats (split by destination window); each also with the pieces
+    // run last first, which breaks any split that separates repeats.
+    for tuning in [TINY, REVERSED] {
+        let increasing: Vec<i64> = (0..40).step_by(3).collect();
+        check_scatter(&mut rng, &[3, 40], 1, &increasing, 4, &tuning);
+        for (shape, axis) in [(&[12, 6][..], 1), (&[2, 30], 1), (&[30], 0), (&[30, 2], 0)] {
+            let len = shape[axis];
+            let mut idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
+            check_scatter(&mut rng, shape, axis, &idx, 8, &tuning);
+            check_scatter(&mut rng, shape, axis, &idx, 3, &tuning);
+            idx.sort_unstable();
+            check_scatter(&mut rng, shape, axis, &idx, 4, &tuning);
+            let blocks: Vec<i64> = (0..3 * len as i64)
+                .map(|i| (i / 2 + i % 5) % len as i64)
+                .collect();
+            check_scatter(&mut rng, shape, axis, &blocks, 2, &tuning);
+        }
+    }
+}
+
+/// Contiguous layouts, where consecutive indices become one copy: blocks of several lengths,
+/// overlapping blocks (repeats), runs cut by piece and window edges.
+#[test]
+fn runs_of_consecutive_indices() {
+    let mut rng = Rng::new(17);
+    for (shape, axis, item) in [
+        (&[40][..], 0, 4),
+        (&[40, 3], 0, 2),
+        (&[2, 40], 1, 16),
+        (&[40, 2, 2], 0, 3),
+    ] {
         let len = shape[axis];
-        let idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
-        check_scatter(&mut rng, shape, axis, &idx, 8, &TINY);
-        let blocks: Vec<i64> = (0..3 * len as i64)
-            .map(|i| (i / 2 + i % 5) % len as i64)
-            .collect();
-        check_scatter(&mut rng, shape, axis, &blocks, 2, &TINY);
+        for t in 0..TRIALS {
+            let mut idx = Vec::new();
+            while idx.len() < 60 {
+                let start = rng.below(len);
+                idx.extend((start..len).take(1 + rng.below(16)).map(|j| j as i64));
+            }
+            let tuning = [TINY, REVERSED, TUNING][t % 3];
+            let mut sorted = idx.clone();
+            sorted.sort_unstable();
+            for idx in [idx, sorted] {
+                let values = Buf::contiguous(&mut rng, &with_len(shape, axis, idx.len()), item);
+                let mut dst = Buf::contiguous(&mut rng, shape, item);
+                let mut want = dst.clone();
+                naive_scatter(&values, &idx, axis, &mut want);
+                // SAFETY: separate buffers; the boxes lie inside them.
+                in_pool(|| unsafe {
+                    scatter_tuned(values.src(), &idx, axis, dst.dst(), item, &tuning)
+                })
+                .unwrap();
+                assert!(
+                    dst.bytes == want.bytes,
+                    "scatter {shape:?} axis {axis} idx {idx:?} {tuning:?}"
+                );
+                let src = Buf::contiguous(&mut rng, shape, item);
+                let mut out = Buf::contiguous(&mut rng, &with_len(shape, axis, idx.len()), item);
+                let mut want = out.clone();
+                naive_gather(&src, &idx, axis, &mut want);
+                // SAFETY: separate buffers; the boxes lie inside them.
+                in_pool(|| unsafe {
+                    gather_tuned(src.src(), &idx, axis, out.dst(), item, &tuning)
+                })
+                .unwrap();
+                assert!(
+                    out.bytes == want.bytes,
+                    "gather {shape:?} axis {axis} idx {idx:?} {tuning:?}"
+                );
+            }
+        }
     }
 }
 
