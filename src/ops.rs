@@ -203,10 +203,24 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
             // `indices` while `s` is used, and aligned (checked just above).
             let s = unsafe { std::slice::from_raw_parts(ptr, n) };
-            if let Some(i) = s.par_iter().position_first(|&v| v < lo || v >= hi) {
-                return Err(out_of_range(s[i] as i128));
+            // One vectorisable min/max pass per chunk; the slow search for the first bad
+            // index only runs when there is one.
+            let (min, max) = s
+                .par_chunks(1 << 16)
+                .map(|c| {
+                    c.iter()
+                        .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
+                })
+                .reduce(|| (i64::MAX, i64::MIN), |x, y| (x.0.min(y.0), x.1.max(y.1)));
+            if min < lo || max >= hi {
+                let bad = s
+                    .iter()
+                    .find(|&&v| v < lo || v >= hi)
+                    .copied()
+                    .unwrap_or(min);
+                return Err(out_of_range(bad as i128));
             }
-            if !s.par_iter().any(|&v| v < 0) {
+            if min >= 0 {
                 return Ok(indices.clone());
             }
             let fixed: Vec<i64> = s
