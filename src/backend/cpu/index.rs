@@ -8,9 +8,11 @@
 //! bad one is reported without a separate pass.
 //!
 //! Scatter writes the same place twice when indices repeat and the later write must win, so
-//! it splits work among threads by index ranges only when the indices are strictly increasing;
-//! otherwise by outer slices (each slice sees its indices in order) or, with few slices, by
-//! destination windows: every thread walks all indices in order and writes only its window.
+//! it splits work among threads by index ranges only when the indices never decrease (cut
+//! where the index changes, so repeats stay on one thread); otherwise by outer slices (each
+//! slice sees its indices in order) or, with few slices, by destination windows: every thread
+//! walks all indices in order and writes only its window. Windows are used only where the
+//! copies outweigh reading every index on every thread.
 
 use std::marker::PhantomData;
 
@@ -426,11 +428,15 @@ unsafe fn schedule<U: Unit, const SCATTER: bool>(
     } else if plan.outer_count >= 4 * threads {
         let step = per.div_ceil(m).max(1) * m;
         tuning.run(units, step, |lo| piece(lo, (lo + step).min(units), full))
-    } else {
+    } else if plan.unit_bytes >= 64 || threads >= 4 {
         let step = plan.len.div_ceil(threads);
         tuning.run(plan.len, step, |a| {
             piece(0, units, (a, (a + step).min(plan.len)))
         })
+    } else {
+        // Windows make every thread read every index: with two threads and small inner
+        // boxes that cost more than the second thread saved (measured here), so one does it.
+        piece(0, units, full)
     }
 }
 
@@ -574,6 +580,14 @@ unsafe fn slice<U: Unit, const SCATTER: bool, const WINDOW: bool>(
             }
             if j + k > len {
                 return Err(i + (len - j));
+            }
+            if PREFETCH > 0 {
+                // Blocked indices: the start of a later run, whose lines nothing else fetches.
+                if let Some(&a) = all.get(i + k + PREFETCH) {
+                    let p = far.wrapping_offset((a as isize).wrapping_mul(far_step));
+                    prefetch(p);
+                    prefetch(p.wrapping_add(64));
+                }
             }
             let (a, b) = if WINDOW {
                 (j.max(win.0), (j + k).min(win.1))

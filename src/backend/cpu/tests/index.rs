@@ -135,12 +135,19 @@ fn gather_and_scatter_match_naive_loops() {
 fn scatter_keeps_the_last_duplicate_in_every_parallel_mode() {
     let mut rng = Rng::new(12);
     // Sorted indices (split where the index changes), many outer slices (split by slice),
-    // and few slices with repeats (split by destination window); each also with the pieces
-    // run last first, which breaks any split that separates repeats.
+    // few slices with repeats and inner boxes of 64 bytes or more (split by destination
+    // window), or less (one thread); each also with the pieces run last first, which breaks
+    // any split that separates repeats.
     for tuning in [TINY, REVERSED] {
         let increasing: Vec<i64> = (0..40).step_by(3).collect();
         check_scatter(&mut rng, &[3, 40], 1, &increasing, 4, &tuning);
-        for (shape, axis) in [(&[12, 6][..], 1), (&[2, 30], 1), (&[30], 0), (&[30, 2], 0)] {
+        for (shape, axis) in [
+            (&[12, 6][..], 1),
+            (&[2, 30], 1),
+            (&[30], 0),
+            (&[30, 2], 0),
+            (&[30, 20], 0),
+        ] {
             let len = shape[axis];
             let mut idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
             check_scatter(&mut rng, shape, axis, &idx, 8, &tuning);
