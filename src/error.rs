@@ -35,7 +35,7 @@ pub(crate) fn write_tuple<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[
     f.write_str(")")
 }
 
-/// Formats a slice as a Python tuple literal (see [`write_tuple`]).
+/// Formats a slice as a Python tuple literal: `()`, `(3,)`, `(2, 4)`.
 pub fn tuple_string<T: fmt::Display>(items: &[T]) -> String {
     struct T<'a, U>(&'a [U]);
     impl<U: fmt::Display> fmt::Display for T<'_, U> {
@@ -95,7 +95,11 @@ pub enum Error {
 
     /// An index outside `[-len, len)`.
     #[error("index {index} is out of bounds for axis {axis} with size {len}")]
-    IndexOutOfRange { index: i64, axis: usize, len: usize },
+    IndexOutOfRange {
+        index: i128,
+        axis: usize,
+        len: usize,
+    },
 
     /// Shapes, axes or other arguments that do not fit together.
     #[error("{what}: {found}")]

@@ -7,7 +7,10 @@
 //! |---|---|---|
 //! | types | [`device`], [`dtype`], [`error`] | `Device` (`kDLCUDA:0`), `DType`, the one `Error` |
 //! | data | [`tensor`], [`dlpack`] | `Tensor` views with a shared owner; DLPack import/export |
+//! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray` |
+//! | planning | [`plan`] | `Plan`: box copies between two grids; target `Layout`s |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature |
+//! | operations | [`ops`] | repartition, gather, scatter: validate, then copy |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 
 pub mod backend;
@@ -15,6 +18,10 @@ pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
+pub mod grid;
+pub mod ops;
+pub mod partitioned;
+pub mod plan;
 pub mod tensor;
 
 #[cfg(feature = "python")]
@@ -23,4 +30,7 @@ mod python;
 pub use device::{Device, DeviceType};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use grid::{Grid, Region};
+pub use partitioned::{Location, Partition, PartitionedArray};
+pub use plan::{CopyOp, Layout, Plan};
 pub use tensor::Tensor;

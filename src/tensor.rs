@@ -162,6 +162,9 @@ impl Tensor {
 
     /// Whether the elements are laid out in C order without gaps.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expect = 1isize;
         for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n > 1 && s != expect {
@@ -252,17 +255,26 @@ impl Tensor {
         if self.numel() == 0 {
             return Ok(ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view"));
         }
-        let strides: Vec<usize> = self.strides.iter().map(|&s| s as usize).collect();
+        // ndarray wants non-negative strides: start at the lowest address, then flip the axes
+        // whose stride is negative.
+        let (lo, _) = self.byte_span();
+        let base = self.data.wrapping_offset(lo);
+        let strides: Vec<usize> = self.strides.iter().map(|&s| s.unsigned_abs()).collect();
         // SAFETY: the element type matches the dtype (checked above), the memory is host
-        // accessible, every in-bounds index lies inside memory kept alive by `self.owner` for
-        // the borrow's lifetime (invariant of `from_raw_parts`), and ndarray accepts negative
-        // strides given as wrapped `usize`.
-        Ok(unsafe {
+        // accessible, and with `base` at the lowest byte the elements touched with absolute
+        // strides are exactly those of the tensor, kept alive by `self.owner` for the borrow.
+        let mut view = unsafe {
             ndarray::ArrayViewD::from_shape_ptr(
                 shape.strides(ndarray::IxDyn(&strides)),
-                self.data as *const T,
+                base as *const T,
             )
-        })
+        };
+        for (axis, &s) in self.strides.iter().enumerate() {
+            if s < 0 {
+                view.invert_axis(ndarray::Axis(axis));
+            }
+        }
+        Ok(view)
     }
 
     /// A copy of host data into a new C-order `ndarray`.
@@ -317,7 +329,9 @@ macro_rules! element {
 element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 => UInt8,
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
 
-/// A zero-initialised, 64-byte aligned host allocation.
+/// A 64-byte aligned host allocation; from 2 MiB up, aligned to 2 MiB and backed by
+/// transparent huge pages where the kernel offers them, because first-touch page faults of 4 KiB
+/// pages cost several times the copy that fills a fresh output.
 pub struct HostBuffer {
     ptr: *mut u8,
     layout: std::alloc::Layout,
@@ -331,27 +345,34 @@ unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
     pub const ALIGN: usize = 64;
+    /// Allocations of at least this many bytes get huge-page alignment and advice.
+    pub const HUGE: usize = 2 << 20;
 
     /// `nbytes` zeroed bytes (a dangling aligned pointer when `nbytes == 0`).
     pub fn zeroed(nbytes: usize) -> Self {
-        let layout = std::alloc::Layout::from_size_align(nbytes.max(1), Self::ALIGN)
-            .expect("allocation size fits isize");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        HostBuffer { ptr, layout }
+        let b = Self::uninit(nbytes);
+        // SAFETY: `b` owns `layout.size() >= nbytes` writable bytes.
+        unsafe { std::ptr::write_bytes(b.ptr, 0, b.layout.size()) };
+        b
     }
 
     /// `nbytes` uninitialised bytes, for outputs that are overwritten entirely.
     pub fn uninit(nbytes: usize) -> Self {
-        let layout = std::alloc::Layout::from_size_align(nbytes.max(1), Self::ALIGN)
-            .expect("allocation size fits isize");
+        let huge = nbytes >= Self::HUGE;
+        let (size, align) = if huge {
+            (nbytes.div_ceil(Self::HUGE) * Self::HUGE, Self::HUGE)
+        } else {
+            (nbytes.max(1), Self::ALIGN)
+        };
+        let layout =
+            std::alloc::Layout::from_size_align(size, align).expect("allocation size fits isize");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
+        }
+        if huge {
+            advise_huge_pages(ptr, size);
         }
         HostBuffer { ptr, layout }
     }
@@ -360,6 +381,19 @@ impl HostBuffer {
         self.ptr
     }
 }
+
+#[cfg(all(target_os = "linux", not(miri)))]
+fn advise_huge_pages(ptr: *mut u8, size: usize) {
+    // SAFETY: `ptr .. ptr + size` is one allocation we own, aligned to 2 MiB; MADV_HUGEPAGE is
+    // advice only and leaves the contents and validity of the range unchanged. Its result is
+    // ignored: without THP the memory simply stays in small pages.
+    unsafe {
+        libc::madvise(ptr.cast(), size, libc::MADV_HUGEPAGE);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn advise_huge_pages(_ptr: *mut u8, _size: usize) {}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {

@@ -186,7 +186,7 @@ unsafe fn index<const SCATTER: bool>(
     let shape = if SCATTER { dst.shape } else { src.shape };
     let len = shape[axis];
     let bad = |i: usize| Error::IndexOutOfRange {
-        index: idx[i],
+        index: idx[i] as i128,
         axis,
         len,
     };

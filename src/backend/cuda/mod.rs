@@ -1,1 +1,335 @@
-//! The CUDA backend (feature `cuda`).
+//! The CUDA backend (feature `cuda`): dlpart's own copy, gather and scatter kernels on
+//! `kDLCUDA:n`, compiled at run time by NVRTC for the device's architecture.
+//!
+//! libcuda and libnvrtc are loaded dynamically on first use; when either is missing the
+//! backend reports [`Error::BackendUnavailable`] instead of panicking. One [`CudaBackend`]
+//! per device is created on demand and kept for the life of the process: it retains the
+//! device's primary context (the one PyTorch, CuPy and JAX use), owns a non-blocking stream
+//! that all its work is queued on, and loads the kernels on first use.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
+//! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
+//! | `context.rs` | driver loading, kernel modules, device/pinned buffers, scratch |
+//! | `index.rs` | gather and scatter launches, index validation |
+//! | `stream.rs` | DLPack stream values and event-based waits |
+//! | `transfer.rs` | host <-> device and device <-> device copies |
+
+mod jobs;
+pub mod nvrtc;
+
+mod context;
+mod index;
+mod stream;
+mod transfer;
+
+pub use context::DeviceBuffer;
+pub use stream::{wait_on, DlpackStream};
+pub use transfer::copy_tensor;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::result;
+use cudarc::driver::{sys, CudaContext, CudaStream};
+
+use crate::backend::{Backend, BoxCopy};
+use crate::device::{Device, DeviceType};
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::tensor::{checked_numel, contiguous_strides, Tensor};
+use context::{driver_err, guarded, Kernels, Scratch};
+use jobs::{Launch, Mode, Transfer, BLOCK, MAX_JOB_NUMEL};
+
+/// Kernels on one CUDA device. Obtain it with [`CudaBackend::get`] (or
+/// [`crate::backend::backend_for`]); all work goes to [`CudaBackend::stream`].
+pub struct CudaBackend {
+    device: Device,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    sm_count: u32,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+    scratch: Mutex<Scratch>,
+}
+
+impl CudaBackend {
+    /// The backend of `device`, as the trait object [`crate::backend::backend_for`] returns.
+    pub fn shared(device: Device) -> Result<Arc<dyn Backend>> {
+        Ok(Self::get(device)?)
+    }
+
+    /// The backend of `device` (`kDLCUDA:n`), created on first use.
+    pub fn get(device: Device) -> Result<Arc<CudaBackend>> {
+        static BACKENDS: OnceLock<Mutex<HashMap<i32, Arc<CudaBackend>>>> = OnceLock::new();
+        if device.kind != DeviceType::Cuda {
+            return Err(Error::UnsupportedDevice {
+                device: device.to_string(),
+                op: "the CUDA backend".into(),
+            });
+        }
+        let map = BACKENDS.get_or_init(Default::default);
+        let mut map = map.lock().expect("CUDA backend registry lock");
+        if let Some(b) = map.get(&device.id) {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(guarded(|| Self::create(device))?);
+        map.insert(device.id, b.clone());
+        Ok(b)
+    }
+
+    fn create(device: Device) -> Result<CudaBackend> {
+        result::init().map_err(|e| {
+            context::unavailable(format!("cuInit failed: {}", driver_err("cuInit")(e)))
+        })?;
+        let count = CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))?;
+        if device.id >= count {
+            return Err(Error::InvalidDevice {
+                text: device.to_string(),
+                reason: format!("this machine has {count} CUDA device(s)"),
+            });
+        }
+        let ctx = CudaContext::new(device.id as usize).map_err(driver_err(format!(
+            "retaining the primary context of {device}"
+        )))?;
+        let sm = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute(multiprocessor count)"))?;
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        Ok(CudaBackend {
+            device,
+            ctx,
+            stream,
+            sm_count: sm.max(1) as u32,
+            kernels: Mutex::new(None),
+            scratch: Mutex::new(Scratch::new()),
+        })
+    }
+
+    /// The stream all of this backend's work is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The retained primary context of the device.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Makes the context current on the calling thread (driver calls need it).
+    pub(crate) fn bind(&self) -> Result<()> {
+        guarded(|| {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver_err("cuCtxSetCurrent"))
+        })
+    }
+
+    /// The kernels, compiled and loaded on first use (about a second of NVRTC per
+    /// architecture and process).
+    fn kernels(&self) -> Result<Arc<Kernels>> {
+        let mut k = self.kernels.lock().expect("kernel cache lock");
+        if let Some(k) = k.as_ref() {
+            return Ok(k.clone());
+        }
+        let loaded = Arc::new(guarded(|| Kernels::load(&self.ctx))?);
+        *k = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    fn check_device(&self, t: &Tensor, role: &str, op: &str) -> Result<()> {
+        if t.device() != self.device {
+            return Err(Error::DeviceMismatch {
+                op: op.into(),
+                devices: format!("{} and {}", t.device(), self.device),
+                reason: format!("the {role} is not on the backend's device"),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(t: &Tensor, role: &str) -> Result<()> {
+        if t.readonly() {
+            return Err(Error::ReadOnly {
+                what: format!("the {role} {t:?}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Uploads every launch's job table, then queues the launches. `extra` is zeroed
+    /// scratch (index status, then scatter winners) placed after the tables; `before` runs
+    /// once it is zeroed and before the launches. Returns the address of that scratch.
+    fn run(
+        &self,
+        scratch: &mut Scratch,
+        launches: &[Launch],
+        extra: usize,
+        before: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<u64> {
+        let kernels = self.kernels()?;
+        // Launches go to our stream, which belongs to our context: make it current even if
+        // a call on another device's backend switched contexts on this thread.
+        self.bind()?;
+        let table_bytes: usize = launches
+            .iter()
+            .map(|l| l.jobs.len() * size_of::<jobs::CudaJob>())
+            .sum();
+        let extra_at = table_bytes.next_multiple_of(256);
+        let base = scratch.device(&self.stream, extra_at + extra)?;
+        if extra > 0 {
+            // SAFETY: the region lies inside the scratch allocation sized just above.
+            unsafe {
+                result::memset_d8_async(base + extra_at as u64, 0, extra, self.stream.cu_stream())
+            }
+            .map_err(driver_err("cuMemsetD8Async(scratch)"))?;
+        }
+        before(base + extra_at as u64)?;
+        if table_bytes > 0 {
+            let bytes: Vec<u8> = launches
+                .iter()
+                .flat_map(|l| l.jobs.iter())
+                .flat_map(|j| j.to_bytes())
+                .collect();
+            scratch.upload(&self.stream, base, &bytes)?;
+        }
+        let status = base + extra_at as u64;
+        let winner = status + 16;
+        let mut table = base;
+        for l in launches {
+            let w = jobs::WORDS
+                .iter()
+                .position(|&w| w == l.word)
+                .expect("planned word size");
+            let f = match l.mode {
+                Mode::Box => &kernels.copy[w],
+                Mode::Gather => &kernels.gather[w],
+                Mode::Scatter => &kernels.scatter[w],
+            };
+            let grid = l.ntiles.clamp(1, self.sm_count * 8);
+            let (mut t, mut n, mut tiles, mut wp, mut sp) =
+                (table, l.jobs.len() as u32, l.ntiles, winner, status);
+            let mut params: Vec<*mut c_void> = vec![
+                (&mut t as *mut u64).cast(),
+                (&mut n as *mut u32).cast(),
+                (&mut tiles as *mut u32).cast(),
+            ];
+            if l.mode != Mode::Box {
+                params.push((&mut wp as *mut u64).cast());
+                params.push((&mut sp as *mut u64).cast());
+            }
+            // SAFETY: the parameters match the kernel's signature in kernels/*.cu (a job
+            // table pointer, two u32, and for index kernels two pointers); the job table was
+            // uploaded on this stream before the launch; every address in it was derived
+            // from tensors on this device whose boxes the caller checked to be in bounds.
+            unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    (grid, 1, 1),
+                    (BLOCK, 1, 1),
+                    0,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
+            .map_err(driver_err(format!(
+                "launching {:?} kernel for {}-byte words",
+                l.mode, l.word
+            )))?;
+            table += (l.jobs.len() * size_of::<jobs::CudaJob>()) as u64;
+        }
+        Ok(status)
+    }
+
+    /// Queues the strided copies of `transfers` (addresses may be on peer devices).
+    fn copy_transfers(&self, transfers: &[Transfer]) -> Result<()> {
+        let launches = jobs::plan(transfers, Mode::Box, MAX_JOB_NUMEL)?;
+        if !launches.is_empty() {
+            let mut scratch = self.scratch.lock().expect("scratch lock");
+            self.run(&mut scratch, &launches, 0, |_| Ok(()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        let bytes = n
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
+        self.bind()?;
+        let (data, owner): (*mut u8, crate::tensor::Owner) = if bytes == 0 {
+            (std::ptr::null_mut(), Arc::new(()))
+        } else {
+            let buf = guarded(|| DeviceBuffer::alloc(&self.ctx, bytes))?;
+            (buf.device_ptr() as *mut u8, Arc::new(buf))
+        };
+        // SAFETY: the allocation holds numel * itemsize bytes laid out in C order for
+        // `shape` and lives as long as `owner`; the tensor is empty when `data` is null.
+        Ok(unsafe {
+            Tensor::from_raw_parts(
+                data,
+                shape.to_vec(),
+                contiguous_strides(shape),
+                dtype,
+                self.device,
+                false,
+                owner,
+            )
+        })
+    }
+
+    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+        self.bind()?;
+        let mut transfers = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            self.check_device(j.src, "source", "copy_boxes")?;
+            self.check_device(j.dst, "destination", "copy_boxes")?;
+            Self::check_writable(j.dst, "destination")?;
+            if j.src.dtype().itemsize() != j.dst.dtype().itemsize() {
+                return Err(Error::shape(
+                    "copy_boxes: source and destination item sizes differ",
+                    format!("{} and {}", j.src.dtype(), j.dst.dtype()),
+                ));
+            }
+            let s = j.src.view(&j.src_start, &j.shape)?;
+            let d = j.dst.view(&j.dst_start, &j.shape)?;
+            transfers.push(Transfer {
+                src: s.data_ptr() as u64,
+                dst: d.data_ptr() as u64,
+                item: s.dtype().itemsize(),
+                shape: j.shape.clone(),
+                src_strides: s.strides().to_vec(),
+                dst_strides: d.strides().to_vec(),
+                axis: None,
+                index: 0,
+                index_len: 0,
+            });
+        }
+        self.copy_transfers(&transfers)
+    }
+
+    /// Checks every index on the device; an out-of-range one is reported as
+    /// [`Error::IndexOutOfRange`] with its value. Waits for the stream to read that verdict.
+    fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
+        self.indexed(Mode::Gather, src, indices, axis, out)
+    }
+
+    /// Later duplicates win, as on the CPU; checks indices like [`Backend::gather`].
+    fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
+        self.indexed(Mode::Scatter, values, indices, axis, out)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+}

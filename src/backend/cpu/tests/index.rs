@@ -275,7 +275,7 @@ fn bad_indices_are_reported_with_their_value() {
     for &(idx, len, other, bad) in cases {
         for e in [gather_err(idx, len, other), scatter_err(idx, len, other)] {
             assert!(
-                matches!(e, Error::IndexOutOfRange { index, axis: 0, len: l } if index == bad && l == len),
+                matches!(e, Error::IndexOutOfRange { index, axis: 0, len: l } if index == bad as i128 && l == len),
                 "{idx:?}: {e}"
             );
         }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# dlpart's CUDA checks on a lent GPU machine (CUDA driver, torch, cupy, jax, Python 3.12, no
+# network). Run from the repository root.
+#
+# Inputs:
+#   $1     carry folder made here by benches/gpu/build_carry.sh (default .carry):
+#            dlpart-*.whl  wheel built with features python + cuda
+#            bin/cuda_*    Rust test binaries (tests/cuda_backend.rs, tests/cuda_ptx.rs)
+#            wheels/       optional pytest wheels, used only when pytest is missing
+#   $OUT   folder for results (default ./gpu-out)
+#
+# Outputs under $OUT (at most 8 files, the device tool's limit):
+#   env.txt              GPU, driver, python, the libnvrtc used
+#   rust-<binary>.log    each carried test binary, run with DLPART_REQUIRE_CUDA=1 (a missing
+#                        driver or GPU fails instead of skipping)
+#   pytest.log           pytest tests/python -m cuda
+#   bench.log            benches/gpu/bench.py output, when that script exists
+#   summary.txt          one line per step with its exit status
+# Exits non-zero when any step failed.
+set -uo pipefail
+carry=$(realpath "${1:-.carry}")
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+summary="$OUT/summary.txt"
+: >"$summary"
+failed=0
+step() { # step NAME STATUS
+    echo "$1: exit $2" | tee -a "$summary"
+    [ "$2" -eq 0 ] || failed=1
+}
+
+# libnvrtc: from the CUDA wheels torch/cupy pull in, or a toolkit. cudarc (built for CUDA 12)
+# opens libnvrtc.so or libnvrtc.so.12; a CUDA-13-only machine gets a libnvrtc.so link.
+sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+nvrtc=$(find $sites /usr/local /usr/lib /opt -maxdepth 6 \
+    \( -name 'libnvrtc.so.12' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so' \) 2>/dev/null \
+    | sort | head -n 1)
+if [ -n "$nvrtc" ]; then
+    mkdir -p "$work/nvrtc"
+    ln -sf "$nvrtc" "$work/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$work/nvrtc:$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export DLPART_REQUIRE_CUDA=1
+
+{
+    nvidia-smi || true
+    python3 --version
+    echo "libnvrtc: ${nvrtc:-NOT FOUND}"
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    ls -la "$carry" "$carry/bin"
+} >"$OUT/env.txt" 2>&1
+
+for bin in "$carry"/bin/cuda_*; do
+    [ -x "$bin" ] || continue
+    name=$(basename "$bin")
+    "$bin" --test-threads=1 --nocapture >"$OUT/rust-$name.log" 2>&1
+    step "rust $name" $?
+done
+
+# The wheel goes into a private folder on PYTHONPATH; numpy, torch and cupy come from the
+# machine's own site-packages.
+site="$work/site"
+python3 -m pip install --quiet --no-index --no-deps --target "$site" "$carry"/dlpart-*.whl \
+    >>"$OUT/env.txt" 2>&1
+step "install wheel" $?
+if ! python3 -c 'import pytest' 2>/dev/null && [ -d "$carry/wheels" ]; then
+    python3 -m pip install --quiet --no-index --find-links "$carry/wheels" --target "$site" pytest \
+        >>"$OUT/env.txt" 2>&1
+fi
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+
+python3 -m pytest tests/python -m cuda -q -rs -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+rc=$?
+[ "$rc" -eq 5 ] && { echo "no tests marked cuda" >>"$OUT/pytest.log"; rc=0; }
+step "pytest -m cuda" "$rc"
+
+if [ -f benches/gpu/bench.py ]; then
+    python3 benches/gpu/bench.py --out "$OUT" >"$OUT/bench.log" 2>&1
+    step "bench" $?
+fi
+
+rm -rf "$work"
+exit "$failed"

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Every check, in order: formatting, clippy (no features, python, cuda), cargo test, Miri on the
+# core, the extension built into the venv, pytest. Runs them all, then prints a summary and exits
+# non-zero if any failed.
+#
+#   scripts/test.sh                     # everything
+#   scripts/test.sh clippy pytest       # only the named steps (names below)
+#
+# DLPART_MIRI_TIMEOUT bounds the Miri step in seconds (default 900).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/setup.sh
+source scripts/setup.sh || exit 1
+
+all_steps=(fmt clippy clippy-python clippy-cuda cargo-test cargo-test-cuda miri build-ext pytest)
+steps=("${@:-${all_steps[@]}}")
+for s in "${steps[@]}"; do
+    [[ " ${all_steps[*]} " == *" $s "* ]] || { echo "unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2; }
+done
+
+logs="target/test-logs"
+mkdir -p "$logs"
+results=()
+failed=0
+
+step_fmt() { cargo fmt --all --check; }
+step_clippy() { cargo clippy --all-targets -- -D warnings; }
+step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
+step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
+step_cargo-test() { cargo test; }
+# The CUDA backend's host-side tests, and every kernel compiled to PTX by NVRTC (no GPU needed);
+# DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather than a skip.
+step_cargo-test-cuda() { DLPART_REQUIRE_NVRTC=1 cargo test --features cuda --lib --test cuda_ptx --test cuda_backend; }
+step_miri() {
+    { rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal; } &&
+        rustup component add miri rust-src --toolchain nightly &&
+        cargo +nightly miri setup &&
+        timeout "${DLPART_MIRI_TIMEOUT:-900}" cargo +nightly miri test --lib
+}
+step_build-ext() { dlpart_build_extension; }
+step_pytest() {
+    python -m pytest tests/python -q -rs -p no:cacheprovider
+    local rc=$?
+    # 5 means nothing was collected: a broken test tree must not look like success.
+    if ((rc == 5)); then echo "pytest collected no tests" >&2; fi
+    return "$rc"
+}
+
+for s in "${steps[@]}"; do
+    printf '\n==== %s ====\n' "$s"
+    start=$SECONDS
+    "step_$s" 2>&1 | tee "$logs/$s.log"
+    rc=${PIPESTATUS[0]}
+    secs=$((SECONDS - start))
+    if ((rc == 0)); then status=ok; else status="FAILED (exit $rc)"; failed=1; fi
+    results+=("$(printf '%-14s %-18s %4ss' "$s" "$status" "$secs")")
+done
+
+# Counts come from the tools' own closing lines: cargo's `test result:` and pytest's summary.
+count() { # $1 = log file, $2 = regex for the word; sums "<n> <word>" on the closing lines
+    [[ -f "$1" ]] || { echo 0; return; }
+    grep -E '^test result:|[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s' "$1" |
+        grep -oE "[0-9]+ ($2)\b" | awk '{n += $1} END {print n + 0}'
+}
+total_p=0 total_f=0 total_s=0
+printf '\n==== summary ====\n'
+for r in "${results[@]}"; do echo "$r"; done
+echo
+for s in cargo-test cargo-test-cuda miri pytest; do
+    [[ " ${steps[*]} " == *" $s "* ]] || continue
+    log="$logs/$s.log"
+    p=$(count "$log" passed)
+    f=$(count "$log" 'failed|errors?')
+    k=$(count "$log" 'ignored|skipped')
+    printf '%-10s %d passed, %d failed, %d skipped\n' "$s:" "$p" "$f" "$k"
+    total_p=$((total_p + p)) total_f=$((total_f + f)) total_s=$((total_s + k))
+done
+echo "$total_p passed, $total_f failed, $total_s skipped"
+if ((failed)); then echo "FAILED" >&2; exit 1; fi

@@ -1,0 +1,287 @@
+//! Copies between host memory and CUDA devices, and between CUDA devices.
+//!
+//! Every transfer returns once the data has arrived. Strided sides are packed or unpacked
+//! where the data is (with the CPU loop on the host, with the box-copy kernel on a device),
+//! so the bus only ever carries the contiguous elements. Between devices the destination's
+//! kernel reads the source directly when peer access is possible, otherwise the bytes are
+//! staged through pinned host memory.
+
+use std::borrow::Cow;
+
+use cudarc::driver::{result, sys};
+
+use super::context::{driver_err, guarded, PinnedBuffer};
+use super::jobs::Transfer;
+use super::CudaBackend;
+use crate::backend::cpu::copy_strided;
+use crate::backend::{Backend, BoxCopy};
+use crate::device::DeviceType;
+use crate::error::{tuple_string, Error, Result};
+use crate::tensor::{contiguous_strides, Tensor};
+
+fn check_pair(src: &Tensor, dst: &Tensor, op: &str) -> Result<()> {
+    if src.shape() != dst.shape() || src.dtype() != dst.dtype() {
+        return Err(Error::shape(
+            format!("{op}: source and destination differ"),
+            format!(
+                "{} {} -> {} {}",
+                src.dtype(),
+                tuple_string(src.shape()),
+                dst.dtype(),
+                tuple_string(dst.shape())
+            ),
+        ));
+    }
+    if dst.readonly() {
+        return Err(Error::ReadOnly {
+            what: format!("the destination {dst:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// The elements of a host tensor in C order: borrowed when contiguous, packed otherwise.
+fn host_bytes(t: &Tensor) -> Cow<'_, [u8]> {
+    let n = t.nbytes();
+    if n == 0 {
+        return Cow::Borrowed(&[]);
+    }
+    if t.is_contiguous() {
+        // SAFETY: a contiguous tensor's elements are the `n` bytes from `data_ptr`, host
+        // accessible (checked by the caller) and kept alive by `t`'s owner while `t` lives.
+        return Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.data_ptr(), n) });
+    }
+    let mut buf = vec![0u8; n];
+    // SAFETY: `t`'s elements are readable host memory (tensor invariant, checked by the
+    // caller); `buf` holds `n` bytes for the C-order destination; the two do not overlap.
+    unsafe {
+        copy_strided(
+            t.data_ptr(),
+            t.strides(),
+            buf.as_mut_ptr(),
+            &contiguous_strides(t.shape()),
+            t.shape(),
+            t.dtype().itemsize(),
+        )
+    };
+    Cow::Owned(buf)
+}
+
+impl CudaBackend {
+    /// `dst` itself when contiguous, else a fresh contiguous tensor of its shape.
+    fn contiguous_target(&self, dst: &Tensor) -> Result<Tensor> {
+        if dst.is_contiguous() {
+            Ok(dst.clone())
+        } else {
+            self.empty(dst.shape(), dst.dtype())
+        }
+    }
+
+    fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        let zero = vec![0; src.ndim()];
+        self.copy_boxes(&[BoxCopy {
+            src,
+            src_start: zero.clone(),
+            dst,
+            dst_start: zero,
+            shape: src.shape().to_vec(),
+        }])
+    }
+
+    /// Writes `bytes` (the C-order elements) into `dst` on this device and waits.
+    fn upload(&self, bytes: &[u8], dst: &Tensor) -> Result<()> {
+        let target = self.contiguous_target(dst)?;
+        // SAFETY: `target` is contiguous on this device with exactly `bytes.len()` bytes of
+        // elements; the call returns after a pageable source has been staged, and we
+        // synchronise below before `bytes` can go away.
+        unsafe {
+            result::memcpy_htod_async(target.data_ptr() as u64, bytes, self.stream.cu_stream())
+        }
+        .map_err(driver_err(format!(
+            "cuMemcpyHtoDAsync({} bytes)",
+            bytes.len()
+        )))?;
+        if !dst.is_contiguous() {
+            self.box_copy(&target, dst)?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// Reads the C-order elements of `src` on this device into `out` and waits.
+    fn download(&self, src: &Tensor, out: &mut [u8]) -> Result<()> {
+        let from = if src.is_contiguous() {
+            src.clone()
+        } else {
+            let tmp = self.empty(src.shape(), src.dtype())?;
+            self.box_copy(src, &tmp)?;
+            tmp
+        };
+        // SAFETY: `from` is contiguous on this device with `out.len()` bytes of elements;
+        // the copy is ordered after the packing kernel and completes before we return.
+        unsafe { result::memcpy_dtoh_async(out, from.data_ptr() as u64, self.stream.cu_stream()) }
+            .map_err(driver_err(format!(
+                "cuMemcpyDtoHAsync({} bytes)",
+                out.len()
+            )))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// Copies the host tensor `src` (any host-accessible device) into `dst` on this device.
+    pub fn copy_host_to_device(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_pair(src, dst, "copy_host_to_device")?;
+        self.check_device(dst, "destination", "copy_host_to_device")?;
+        if !src.device().is_host_accessible() {
+            return Err(Error::UnsupportedDevice {
+                device: src.device().to_string(),
+                op: "copy_host_to_device (source must be host memory)".into(),
+            });
+        }
+        if src.numel() == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        guarded(|| self.upload(&host_bytes(src), dst))
+    }
+
+    /// Copies `src` on this device into the host tensor `dst`.
+    pub fn copy_device_to_host(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_pair(src, dst, "copy_device_to_host")?;
+        self.check_device(src, "source", "copy_device_to_host")?;
+        if !dst.device().is_host_accessible() {
+            return Err(Error::UnsupportedDevice {
+                device: dst.device().to_string(),
+                op: "copy_device_to_host (destination must be host memory)".into(),
+            });
+        }
+        let n = src.nbytes();
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        guarded(|| {
+            if dst.is_contiguous() {
+                // SAFETY: `dst` is contiguous, writable host memory of `n` bytes, not aliased
+                // by anything we read.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.data_ptr(), n) };
+                return self.download(src, out);
+            }
+            let mut buf = vec![0u8; n];
+            self.download(src, &mut buf)?;
+            // SAFETY: `buf` holds the C-order elements; `dst`'s elements are writable host
+            // memory (checked above) and do not overlap `buf`.
+            unsafe {
+                copy_strided(
+                    buf.as_ptr(),
+                    &contiguous_strides(src.shape()),
+                    dst.data_ptr(),
+                    dst.strides(),
+                    dst.shape(),
+                    dst.dtype().itemsize(),
+                )
+            };
+            Ok(())
+        })
+    }
+
+    /// Copies `src` on any CUDA device into `dst` on this one: a kernel copy on the same
+    /// device, a kernel reading over the peer link when the devices allow it, else staged
+    /// through pinned host memory.
+    pub fn copy_device_to_device(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_pair(src, dst, "copy_device_to_device")?;
+        self.check_device(dst, "destination", "copy_device_to_device")?;
+        if src.device().kind != DeviceType::Cuda {
+            return Err(Error::UnsupportedDevice {
+                device: src.device().to_string(),
+                op: "copy_device_to_device (source must be on a CUDA device)".into(),
+            });
+        }
+        if src.numel() == 0 {
+            return Ok(());
+        }
+        if src.device() == self.device {
+            self.box_copy(src, dst)?;
+            return self.synchronize();
+        }
+        let peer = CudaBackend::get(src.device())?;
+        self.bind()?;
+        guarded(|| {
+            if self.enable_peer_access(&peer)? {
+                // Our kernel must not read `src` before the source device's queued work.
+                self.wait_on_other(&peer)?;
+                self.copy_transfers(&[Transfer {
+                    src: src.data_ptr() as u64,
+                    dst: dst.data_ptr() as u64,
+                    item: src.dtype().itemsize(),
+                    shape: src.shape().to_vec(),
+                    src_strides: src.strides().to_vec(),
+                    dst_strides: dst.strides().to_vec(),
+                    axis: None,
+                    index: 0,
+                    index_len: 0,
+                }])?;
+                return self.synchronize();
+            }
+            let mut staging = PinnedBuffer::alloc(&self.ctx, src.nbytes())?;
+            let bytes = &mut staging.as_mut_slice()[..src.nbytes()];
+            peer.bind()?;
+            peer.download(src, bytes)?;
+            self.bind()?;
+            self.upload(bytes, dst)
+        })
+    }
+
+    /// Lets this device's kernels read `peer`'s memory; false when the hardware cannot.
+    fn enable_peer_access(&self, peer: &CudaBackend) -> Result<bool> {
+        let mut can = 0;
+        // SAFETY: `can` is valid for writes; both devices are valid ordinals.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), peer.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err("cuDeviceCanAccessPeer"))?;
+        if can == 0 {
+            return Ok(false);
+        }
+        // SAFETY: our context is current (bound by the caller); `peer`'s context is live.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(true)
+            }
+            e => Err(driver_err("cuCtxEnablePeerAccess")(result::DriverError(e))),
+        }
+    }
+
+    /// Makes our stream wait for the work queued on `other`'s stream (another device).
+    fn wait_on_other(&self, other: &CudaBackend) -> Result<()> {
+        let ev = other
+            .stream
+            .record_event(None)
+            .map_err(driver_err("cuEventRecord(peer stream)"))?;
+        self.stream
+            .wait(&ev)
+            .map_err(driver_err("cuStreamWaitEvent(peer event)"))
+    }
+}
+
+/// Copies `src` into `dst` (same shape and dtype) between any host-accessible memory and
+/// CUDA devices; returns once the data has arrived.
+pub fn copy_tensor(src: &Tensor, dst: &Tensor) -> Result<()> {
+    let (s, d) = (src.device(), dst.device());
+    match (s.kind, d.kind) {
+        (_, DeviceType::Cuda) if s.is_host_accessible() => {
+            CudaBackend::get(d)?.copy_host_to_device(src, dst)
+        }
+        (DeviceType::Cuda, _) if d.is_host_accessible() => {
+            CudaBackend::get(s)?.copy_device_to_host(src, dst)
+        }
+        (DeviceType::Cuda, DeviceType::Cuda) => {
+            CudaBackend::get(d)?.copy_device_to_device(src, dst)
+        }
+        _ => Err(Error::UnsupportedDevice {
+            device: format!("{s} -> {d}"),
+            op: "copy_tensor (CUDA transfers)".into(),
+        }),
+    }
+}

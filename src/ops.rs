@@ -1,0 +1,463 @@
+//! Operations on top of the planner and the backends: repartition, gather, scatter.
+//!
+//! Every operation validates first and writes second, so an error leaves every output
+//! untouched. Data never crosses devices unless the caller passes `transfer = true`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::backend::{backend_for, Backend, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::Grid;
+use crate::plan::Plan;
+use crate::tensor::Tensor;
+
+/// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
+/// positions) into new tensors over the target grid; target partition `j` is allocated on
+/// `dst_devices[j]`. Each element is copied once, straight from its source partition into its
+/// target partition.
+pub fn repartition(
+    plan: &Plan,
+    src: &[Tensor],
+    dst_devices: &[Device],
+    transfer: bool,
+) -> Result<Vec<Tensor>> {
+    let (sg, dg) = (plan.src_grid(), plan.dst_grid());
+    let dtype = check_sources(sg, src)?;
+    if dst_devices.len() != dg.num_partitions() {
+        return Err(Error::shape(
+            format!(
+                "{} target partitions need as many devices",
+                dg.num_partitions()
+            ),
+            format!("{} devices", dst_devices.len()),
+        ));
+    }
+    let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
+    let mut out = Vec::with_capacity(dg.num_partitions());
+    for (j, &dev) in dst_devices.iter().enumerate() {
+        let backend = match backends.get(&dev) {
+            Some(b) => b.clone(),
+            None => backend_for(dev)?, // a target that receives no bytes (empty partition)
+        };
+        out.push(backend.empty(&dg.region_at(j).shape, dtype)?);
+    }
+    run_copies(plan, src, &out, &backends)?;
+    Ok(out)
+}
+
+/// Like [`repartition`], into existing target tensors `dst` (one per partition of the target
+/// grid, C order): the caller's buffers are reused. Read-only targets are refused; nothing is
+/// written unless every check passes.
+pub fn repartition_into(plan: &Plan, src: &[Tensor], dst: &[Tensor], transfer: bool) -> Result<()> {
+    let (sg, dg) = (plan.src_grid(), plan.dst_grid());
+    let dtype = check_sources(sg, src)?;
+    let dst_dtype = check_sources(dg, dst)?;
+    if !dst.is_empty() && !src.is_empty() && dst_dtype != dtype {
+        return Err(Error::shape(
+            format!("targets must have the sources' dtype {dtype}"),
+            dst_dtype.name(),
+        ));
+    }
+    if let Some(j) = dst.iter().position(Tensor::readonly) {
+        return Err(Error::ReadOnly {
+            what: format!("target partition {}", tuple_string(&dg.position(j))),
+        });
+    }
+    let devices: Vec<Device> = dst.iter().map(Tensor::device).collect();
+    let backends = check_devices(plan, src, &devices, dtype, transfer)?;
+    run_copies(plan, src, dst, &backends)
+}
+
+type Backends = BTreeMap<Device, Arc<dyn Backend>>;
+
+/// Refuses device crossings without `transfer`, and resolves every backend needed, before
+/// anything is allocated or written.
+fn check_devices(
+    plan: &Plan,
+    src: &[Tensor],
+    dst_devices: &[Device],
+    dtype: DType,
+    transfer: bool,
+) -> Result<Backends> {
+    let pairs =
+        plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].device(), &|j| dst_devices[j]);
+    let crossing: Vec<String> = pairs
+        .keys()
+        .filter(|(s, d)| s != d)
+        .map(|(s, d)| format!("{s} -> {d}"))
+        .collect();
+    if !crossing.is_empty() && !transfer {
+        return Err(Error::DeviceMismatch {
+            op: "repartition".into(),
+            devices: crossing.join(", "),
+            reason: "the target layout moves data to another device; pass transfer=True".into(),
+        });
+    }
+    let mut backends = Backends::new();
+    for &(s, d) in pairs.keys() {
+        for dev in [s, d] {
+            if let std::collections::btree_map::Entry::Vacant(e) = backends.entry(dev) {
+                e.insert(backend_for(dev)?);
+            }
+        }
+        if s != d && !(s.is_host_accessible() && d.is_host_accessible()) {
+            return Err(Error::UnsupportedDevice {
+                device: format!("{s} -> {d}"),
+                op: "repartition with transfer".into(),
+            });
+        }
+    }
+    Ok(backends)
+}
+
+/// Runs the plan's copies: one batch per executing device. Same-device copies run on that
+/// device; host-to-host transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
+fn run_copies(plan: &Plan, src: &[Tensor], dst: &[Tensor], backends: &Backends) -> Result<()> {
+    let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
+    plan.ops().visit(|op| {
+        let (s, d) = (src[op.src].device(), dst[op.dst].device());
+        let exec = if s == d { s } else { Device::CPU };
+        batches.entry(exec).or_default().push(BoxCopy {
+            src: &src[op.src],
+            src_start: op.src_start.clone(),
+            dst: &dst[op.dst],
+            dst_start: op.dst_start.clone(),
+            shape: op.shape.clone(),
+        });
+    });
+    for (dev, jobs) in &batches {
+        let backend = match backends.get(dev) {
+            Some(b) => b.clone(),
+            None => backend_for(*dev)?,
+        };
+        backend.copy_boxes(jobs)?;
+        backend.synchronize()?;
+    }
+    Ok(())
+}
+
+fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
+    if src.len() != grid.num_partitions() {
+        return Err(Error::shape(
+            format!(
+                "a grid of tiling {} needs one tensor per partition",
+                tuple_string(&grid.tiling())
+            ),
+            format!("{} tensors", src.len()),
+        ));
+    }
+    let dtype = src.first().map(Tensor::dtype).unwrap_or(DType::Float32);
+    for (i, t) in src.iter().enumerate() {
+        let region = grid.region_at(i);
+        if t.shape() != region.shape.as_slice() {
+            return Err(Error::protocol(
+                "partitions",
+                Some(&grid.position(i)),
+                format!(
+                    "data of shape {} for an entry of shape {}",
+                    tuple_string(t.shape()),
+                    tuple_string(&region.shape)
+                ),
+                Some(7),
+            ));
+        }
+        if t.dtype() != dtype {
+            return Err(Error::protocol(
+                "partitions",
+                Some(&grid.position(i)),
+                format!("dtype {} differs from {dtype}", t.dtype()),
+                Some(6),
+            ));
+        }
+    }
+    Ok(dtype)
+}
+
+/// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
+/// length `len`; an index outside `[-len, len)` is an error before anything is written.
+/// Contiguous int64 indices that are all in `[0, len)` are returned as they are (no copy).
+pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+    if indices.ndim() != 1 {
+        return Err(Error::shape(
+            "indices must be 1-d",
+            format!("shape {}", tuple_string(indices.shape())),
+        ));
+    }
+    if !indices.device().is_host_accessible() {
+        return Err(Error::UnsupportedDevice {
+            device: indices.device().to_string(),
+            op: "indices (host memory only in this build)".into(),
+        });
+    }
+    let n = indices.shape()[0];
+    let (lo, hi) = (-(len as i64), len as i64);
+    let out_of_range = |index: i128| Error::IndexOutOfRange { index, axis, len };
+    if indices.dtype() == DType::Int64 && (indices.strides()[0] == 1 || n <= 1) && n > 0 {
+        let ptr = indices.data_ptr().cast::<i64>();
+        if ptr.is_aligned() {
+            // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
+            // `indices` while `s` is used, and aligned (checked just above).
+            let s = unsafe { std::slice::from_raw_parts(ptr, n) };
+            // One vectorisable min/max pass per chunk; the slow search for the first bad
+            // index only runs when there is one.
+            let (min, max) = s
+                .par_chunks(1 << 16)
+                .map(|c| {
+                    c.iter()
+                        .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
+                })
+                .reduce(|| (i64::MAX, i64::MIN), |x, y| (x.0.min(y.0), x.1.max(y.1)));
+            if min < lo || max >= hi {
+                let bad = s
+                    .iter()
+                    .find(|&&v| v < lo || v >= hi)
+                    .copied()
+                    .unwrap_or(min);
+                return Err(out_of_range(bad as i128));
+            }
+            if min >= 0 {
+                return Ok(indices.clone());
+            }
+            let fixed: Vec<i64> = s
+                .par_iter()
+                .map(|&v| if v < 0 { v + hi } else { v })
+                .collect();
+            return Tensor::from_slice(&fixed, &[n]);
+        }
+    }
+    let stride = indices.strides()[0];
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let v = read_index(indices, i as isize * stride)?;
+        if v < lo as i128 || v >= hi as i128 {
+            return Err(out_of_range(v));
+        }
+        let v = v as i64; // in range, so it fits
+        out.push(if v < 0 { v + hi } else { v });
+    }
+    Tensor::from_slice(&out, &[n])
+}
+
+fn read_index(t: &Tensor, offset: isize) -> Result<i128> {
+    let p = t
+        .data_ptr()
+        .wrapping_offset(offset * t.dtype().itemsize() as isize);
+    // SAFETY: `offset` addresses an in-bounds element of the host-accessible 1-d tensor `t`
+    // (callers iterate `i < shape[0]` with the tensor's own stride); unaligned reads are used
+    // because DLPack producers may hand out unaligned data.
+    unsafe {
+        Ok(match t.dtype() {
+            DType::Int8 => p.cast::<i8>().read_unaligned() as i128,
+            DType::Int16 => p.cast::<i16>().read_unaligned() as i128,
+            DType::Int32 => p.cast::<i32>().read_unaligned() as i128,
+            DType::Int64 => p.cast::<i64>().read_unaligned() as i128,
+            DType::UInt8 => p.cast::<u8>().read_unaligned() as i128,
+            DType::UInt16 => p.cast::<u16>().read_unaligned() as i128,
+            DType::UInt32 => p.cast::<u32>().read_unaligned() as i128,
+            DType::UInt64 => p.cast::<u64>().read_unaligned() as i128,
+            other => {
+                return Err(Error::shape(
+                    "indices must have an integer dtype",
+                    other.name(),
+                ))
+            }
+        })
+    }
+}
+
+fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
+    if axis >= t.ndim() {
+        return Err(Error::shape(
+            format!("axis {axis} is out of range for the {}-d {what}", t.ndim()),
+            format!("shape {}", tuple_string(t.shape())),
+        ));
+    }
+    Ok(())
+}
+
+fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Result<()> {
+    if out.readonly() {
+        return Err(Error::ReadOnly {
+            what: format!("out {out:?}"),
+        });
+    }
+    if out.shape() != shape || out.dtype() != dtype || out.device() != device {
+        return Err(Error::shape(
+            format!(
+                "out must have shape {}, dtype {dtype} and device {device}",
+                tuple_string(shape)
+            ),
+            format!("{out:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
+/// on `src`'s device unless given.
+pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
+    check_axis(src, axis, "source")?;
+    let idx = normalise_indices(indices, axis, src.shape()[axis])?;
+    let mut shape = src.shape().to_vec();
+    shape[axis] = idx.shape()[0];
+    let backend = backend_for(src.device())?;
+    let out = match out {
+        Some(o) => {
+            check_out(o, &shape, src.dtype(), src.device())?;
+            o.clone()
+        }
+        None => backend.empty(&shape, src.dtype())?,
+    };
+    backend.gather(src, &idx, axis, &out)?;
+    backend.synchronize()?;
+    Ok(out)
+}
+
+/// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`, like numpy's fancy assignment
+/// (the last of duplicate indices wins).
+pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
+    check_axis(out, axis, "output")?;
+    let idx = normalise_indices(indices, axis, out.shape()[axis])?;
+    let mut shape = out.shape().to_vec();
+    shape[axis] = idx.shape()[0];
+    if values.shape() != shape.as_slice() || values.dtype() != out.dtype() {
+        return Err(Error::shape(
+            format!(
+                "values must have shape {} and dtype {}",
+                tuple_string(&shape),
+                out.dtype()
+            ),
+            format!("{values:?}"),
+        ));
+    }
+    if out.readonly() {
+        return Err(Error::ReadOnly {
+            what: format!("out {out:?}"),
+        });
+    }
+    if values.device() != out.device() {
+        return Err(Error::DeviceMismatch {
+            op: "scatter".into(),
+            devices: format!("{} -> {}", values.device(), out.device()),
+            reason: "values and out must be on one device".into(),
+        });
+    }
+    let backend = backend_for(out.device())?;
+    backend.scatter(values, &idx, axis, out)?;
+    backend.synchronize()
+}
+
+/// A copy of `t` on `device`: the one way data crosses devices. Host memory moves with the CPU
+/// kernels; anything touching `kDLCUDA` needs the `cuda` feature. The same device gives a
+/// contiguous copy.
+pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
+    let here = t.device();
+    if here == device || (here.is_host_accessible() && device == Device::CPU) {
+        let backend = backend_for(here)?;
+        let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+        let zeros = vec![0; t.ndim()];
+        backend.copy_boxes(&[BoxCopy {
+            src: t,
+            src_start: zeros.clone(),
+            dst: &out,
+            dst_start: zeros,
+            shape: t.shape().to_vec(),
+        }])?;
+        backend.synchronize()?;
+        return Ok(out);
+    }
+    transfer(t, device)
+}
+
+#[cfg(feature = "cuda")]
+fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
+    use crate::device::DeviceType;
+    if device.kind != DeviceType::Cuda && device != Device::CPU {
+        return Err(Error::UnsupportedDevice {
+            device: format!("{} -> {device}", t.device()),
+            op: "transfer".into(),
+        });
+    }
+    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    crate::backend::cuda::copy_tensor(t, &out)?;
+    Ok(out)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
+    use crate::device::DeviceType;
+    if t.device().kind == DeviceType::Cuda || device.kind == DeviceType::Cuda {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda",
+            reason: format!(
+                "moving data {} -> {device} needs dlpart built with the `cuda` feature",
+                t.device()
+            ),
+        });
+    }
+    Err(Error::UnsupportedDevice {
+        device: format!("{} -> {device}", t.device()),
+        op: "transfer".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arange(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_slice(&(0..n as i32).collect::<Vec<_>>(), shape).unwrap()
+    }
+
+    #[test]
+    fn repartition_rows_to_columns_matches_ndarray() {
+        let t = arange(&[6, 4]);
+        let src_grid = Grid::even(&[6, 4], &[3, 1]).unwrap();
+        let dst_grid = Grid::even(&[6, 4], &[1, 3]).unwrap();
+        let src: Vec<Tensor> = (0..3)
+            .map(|i| {
+                let r = src_grid.region_at(i);
+                t.view(&r.start, &r.shape).unwrap()
+            })
+            .collect();
+        let plan = Plan::new(&src_grid, &dst_grid).unwrap();
+        let out = repartition(&plan, &src, &[Device::CPU; 3], false).unwrap();
+        let whole = t.to_array::<i32>().unwrap();
+        for (j, o) in out.iter().enumerate() {
+            let r = dst_grid.region_at(j);
+            let expect = whole.slice(ndarray::s![.., r.start[1]..r.start[1] + r.shape[1]]);
+            assert_eq!(o.to_array::<i32>().unwrap(), expect.into_dyn());
+        }
+    }
+
+    #[test]
+    fn crossing_devices_needs_transfer_and_names_them() {
+        let t = arange(&[4]);
+        let g = Grid::even(&[4], &[1]).unwrap();
+        let plan = Plan::new(&g, &g).unwrap();
+        let host = "kDLCUDAHost".parse().unwrap();
+        let e = repartition(&plan, &[t], &[host], false).unwrap_err();
+        assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_index_is_refused_naming_it() {
+        let idx = Tensor::from_slice(&[0i64, -3, 3], &[3]).unwrap();
+        let e = normalise_indices(&idx, 0, 3).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "index 3 is out of bounds for axis 0 with size 3"
+        );
+        let ok = normalise_indices(&Tensor::from_slice(&[-1i32, 0], &[2]).unwrap(), 1, 5).unwrap();
+        assert_eq!(
+            ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+            vec![4, 0]
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! `dlpart.Device`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+
+use crate::device::Device;
+
+use super::errors::{to_py, DeviceError};
+
+/// A DLPack device such as `Device('kDLCUDA:1')`; compares equal to its string form.
+#[pyclass(name = "Device", module = "dlpart", frozen)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyDevice(pub Device);
+
+/// Reads a device given as a `Device`, a `'kDLCUDA:0'` string or a DLPack `(type, id)` pair.
+pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
+    if let Ok(d) = obj.cast::<PyDevice>() {
+        return Ok(d.get().0);
+    }
+    if let Ok(s) = obj.extract::<String>() {
+        return s.parse().map_err(to_py);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        if let Ok((kind, id)) = t.extract::<(i32, i32)>() {
+            return Device::from_dlpack(kind, id).map_err(to_py);
+        }
+    }
+    Err(DeviceError::new_err(format!(
+        "invalid device {}: expected a dlpart.Device, a string such as 'kDLCUDA:0' or a DLPack \
+         (type, id) pair",
+        obj.repr().map(|r| r.to_string()).unwrap_or_default()
+    )))
+}
+
+#[pymethods]
+impl PyDevice {
+    #[new]
+    fn new(spec: &Bound<'_, PyAny>) -> PyResult<Self> {
+        device_arg(spec).map(PyDevice)
+    }
+
+    /// The device from a DLPack `(type, id)` pair, as `__dlpack_device__` returns it.
+    #[classmethod]
+    fn from_dlpack(_cls: &Bound<'_, PyType>, pair: (i32, i32)) -> PyResult<Self> {
+        Device::from_dlpack(pair.0, pair.1)
+            .map(PyDevice)
+            .map_err(to_py)
+    }
+
+    /// The DLPack `(type, id)` pair.
+    #[allow(clippy::wrong_self_convention)] // pyo3 methods take &self
+    fn to_dlpack(&self) -> (i32, i32) {
+        self.0.to_dlpack()
+    }
+
+    /// The `kDL` name of the device type, e.g. `'kDLCUDA'`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.0.kind.name()
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn id(&self) -> i32 {
+        self.0.id
+    }
+
+    /// The DLPack device type code.
+    #[getter]
+    fn type_code(&self) -> i32 {
+        self.0.kind.code()
+    }
+
+    fn __str__(&self) -> String {
+        self.0.to_string()
+    }
+
+    /// Equal to another `Device` or to a device string or pair naming the same device.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        device_arg(other).is_ok_and(|d| d == self.0)
+    }
+
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        // Consistent with equality to the string form.
+        pyo3::types::PyString::new(py, &self.0.to_string()).hash()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Device('{}')", self.0)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        Ok((slf.get_type().into_any(), (slf.get().0.to_string(),)))
+    }
+}

@@ -1,0 +1,449 @@
+//! `dlpart.Tensor` and `dlpart.from_dlpack`.
+
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+
+use crate::device::Device;
+use crate::dlpack::FLAG_IS_COPIED;
+use crate::error::tuple_string;
+use crate::tensor::Tensor;
+
+use super::capsule::{consume_capsule, export_capsule};
+use super::device::{device_arg, PyDevice};
+use super::errors::to_py;
+
+/// A strided n-d array on one device, exchanged zero-copy through DLPack.
+///
+/// `strides` are in elements, as in DLPack (not in bytes, as in numpy).
+#[pyclass(name = "Tensor", module = "dlpart", frozen)]
+#[derive(Clone)]
+pub struct PyTensor {
+    pub inner: Tensor,
+}
+
+impl PyTensor {
+    pub fn new(inner: Tensor) -> Self {
+        PyTensor { inner }
+    }
+}
+
+/// A contiguous copy of `t` on its own device.
+pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
+    let backend = crate::backend::backend_for(t.device()).map_err(to_py)?;
+    let out = backend.empty(t.shape(), t.dtype()).map_err(to_py)?;
+    let zeros = vec![0; t.ndim()];
+    backend
+        .copy_boxes(&[crate::backend::BoxCopy {
+            src: t,
+            src_start: zeros.clone(),
+            dst: &out,
+            dst_start: zeros,
+            shape: t.shape().to_vec(),
+        }])
+        .map_err(to_py)?;
+    backend.synchronize().map_err(to_py)?;
+    Ok(out)
+}
+
+/// `t` placed on `target`, copying only where it must and only if `copy` allows.
+/// Returns the tensor and whether it is a copy.
+fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Tensor, bool)> {
+    let here = t.device();
+    let same = target.is_none_or(|d| d == here);
+    // Host-accessible memory is readable as kDLCPU without a copy (e.g. kDLCUDAHost).
+    let host_alias = target == Some(Device::CPU) && here.is_host_accessible();
+    if copy == Some(true) {
+        if !(same || host_alias) {
+            return Err(to_py(crate::Error::DeviceMismatch {
+                op: "copy".into(),
+                devices: format!("{here} -> {}", target.unwrap_or(here)),
+                reason: "dlpart cannot copy between these devices in this build".into(),
+            }));
+        }
+        let mut c = copy_tensor(&t)?;
+        if host_alias && here != Device::CPU {
+            // The copy was made by the CPU backend on host memory: tag it as kDLCPU.
+            c = retag(&c, Device::CPU);
+        }
+        return Ok((c, true));
+    }
+    if same {
+        return Ok((t, false));
+    }
+    if host_alias {
+        return Ok((retag(&t, Device::CPU), false));
+    }
+    let why = if copy == Some(false) {
+        "copy=False forbids the copy this needs"
+    } else {
+        "moving data between these devices is not supported in this build"
+    };
+    Err(PyBufferError::new_err(format!(
+        "cannot place a tensor on {here} onto {}: {why}",
+        target.unwrap_or(here)
+    )))
+}
+
+pub(crate) fn retag(t: &Tensor, device: Device) -> Tensor {
+    // SAFETY: same memory, same layout, same owner; only the device tag changes between two
+    // host-accessible device types, which the CPU reads identically.
+    unsafe {
+        Tensor::from_raw_parts(
+            t.data_ptr(),
+            t.shape().to_vec(),
+            t.strides().to_vec(),
+            t.dtype(),
+            device,
+            t.readonly(),
+            t.owner().clone(),
+        )
+    }
+}
+
+/// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for
+/// the work dlpart queued on the device. Without the CUDA backend dlpart queued none.
+#[cfg(feature = "cuda")]
+fn consumer_waits(device: Device, stream: Option<i64>) -> PyResult<()> {
+    match crate::backend::cuda::CudaBackend::get(device) {
+        Ok(b) => b.make_consumer_wait(stream).map_err(to_py),
+        Err(crate::Error::BackendUnavailable { .. }) => Ok(()),
+        Err(e) => Err(to_py(e)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn consumer_waits(_device: Device, _stream: Option<i64>) -> PyResult<()> {
+    Ok(())
+}
+
+/// Import side: the stream to hand a producer for data on `device`: our backend's stream,
+/// so the producer makes it wait for its work; `None` (the legacy default stream) otherwise.
+#[cfg(feature = "cuda")]
+fn import_stream(device: Option<Device>) -> Option<i64> {
+    let d = device.filter(|d| d.kind == crate::DeviceType::Cuda)?;
+    crate::backend::cuda::CudaBackend::get(d)
+        .ok()
+        .map(|b| b.dlpack_stream())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn import_stream(_device: Option<Device>) -> Option<i64> {
+    None
+}
+
+fn stream_ok(device: Device, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+    if stream.is_none() {
+        return Ok(());
+    }
+    let s: i64 = stream.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "stream must be None or an int, not {}",
+            stream.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })?;
+    if device.is_host_accessible() && device.kind == crate::DeviceType::Cpu {
+        if s == -1 {
+            return Ok(());
+        }
+        return Err(PyBufferError::new_err(format!(
+            "stream={s} was given for a tensor on {device}: CPU tensors take stream=None"
+        )));
+    }
+    if s == 0 {
+        return Err(PyValueError::new_err(
+            "stream=0 is ambiguous and not allowed by DLPack; use 1 for the legacy default stream \
+             or 2 for the per-thread default stream",
+        ));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl PyTensor {
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.shape())
+    }
+
+    /// Strides in elements.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.strides())
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.dtype().name()
+    }
+
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice(self.inner.device())
+    }
+
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.inner.readonly()
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.inner.ndim()
+    }
+
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.numel()
+    }
+
+    #[getter]
+    fn itemsize(&self) -> usize {
+        self.inner.dtype().itemsize()
+    }
+
+    /// Address of element `[0, ..., 0]` (0 for empty tensors).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        if self.inner.numel() == 0 {
+            0
+        } else {
+            self.inner.data_ptr() as usize
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let t = &self.inner;
+        let mut s = format!(
+            "dlpart.Tensor(shape={}, dtype='{}', device='{}'",
+            tuple_string(t.shape()),
+            t.dtype(),
+            t.device()
+        );
+        if !t.is_contiguous() {
+            s.push_str(&format!(", strides={}", tuple_string(t.strides())));
+        }
+        if t.readonly() {
+            s.push_str(", readonly=True");
+        }
+        s.push(')');
+        s
+    }
+
+    /// A zero-copy view of the box `start .. start + shape`.
+    fn view(&self, start: Vec<usize>, shape: Vec<usize>) -> PyResult<Self> {
+        self.inner
+            .view(&start, &shape)
+            .map(PyTensor::new)
+            .map_err(to_py)
+    }
+
+    /// A copy on `device`: the explicit way to move data between devices (host and CUDA
+    /// devices need dlpart built with the `cuda` feature).
+    fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let d = device_arg(device)?;
+        let t = self.inner.clone();
+        py.detach(|| crate::ops::to_device(&t, d))
+            .map(PyTensor::new)
+            .map_err(to_py)
+    }
+
+    /// A contiguous copy on the same device.
+    fn copy(&self) -> PyResult<Self> {
+        copy_tensor(&self.inner).map(PyTensor::new)
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(s) = &stream {
+            stream_ok(self.inner.device(), s)?;
+        }
+        let target = match &dl_device {
+            Some(d) if !d.is_none() => Some(device_arg(d)?),
+            _ => None,
+        };
+        let (t, copied) = place(self.inner.clone(), target, copy)?;
+        if t.device().kind == crate::DeviceType::Cuda {
+            let s = stream
+                .as_ref()
+                .filter(|s| !s.is_none())
+                .map(|s| s.extract::<i64>())
+                .transpose()?;
+            consumer_waits(t.device(), s)?;
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        export_capsule(py, &t, versioned, copied)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        self.inner.device().to_dlpack()
+    }
+
+    /// Pickles by value (host-accessible tensors only).
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let t = &self.inner;
+        if !t.device().is_host_accessible() {
+            return Err(PyBufferError::new_err(format!(
+                "cannot pickle a tensor on {}: move it to kDLCPU first",
+                t.device()
+            )));
+        }
+        let c = if t.is_contiguous() {
+            t.clone()
+        } else {
+            copy_tensor(t)?
+        };
+        // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow.
+        let bytes = unsafe { std::slice::from_raw_parts(c.data_ptr(), c.nbytes()) };
+        let f = py.import("dlpart._core")?.getattr("_tensor_from_bytes")?;
+        let args = (
+            PyBytes::new(py, bytes),
+            PyTuple::new(py, t.shape())?,
+            t.dtype().name(),
+            t.device().to_string(),
+            t.readonly(),
+        );
+        Ok((f, args.into_pyobject(py)?))
+    }
+}
+
+/// Rebuilds a pickled tensor.
+#[pyfunction]
+pub fn _tensor_from_bytes(
+    data: &[u8],
+    shape: Vec<usize>,
+    dtype: &str,
+    device: &str,
+    readonly: bool,
+) -> PyResult<PyTensor> {
+    let dtype: crate::DType = dtype.parse().map_err(to_py)?;
+    let device: Device = device.parse().map_err(to_py)?;
+    let t = Tensor::zeros(&shape, dtype).map_err(to_py)?;
+    if data.len() != t.nbytes() {
+        return Err(PyValueError::new_err(format!(
+            "{} bytes do not fill a {dtype} tensor of shape {}",
+            data.len(),
+            tuple_string(&shape)
+        )));
+    }
+    // SAFETY: `t` is a fresh contiguous allocation of exactly `data.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), t.data_ptr(), data.len()) };
+    let t = retag(&t, device).with_readonly(readonly).map_err(to_py)?;
+    Ok(PyTensor::new(t))
+}
+
+/// Imports any DLPack producer (or a DLPack capsule) as a `dlpart.Tensor`, zero-copy when
+/// possible.
+///
+/// `device` asks for the result on that device (the producer is asked to move it, through
+/// `dl_device`); `copy=True` always copies, `copy=False` never does (raising `BufferError`
+/// where a copy would be needed), `None` copies only when it must.
+#[pyfunction]
+#[pyo3(signature = (x, /, *, device=None, copy=None))]
+pub fn from_dlpack(
+    x: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+    copy: Option<bool>,
+) -> PyResult<PyTensor> {
+    let target = match device {
+        Some(d) if !d.is_none() => Some(device_arg(d)?),
+        _ => None,
+    };
+    if let Ok(t) = x.cast::<PyTensor>() {
+        let (t, _) = place(t.get().inner.clone(), target, copy)?;
+        return Ok(PyTensor::new(t));
+    }
+    let (t, flags, asked) = if x.hasattr("__dlpack__")? {
+        import_producer(x, target, copy)?
+    } else {
+        // SAFETY: type check only.
+        if unsafe { pyo3::ffi::PyCapsule_CheckExact(x.as_ptr()) } == 0 {
+            return Err(PyTypeError::new_err(format!(
+                "from_dlpack: objects of type {} do not support DLPack (no __dlpack__ method)",
+                x.get_type().name()?
+            )));
+        }
+        let (t, flags) = consume_capsule(x)?;
+        (t, flags, false)
+    };
+    let producer_copied = flags & FLAG_IS_COPIED != 0;
+    if copy == Some(false) && producer_copied {
+        return Err(PyBufferError::new_err(
+            "the producer copied the data although copy=False was requested",
+        ));
+    }
+    if asked && (copy != Some(true) || producer_copied) && target.is_none_or(|d| d == t.device()) {
+        return Ok(PyTensor::new(t));
+    }
+    // The producer ignored (or could not take) our keywords: finish the job here.
+    let copy = if producer_copied { None } else { copy };
+    let (t, _) = place(t, target, copy)?;
+    Ok(PyTensor::new(t))
+}
+
+/// Calls `x.__dlpack__` as DLPack >= 1.0 asks, falling back to the legacy call on `TypeError`.
+/// Returns the tensor, its flags and whether the new keywords were accepted.
+fn import_producer(
+    x: &Bound<'_, PyAny>,
+    target: Option<Device>,
+    copy: Option<bool>,
+) -> PyResult<(Tensor, u64, bool)> {
+    let py = x.py();
+    let source = if x.hasattr("__dlpack_device__")? {
+        let pair: (i32, i32) = x
+            .call_method0("__dlpack_device__")?
+            .extract()
+            .map_err(|_| {
+                PyBufferError::new_err("__dlpack_device__ did not return a (type, id) pair of ints")
+            })?;
+        Some(Device::from_dlpack(pair.0, pair.1).map_err(|e| {
+            PyBufferError::new_err(format!("__dlpack_device__ names an unknown device: {e}"))
+        })?)
+    } else {
+        None
+    };
+    let kwargs = PyDict::new(py);
+    let stream = import_stream(source);
+    kwargs.set_item("stream", stream)?;
+    kwargs.set_item("max_version", (1u32, 3u32))?;
+    if let (Some(t), Some(s)) = (target, source) {
+        if t != s {
+            kwargs.set_item("dl_device", t.to_dlpack())?;
+        }
+    }
+    if let Some(c) = copy {
+        kwargs.set_item("copy", c)?;
+    }
+    let (cap, asked) = match x.call_method("__dlpack__", (), Some(&kwargs)) {
+        Ok(cap) => (cap, true),
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            let legacy = PyDict::new(py);
+            legacy.set_item("stream", stream)?;
+            match x.call_method("__dlpack__", (), Some(&legacy)) {
+                Ok(cap) => (cap, false),
+                Err(e2) if e2.is_instance_of::<PyTypeError>(py) => {
+                    (x.call_method0("__dlpack__")?, false)
+                }
+                Err(e2) => return Err(e2),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    let (t, flags) = consume_capsule(&cap)?;
+    Ok((t, flags, asked))
+}

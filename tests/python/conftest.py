@@ -1,0 +1,153 @@
+"""Shared fixtures and markers for the Python tests.
+
+Markers (each skips with its reason, shown by `pytest -rs`, when the machine lacks the thing):
+  cuda    needs a CUDA device (libcuda loads and reports at least one device)
+  oneapi  needs a SYCL device through dpctl (the Intel OpenCL CPU runtime here)
+  mpi     needs `mpirun` and mpi4py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The same environment scripts/setup.sh exports, for a plain `pytest` in the venv. Must happen before
+# jax or dpctl are imported, which is why it sits at module level here.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("HWLOC_PLUGINS_BLACKLIST", "hwloc_opencl.so")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+_intelocl = sorted((Path(sys.prefix) / "lib").glob("libintelocl.so*"))
+_intelocl = [p for p in _intelocl if not p.name.endswith(".py")]
+if _intelocl:
+    os.environ.setdefault("OCL_ICD_FILENAMES", str(_intelocl[0]))
+# Test modules import shared helpers (dlpack_ctypes, test_props_partitioned) by name.
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    """Devices the CUDA driver reports; 0 without a driver (no torch or cupy needed)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+@functools.cache
+def sycl_devices() -> tuple:
+    try:
+        import dpctl
+    except ImportError:
+        return ()
+    return tuple(dpctl.get_devices())
+
+
+def _mpi_missing() -> str | None:
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (apt-get install openmpi-bin)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py not installed"
+    return None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device")
+    config.addinivalue_line("markers", "oneapi: needs a SYCL device through dpctl")
+    config.addinivalue_line("markers", "mpi: needs mpirun and mpi4py")
+    # dpctl 0.21.1 warns on every `import dpctl.tensor`; the tests use it on purpose.
+    config.addinivalue_line("filterwarnings", "ignore:dpctl.tensor is deprecated:DeprecationWarning")
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons = {
+        "cuda": None if cuda_device_count() else "no CUDA device (libcuda.so.1 missing or reports 0 devices)",
+        "oneapi": None if sycl_devices() else "dpctl sees no SYCL device (is OCL_ICD_FILENAMES set?)",
+        "mpi": _mpi_missing(),
+    }
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(20240611)
+
+
+@pytest.fixture(scope="session")
+def jax_cpu_devices():
+    """The four host devices XLA_FLAGS asks for; skips if jax started with fewer."""
+    jax = pytest.importorskip("jax")
+    devices = jax.devices("cpu")
+    if len(devices) < 4:
+        pytest.skip(f"jax has {len(devices)} CPU devices; XLA_FLAGS was set after jax started")
+    return devices[:4]
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A two-process dask cluster for the whole session (starting one takes seconds)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """ray.init once per session (about 10 s here); shut down at the end."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def mpirun():
+    """Run a Python script under `mpirun -n N --oversubscribe`; fails the test on a non-zero exit."""
+    reason = _mpi_missing()
+    if reason:
+        pytest.skip(reason)
+
+    def run(script, n=2, *args, timeout=120):
+        cmd = ["mpirun", "-n", str(n), "--oversubscribe", sys.executable, str(script), *map(str, args)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    return run
+
+
+def aligned_empty(shape, dtype, align=64):
+    """A numpy array whose data starts on an `align`-byte boundary (JAX imports only those
+    zero-copy)."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(n + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off : off + n].view(dtype).reshape(shape)

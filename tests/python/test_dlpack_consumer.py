@@ -1,0 +1,283 @@
+"""dlpart.from_dlpack as a DLPack consumer, fed field by field through a counted producer."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import dlpart
+from dlpart._core import _testing
+
+F32 = (2, 32, 1)
+
+
+def counted(fn):
+    """Runs fn() and returns (result or exception, deleter calls it caused)."""
+    gc.collect()
+    before = _testing.deleter_calls()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - the caller inspects it
+        out = e
+    gc.collect()
+    return out, _testing.deleter_calls() - before
+
+
+def f32_bytes(values):
+    return np.asarray(values, dtype=np.float32).tobytes()
+
+
+def test_one_deleter_call_per_import_versioned_and_legacy():
+    for version in [(1, 0), (1, 3), (1, 9), None]:
+        gc.collect()
+        before = _testing.deleter_calls()
+        cap = _testing.make_capsule(f32_bytes([1, 2, 3]), [3], strides=[1], version=version)
+        t = dlpart.from_dlpack(cap)
+        np.testing.assert_array_equal(np.from_dlpack(t), [1, 2, 3])
+        gc.collect()
+        assert _testing.deleter_calls() == before  # `t` still holds it
+        del t, cap
+        gc.collect()
+        assert _testing.deleter_calls() == before + 1, version
+
+
+def test_deleter_runs_exactly_once_when_the_last_view_goes():
+    gc.collect()
+    before = _testing.deleter_calls()
+    cap = _testing.make_capsule(f32_bytes(range(6)), [2, 3], strides=[3, 1])
+    t = dlpart.from_dlpack(cap)
+    views = [np.from_dlpack(t) for _ in range(3)]
+    del cap, t
+    gc.collect()
+    assert _testing.deleter_calls() == before
+    del views
+    gc.collect()
+    assert _testing.deleter_calls() == before + 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(version=(2, 0)), "version 2.0"),
+        (dict(version=(0, 9)), "version 0.9"),
+        (dict(dtype=(2, 32, 4)), "lanes=4"),
+        (dict(dtype=(99, 8, 1)), "code=99"),
+        (dict(dtype=(2, 24, 1)), "bits=24"),
+        (dict(device=(99, 0)), "99"),
+        (dict(null_shape=True), "NULL shape"),
+        (dict(null_data=True), "NULL data"),
+        (dict(ndim=-1), "ndim -1"),
+    ],
+)
+def test_garbage_is_refused_and_still_deleted_once(kwargs, match):
+    def run():
+        cap = _testing.make_capsule(f32_bytes([1, 2]), [2], strides=[1], **kwargs)
+        return dlpart.from_dlpack(cap)
+
+    out, calls = counted(run)
+    assert isinstance(out, BufferError), out
+    assert match in str(out)
+    assert calls == 1
+
+
+def test_negative_extent_is_refused():
+    out, calls = counted(lambda: dlpart.from_dlpack(
+        _testing.make_capsule(f32_bytes([1]), [-1], strides=[1])))
+    assert isinstance(out, BufferError) and "(-1,)" in str(out)
+    assert calls == 1
+
+
+def test_capsule_consumed_twice_raises():
+    cap = _testing.make_capsule(f32_bytes([1]), [1], strides=[1])
+    t = dlpart.from_dlpack(cap)
+    with pytest.raises(BufferError, match="already consumed"):
+        dlpart.from_dlpack(cap)
+    np.testing.assert_array_equal(np.from_dlpack(t), [1])
+
+
+def test_byte_offset_is_applied():
+    data = f32_bytes(range(8))
+    t = dlpart.from_dlpack(_testing.make_capsule(data, [2, 2], strides=[2, 1], byte_offset=16))
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(8, dtype=np.float32)[4:].reshape(2, 2))
+
+
+def test_null_strides_mean_c_order():
+    t = dlpart.from_dlpack(_testing.make_capsule(f32_bytes(range(6)), [2, 3], strides=None))
+    assert t.strides == (3, 1)
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_negative_and_zero_strides_match_numpy():
+    ref = np.arange(12, dtype=np.float32).reshape(3, 4)
+    # the last row, read backwards along axis 0 and 1: data points at element [2, 3]
+    t = dlpart.from_dlpack(
+        _testing.make_capsule(f32_bytes(ref.ravel()), [3, 4], strides=[-4, -1], byte_offset=44)
+    )
+    np.testing.assert_array_equal(np.from_dlpack(t), ref[::-1, ::-1])
+    b = dlpart.from_dlpack(_testing.make_capsule(f32_bytes([7, 8, 9]), [4, 3], strides=[0, 1]))
+    np.testing.assert_array_equal(np.from_dlpack(b), np.broadcast_to([7, 8, 9], (4, 3)))
+
+
+def test_0d_with_null_shape_and_zero_size():
+    t = dlpart.from_dlpack(_testing.make_capsule(f32_bytes([4.5]), [], null_shape=True))
+    assert t.shape == () and float(np.from_dlpack(t)) == 4.5
+    z = dlpart.from_dlpack(_testing.make_capsule(b"", [0, 5], strides=[5, 1], null_data=True))
+    assert z.shape == (0, 5) and z.size == 0 and z.data_ptr == 0
+    assert np.from_dlpack(z).shape == (0, 5)
+
+
+def test_unaligned_data():
+    raw = np.arange(20, dtype=np.uint8)
+    vals = raw[1:17].view(np.uint8)  # 1-byte aligned pointer
+    t = dlpart.from_dlpack(
+        _testing.make_capsule(vals.tobytes(), [4], strides=[1], dtype=F32, byte_offset=0)
+    )
+    np.testing.assert_array_equal(np.from_dlpack(t), vals.view(np.float32))
+    odd = dlpart.from_dlpack(
+        _testing.make_capsule(bytes(range(17)), [4], strides=[1], dtype=F32, byte_offset=1)
+    )
+    np.testing.assert_array_equal(np.from_dlpack(odd), np.frombuffer(bytes(range(1, 17)), np.float32))
+
+
+def test_readonly_flag_is_honoured():
+    t = dlpart.from_dlpack(_testing.make_capsule(f32_bytes([1, 2]), [2], strides=[1], flags=1))
+    assert t.readonly
+    with pytest.raises(BufferError):
+        t.__dlpack__()  # legacy path cannot carry read-only
+    assert not np.from_dlpack(t).flags.writeable
+
+
+def test_every_dtype_code_round_trips():
+    cases = {
+        (6, 8): "bool", (0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
+        (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
+        (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16",
+        (5, 64): "complex64", (5, 128): "complex128", (10, 8): "float8_e4m3fn",
+        (12, 8): "float8_e5m2",
+    }
+    from dlpack_ctypes import read
+
+    for (code, bits), name in cases.items():
+        nbytes = bits // 8
+        t = dlpart.from_dlpack(
+            _testing.make_capsule(bytes(2 * nbytes), [2], strides=[1], dtype=(code, bits, 1))
+        )
+        assert t.dtype == name and t.itemsize == nbytes
+        _, f = read(t.__dlpack__(max_version=(1, 3)))
+        assert f["dtype"] == (code, bits, 1)
+
+
+def test_objects_without_dlpack_raise_type_error():
+    for obj in [object(), [1, 2, 3], np.float64(1.0), "kDLCPU"]:
+        with pytest.raises(TypeError, match=type(obj).__name__):
+            dlpart.from_dlpack(obj)
+
+
+class Producer:
+    """A producer whose __dlpack__ misbehaves in a chosen way."""
+
+    def __init__(self, result=None, device=(1, 0), legacy=False, raises=None):
+        self.result, self.device, self.legacy, self.raises, self.calls = result, device, legacy, raises, []
+
+    def __dlpack__(self, **kw):
+        self.calls.append(kw)
+        if self.legacy and "max_version" in kw:
+            raise TypeError("unexpected keyword argument 'max_version'")
+        if self.raises:
+            raise self.raises
+        return self.result() if callable(self.result) else self.result
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_type_error_fallback_to_legacy_call():
+    p = Producer(lambda: _testing.make_capsule(f32_bytes([1, 2]), [2], strides=[1], version=None), legacy=True)
+    t = dlpart.from_dlpack(p)
+    assert p.calls[0]["max_version"] == (1, 3) and "max_version" not in p.calls[-1]
+    np.testing.assert_array_equal(np.from_dlpack(t), [1, 2])
+
+
+def test_copy_is_done_here_when_a_legacy_producer_cannot():
+    data = np.arange(2, dtype=np.float32)
+    p = Producer(lambda: _testing.make_capsule(data.tobytes(), [2], strides=[1], version=None), legacy=True)
+    t = dlpart.from_dlpack(p, copy=True)
+    np.testing.assert_array_equal(np.from_dlpack(t), data)
+
+
+@pytest.mark.parametrize(
+    "result, exc, match",
+    [
+        (42, TypeError, "not a DLPack capsule"),
+        (None, TypeError, "not a DLPack capsule"),
+    ],
+)
+def test_garbage_return_values(result, exc, match):
+    with pytest.raises(exc, match=match):
+        dlpart.from_dlpack(Producer(result))
+
+
+def test_wrongly_named_capsule_is_refused():
+    import ctypes
+
+    ctypes.pythonapi.PyCapsule_New.restype = ctypes.py_object
+    ctypes.pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    cap = ctypes.pythonapi.PyCapsule_New(ctypes.c_void_p(1234), b"not_dltensor", None)
+    with pytest.raises(BufferError, match="not_dltensor"):
+        dlpart.from_dlpack(Producer(cap))
+
+
+def test_producer_errors_propagate():
+    with pytest.raises(BufferError, match="nope"):
+        dlpart.from_dlpack(Producer(raises=BufferError("nope")))
+
+
+def test_bad_dlpack_device_is_refused():
+    with pytest.raises(BufferError, match="unknown device"):
+        dlpart.from_dlpack(Producer(device=(77, 0)))
+    with pytest.raises(BufferError, match="pair"):
+        dlpart.from_dlpack(Producer(device="cpu"))
+
+
+def test_copy_false_refuses_a_producer_that_copied():
+    p = Producer(lambda: _testing.make_capsule(f32_bytes([1]), [1], strides=[1], flags=2))
+    out, calls = counted(lambda: dlpart.from_dlpack(p, copy=False))
+    assert isinstance(out, BufferError) and calls == 1
+
+
+def test_device_argument_is_parsed_and_checked():
+    a = np.arange(3.0)
+    assert dlpart.from_dlpack(a, device="kDLCPU").data_ptr == a.ctypes.data
+    assert dlpart.from_dlpack(a, device=dlpart.Device("kDLCPU")).data_ptr == a.ctypes.data
+    with pytest.raises(dlpart.DeviceError, match="'cuda'|\"cuda\""):
+        dlpart.from_dlpack(a, device="cuda")
+    with pytest.raises(BufferError):
+        dlpart.from_dlpack(a, device="kDLCUDA:0")
+
+
+def test_big_endian_is_refused():
+    with pytest.raises(BufferError):
+        dlpart.from_dlpack(np.arange(3, dtype=">i4"))
+
+
+def test_many_cycles_leave_memory_flat():
+    import resource
+
+    a = np.arange(1024, dtype=np.float32)
+    exports = _testing.live_exports()
+    gc.collect()
+
+    def cycles(n):
+        for _ in range(n):
+            b = np.from_dlpack(dlpart.from_dlpack(a))
+            assert b.ctypes.data == a.ctypes.data
+
+    cycles(5000)  # warm up allocator pools
+    gc.collect()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cycles(50_000)
+    gc.collect()
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert _testing.live_exports() == exports
+    # 50,000 leaked exports would be several MiB; allow allocator noise only.
+    assert rss1 - rss0 < 2048, (rss0, rss1)

@@ -1,0 +1,229 @@
+"""Property tests of `dlpart.gather` and `dlpart.scatter` against numpy.
+
+`gather(x, idx, axis)` must equal `np.take(x, idx, axis)`; `scatter(values, idx, out, axis)`
+must equal numpy's `out[..., idx, ...] = values` (the last of duplicate indices wins). Sources
+are strided, negative-stride and transposed views of every dtype (bfloat16 and float8 through
+counted DLPack capsules, which numpy cannot export); indices are 1-d arrays of every integer
+dtype, negative, duplicated, empty or strided. Out-of-range indices raise IndexError and bad
+outputs are refused, both before anything is written.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import dlpart
+from test_props_partitioned import DTYPES, Producer, random_array, same, to_numpy
+
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+INDEX_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+def strided(draw, a):
+    """`a` (C order) copied into a random layout: C, Fortran, every other element along an axis,
+    reversed axes, or transposed storage."""
+    layout = draw(st.sampled_from(["C", "F", "step", "negative", "transpose"]))
+    if layout == "F":
+        return np.asfortranarray(a)
+    if layout == "step":
+        axis = draw(st.integers(0, a.ndim - 1))
+        big = np.zeros(tuple(2 * n if i == axis else n for i, n in enumerate(a.shape)), a.dtype)
+        view = big[tuple(slice(None, None, 2) if i == axis else slice(None)
+                         for i in range(a.ndim))]
+        view[...] = a
+        return view
+    if layout == "negative":
+        flip = tuple(slice(None, None, -1) if draw(st.booleans()) else slice(None)
+                     for _ in range(a.ndim))
+        return a[flip].copy()[flip]
+    if layout == "transpose":
+        perm = draw(st.permutations(range(a.ndim)))
+        return a.transpose(perm).copy().transpose(np.argsort(perm))
+    return a.copy()
+
+
+@st.composite
+def cases(draw, names=tuple(sorted(DTYPES)), empty_axis=False):
+    """(name, ref, x, axis, idx): a reference array, a strided copy of it in some layout, an
+    axis and 1-d indices into it (negative ones included), in some integer dtype and layout."""
+    name = draw(st.sampled_from(names))
+    ndim = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim)))
+    axis = draw(st.integers(0, ndim - 1))
+    if shape[axis] == 0 and not empty_axis:
+        shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
+    ref = random_array(np.random.default_rng(draw(st.integers(0, 2**32 - 1))), shape, name)
+    n = shape[axis]
+    idx_dtype = draw(st.sampled_from(INDEX_DTYPES))
+    lo = 0 if idx_dtype.startswith("uint") else -n
+    size = draw(st.integers(0, 8)) if n else 0
+    values = draw(st.lists(st.integers(lo, n - 1), min_size=size, max_size=size)) if n else []
+    idx = strided(draw, np.array(values, dtype=idx_dtype))
+    for what, present in [("duplicates", len(set(values)) < len(values)), ("empty", not values),
+                          ("negative", any(v < 0 for v in values))]:
+        if present:
+            event(f"indices: {what}")
+    return name, ref, strided(draw, ref), axis, idx
+
+
+NATIVE = tuple(sorted(n for n in DTYPES if DTYPES[n][2]))
+
+
+def dl(a, name):
+    """What dlpart is handed for the numpy array `a`: `a` itself where numpy can export it,
+    else a DLPack producer of its bytes (a writable copy)."""
+    if DTYPES[name][2]:
+        return a
+    return dlpart.from_dlpack(Producer(a, DTYPES[name][1]))
+
+
+def along(axis, index):
+    return (slice(None),) * axis + (index,)
+
+
+@settings(max_examples=250, **SETTINGS)
+@given(case=cases())
+def test_gather_matches_numpy_take(case):
+    name, ref, x, axis, idx = case
+    got = dlpart.gather(dl(x, name), idx, axis=axis)
+    expect = np.take(ref, idx.astype(np.int64), axis=axis)
+    assert got.dtype == name and got.shape == expect.shape
+    assert same(to_numpy(got, name), expect)
+    assert same(x, ref), "the source changed"
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(case=cases(names=NATIVE), step=st.sampled_from([2, -2]))
+def test_gather_writes_into_out_in_place(case, step):
+    name, ref, x, axis, idx = case
+    expect = np.take(ref, idx.astype(np.int64), axis=axis)
+    # out: every other element along the last axis (forwards or backwards) of a bigger array,
+    # whose other elements must stay as they are
+    big = random_array(np.random.default_rng(1), expect.shape[:-1] + (2 * expect.shape[-1],),
+                       name)
+    before = big.copy()
+    pick = (slice(None, None, 2), slice(1, None, 2)) if step == 2 else (
+        slice(None, None, -2), slice(-2, None, -2))
+    out = big[..., pick[0]]
+    got = dlpart.gather(x, idx, axis=axis, out=out)
+    assert same(out, expect)
+    if out.size:
+        assert got.data_ptr == out.ctypes.data and got.shape == out.shape
+    assert same(big[..., pick[1]], before[..., pick[1]]), "wrote outside out"
+
+
+@settings(max_examples=250, **SETTINGS)
+@given(case=cases(), data=st.data())
+def test_scatter_matches_numpy_fancy_assignment(case, data):
+    name, ref, out_ref, axis, idx = case
+    shape = list(ref.shape)
+    shape[axis] = len(idx)
+    values_ref = random_array(np.random.default_rng(data.draw(st.integers(0, 99))), shape, name)
+    values = strided(data.draw, values_ref)
+
+    expect = ref.copy()
+    expect[along(axis, idx.astype(np.int64))] = values_ref
+    loop = ref.copy()  # numpy's fancy assignment is "last duplicate wins": check it here
+    for i, j in enumerate(idx.astype(np.int64)):
+        loop[along(axis, j)] = values_ref[along(axis, i)]
+    assert same(expect, loop)
+
+    out = dl(out_ref, name)
+    assert dlpart.scatter(dl(values, name), idx, out, axis=axis) is None
+    result = out_ref if DTYPES[name][2] else to_numpy(out, name)
+    assert same(result, expect)
+    assert same(values, values_ref), "values changed"
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(case=cases(empty_axis=True), data=st.data(), negative=st.booleans())
+def test_out_of_range_indices_raise_index_error_before_writing(case, data, negative):
+    name, ref, x, axis, idx = case
+    n = ref.shape[axis]
+    bad = -n - 1 - data.draw(st.integers(0, 3)) if negative else n + data.draw(st.integers(0, 3))
+    good = data.draw(st.lists(st.integers(-n, n - 1), max_size=3)) if n else []
+    where = data.draw(st.integers(0, len(good)))
+    idx = np.array(good[:where] + [bad] + good[where:], dtype=np.int64)
+
+    with pytest.raises(IndexError, match=rf"index {bad} is out of bounds for axis {axis} "
+                                         rf"with size {n}"):
+        dlpart.gather(dl(x, name), idx, axis=axis)
+
+    shape = list(ref.shape)
+    shape[axis] = len(idx)
+    if DTYPES[name][2]:
+        out = random_array(np.random.default_rng(2), shape, name)
+        before = out.copy()
+        with pytest.raises(IndexError):
+            dlpart.gather(x, idx, axis=axis, out=out)
+        assert same(out, before), "gather wrote into out before raising"
+
+    values = random_array(np.random.default_rng(3), shape, name)
+    target = strided(data.draw, ref) if DTYPES[name][2] else dl(x, name)
+    with pytest.raises(IndexError, match=rf"index {bad} is out of bounds"):
+        dlpart.scatter(dl(values, name), idx, target, axis=axis)
+    assert same(target if DTYPES[name][2] else to_numpy(target, name), ref), \
+        "scatter wrote before raising"
+
+
+def test_bad_outs_are_refused_before_writing():
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    idx = np.array([3, -1, 3])
+    ok = np.zeros((3, 6), np.float32)
+
+    ro = ok.copy()
+    ro.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only"):
+        dlpart.gather(x, idx, axis=0, out=ro)
+    for bad in [np.zeros((3, 5), np.float32), np.zeros((6, 3), np.float32),
+                np.zeros((3, 6), np.float64), np.zeros(18, np.float32)]:
+        with pytest.raises(ValueError, match=r"out must have shape \(3, 6\), dtype float32"):
+            dlpart.gather(x, idx, axis=0, out=bad)
+        assert not bad.any()
+
+    values = np.ones((4, 3), np.float32)
+    target = x.copy()
+    target.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only"):
+        dlpart.scatter(values, np.array([0, 5, 5]), target, axis=1)
+    with pytest.raises(ValueError, match=r"values must have shape \(4, 3\) and dtype float32"):
+        dlpart.scatter(np.ones((3, 4), np.float32), np.array([0, 5, 5]), x.copy(), axis=1)
+    with pytest.raises(ValueError, match=r"values must have shape \(4, 3\) and dtype float32"):
+        dlpart.scatter(values.astype(np.float64), np.array([0, 5, 5]), x.copy(), axis=1)
+    assert same(target, x)
+
+
+def test_indices_must_be_a_1d_integer_array():
+    x = np.arange(6.0)
+    for idx in [np.array([[0, 1]]), np.array(1), np.array([0.0, 1.0]), np.array([True])]:
+        with pytest.raises((ValueError, TypeError)):
+            dlpart.gather(x, idx)
+    with pytest.raises(ValueError, match="axis 1 is out of range"):
+        dlpart.gather(x, np.array([0]), axis=1)
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(case=cases(names=NATIVE), data=st.data())
+def test_aliased_operands_behave_as_if_copied_first(case, data):
+    name, ref, x, axis, _ = case
+    n = ref.shape[axis]
+    idx = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=n, max_size=n)), np.int64)
+    # gather into its own source
+    expect = np.take(ref, idx, axis=axis)
+    dlpart.gather(x, idx, axis=axis, out=x)
+    assert same(x, expect)
+    # scatter from a reversed view of its own output (numpy copies overlapping operands first)
+    out = strided(data.draw, ref)
+    expect = ref.copy()
+    expect[along(axis, idx)] = ref[along(axis, slice(None, None, -1))]
+    dlpart.scatter(out[along(axis, slice(None, None, -1))], idx, out, axis=axis)
+    assert same(out, expect)
+
+
+def test_huge_unsigned_index_is_named_with_its_axis():
+    with pytest.raises(IndexError, match=r"index 9223372036854775813 is out of bounds for axis 1 "
+                                         r"with size 3"):
+        dlpart.gather(np.zeros((2, 3)), np.array([2**63 + 5], np.uint64), axis=1)

@@ -1,0 +1,336 @@
+"""The __partitioned__ protocol: the spec's examples, dicts as real producers write them,
+validation, partition/assemble."""
+
+import gc
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import dlpart
+from dlpart import Location
+from dlpart._core import _testing
+
+
+def blocks(shape, tiling, dtype=np.float32):
+    """A numpy reference array and its array_split blocks keyed by position."""
+    ref = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    return ref
+
+
+def example1():
+    ref = np.arange(64, dtype=np.float64)
+    ips = ["1.1.1.1", "1.1.1.2", "1.1.1.3", "1.1.1.4"]
+    pids = [7755737, 7736336, 64763578, 117264534]
+    return ref, {
+        "shape": (64,),
+        "partition_tiling": (4,),
+        "partitions": {
+            (i,): {"start": (16 * i,), "shape": (16,), "data": ref[16 * i: 16 * (i + 1)],
+                   "location": [(ips[i], pids[i])]}
+            for i in range(4)
+        },
+        "get": lambda x: x,
+    }
+
+
+def example2():
+    ref = np.arange(64, dtype=np.int32).reshape(8, 8)
+    locs = {(1, 1): ("1.1.1.1", 77463764), (1, 0): ("1.1.1.2", 9174756892),
+            (0, 1): ("1.1.1.1", 29384572), (0, 0): ("1.1.1.2", 847236952)}
+    return ref, {
+        "shape": (8, 8),
+        "partition_tiling": (2, 2),
+        "partitions": {
+            pos: {"start": (4 * pos[0], 4 * pos[1]), "shape": (4, 4),
+                  "data": ref[4 * pos[0]: 4 * pos[0] + 4, 4 * pos[1]: 4 * pos[1] + 4],
+                  "location": [loc]}
+            for pos, loc in locs.items()
+        },
+        "get": lambda x: x,
+    }
+
+
+def example3():
+    ref = np.arange(64, dtype=np.float32).reshape(8, 8)
+    hosts = ["1.1.1.1", "1.1.1.2"]
+    pids = [29384572, 575812655]
+    parts = {}
+    for i in range(4):
+        rank = i % 2
+        parts[(i, 0)] = {
+            "start": (2 * i, 0), "shape": (2, 8),
+            "data": ref[2 * i: 2 * i + 2] if rank == 0 else None,
+            "location": [(hosts[rank], pids[rank], f"kDLOneAPI:{i // 2}")],
+        }
+    return ref, {"shape": (8, 8), "partition_tiling": (4, 1), "partitions": parts,
+                 "get": lambda x: x, "locals": [(0, 0), (2, 0)]}
+
+
+def normalised_location(loc):
+    loc = tuple(loc)
+    return loc if len(loc) == 3 else loc + ("kDLCPU",)
+
+
+@pytest.mark.parametrize("make", [example1, example2, example3])
+def test_spec_examples_round_trip_unchanged(make):
+    ref, d = make()
+    pa = dlpart.from_partitioned(d)
+    assert pa.shape == d["shape"] and pa.tiling == d["partition_tiling"]
+    out = pa.__partitioned__
+    assert out["shape"] == d["shape"]
+    assert out["partition_tiling"] == d["partition_tiling"]
+    assert set(out["partitions"]) == set(d["partitions"])
+    assert out.get("locals") == d.get("locals")
+    for pos, entry in d["partitions"].items():
+        got = out["partitions"][pos]
+        assert got["start"] == entry["start"] and got["shape"] == entry["shape"]
+        assert got["location"] == [normalised_location(x) for x in entry["location"]]
+        if entry["data"] is None:
+            assert got["data"] is None
+        else:  # zero-copy: the very same memory
+            assert got["data"].data_ptr == entry["data"].ctypes.data
+            np.testing.assert_array_equal(np.from_dlpack(got["data"]), entry["data"])
+    # and it pickles into a dict that is accepted again, with the same values
+    again = dlpart.from_partitioned(pickle.loads(pickle.dumps(out)))
+    assert again.__partitioned__["partitions"].keys() == out["partitions"].keys()
+    if "locals" not in d:
+        np.testing.assert_array_equal(np.from_dlpack(again.assemble()), ref)
+
+
+def test_heat_shaped_dict_keeps_ranks():
+    # heat writes MPI ranks as locations, extra 'dtype'/'device' keys, and None for remote data.
+    ref = np.arange(27 * 6, dtype=np.int32).reshape(27, 3, 2)
+    bounds = [0, 7, 14, 21, 27]
+    rank = 1
+    d = {
+        "shape": (27, 3, 2),
+        "partition_tiling": (4, 1, 1),
+        "partitions": {
+            (r, 0, 0): {"start": (bounds[r], 0, 0), "shape": (bounds[r + 1] - bounds[r], 3, 2),
+                        "data": ref[bounds[r]:bounds[r + 1]] if r == rank else None,
+                        "location": [r], "dtype": "torch.int32", "device": "cpu"}
+            for r in range(4)
+        },
+        "locals": [(rank, 0, 0)],
+        "get": lambda x: x,
+    }
+    pa = dlpart.from_partitioned(d)
+    assert pa.locals == [(1, 0, 0)]
+    assert pa.dtype == "int32"
+    for r in range(4):
+        p = pa.partitions[(r, 0, 0)]
+        assert p.locations == (Location(None, None, dlpart.Device("kDLCPU"), rank=r),)
+        assert (p.tensor is not None) == (r == rank)
+    np.testing.assert_array_equal(np.from_dlpack(pa.partitions[(1, 0, 0)].tensor), ref[7:14])
+    out = pa.__partitioned__
+    assert out["partitions"][(2, 0, 0)]["location"] == [("rank:2", -1, "kDLCPU")]
+    with pytest.raises(dlpart.ProtocolError, match=r"\(0, 0, 0\)"):
+        pa.assemble()  # another rank's partition is not here
+
+
+def test_heat_gpu_device_key():
+    d = {"shape": (2,), "partition_tiling": (1,),
+         "partitions": {(0,): {"start": (0,), "shape": (2,), "data": None, "location": [0],
+                               "device": "cuda:1"}},
+         "locals": [], "get": lambda x: x}
+    pa = dlpart.from_partitioned(d)
+    assert pa.partitions[(0,)].locations[0].device == "kDLCUDA:1"
+
+
+class Handle:
+    """A stand-in for a Ray ObjectRef: an opaque token resolved only through `get`."""
+
+    def __init__(self, key):
+        self.key = key
+
+
+def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
+    ref = np.arange(40, dtype=np.float64).reshape(10, 4)
+    store = {0: ref[:6], 1: ref[6:]}
+    calls = []
+
+    def get(handles):
+        calls.append(len(handles))
+        return [store[h.key] for h in handles]
+
+    d = {"shape": (10, 4), "partition_tiling": (2, 1),
+         "partitions": {(0, 0): {"start": (0, 0), "shape": (6, 4), "data": Handle(0), "location": "10.0.0.1"},
+                        (1, 0): {"start": (6, 0), "shape": (4, 4), "data": Handle(1), "location": ["10.0.0.2"]}},
+         "get": get}
+    pa = dlpart.from_partitioned(d)
+    assert calls == []  # nothing fetched until needed
+    assert pa.partitions[(0, 0)].locations == (Location("10.0.0.1", None, dlpart.Device("kDLCPU")),)
+    assert pa.partitions[(1, 0)].locations[0].host == "10.0.0.2"
+    pa.fetch([(1, 0)])
+    assert calls == [1] and pa.partitions[(0, 0)].tensor is None
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), ref)
+    assert calls == [1, 1]
+
+
+def test_method_form_and_extra_keys_are_accepted():
+    class Producer:
+        def __partitioned__(self):
+            _, d = example1()
+            for e in d["partitions"].values():
+                e["dtype"] = "float64"
+            return d
+
+    assert dlpart.from_partitioned(Producer()).shape == (64,)
+
+
+def test_partition_and_assemble_are_zero_copy_views():
+    a = np.arange(7 * 5, dtype=np.int16).reshape(7, 5)
+    pa = dlpart.partition(a, (3, 2))
+    assert pa.splits == ((0, 3, 5, 7), (0, 3, 5))
+    p = pa.partitions[(1, 1)]
+    assert p.start == (3, 3) and p.shape == (2, 2)
+    v = np.from_dlpack(p.tensor)
+    np.testing.assert_array_equal(v, a[3:5, 3:5])
+    assert v.ctypes.data == a[3:5, 3:5].ctypes.data
+    assert p.locations[0].pid == os.getpid()
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), a)
+    pb = dlpart.partition(a, splits=[[0, 1, 7], [0, 5]])
+    assert pb.tiling == (2, 1)
+    with pytest.raises(ValueError, match=r"\(0, 8\)"):
+        dlpart.partition(a, splits=[[0, 8], [0, 5]])
+
+
+def test_several_partitions_per_device_and_replicas():
+    _, d = example1()
+    d["partitions"][(0,)]["location"] = [("1.1.1.1", 1, "kDLCPU"), ("1.1.1.2", 2, "kDLCPU")]
+    pa = dlpart.from_partitioned(d)
+    assert len(pa.partitions[(0,)].locations) == 2
+    assert pa.devices == [dlpart.Device("kDLCPU")]
+
+
+def test_assemble_across_devices_needs_transfer():
+    dpctl = pytest.importorskip("dpctl")
+    if not os.environ.get("OCL_ICD_FILENAMES"):
+        pytest.skip("dpctl needs OCL_ICD_FILENAMES (scripts/setup.sh)")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import dpctl.tensor as dpt
+    del dpctl
+    d = {"shape": (4,), "partition_tiling": (2,),
+         "partitions": {(0,): {"start": (0,), "shape": (2,), "data": np.arange(2.0), "location": []},
+                        (1,): {"start": (2,), "shape": (2,), "data": dpt.arange(2, 4, dtype="float64"),
+                               "location": []}}}
+    pa = dlpart.from_partitioned(d)
+    with pytest.raises(dlpart.DeviceError, match="kDLOneAPI:0"):
+        pa.assemble()
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+def valid():
+    _, d = example2()
+    return d
+
+
+@pytest.mark.parametrize(
+    "mutate, key, position",
+    [
+        (lambda d: d["partitions"].pop((1, 0)), "partitions", "(1, 0)"),
+        (lambda d: d["partitions"].__setitem__((2, 0), dict(d["partitions"][(1, 0)])), "partitions", "(2, 0)"),
+        (lambda d: d.__setitem__("partition_tiling", (2, 2, 1)), "partition_tiling", None),
+        (lambda d: d["partitions"][(0, 1)].__setitem__("start", (0, 5)), "start", "(0, 1)"),
+        (lambda d: d["partitions"][(0, 1)].__setitem__("shape", (4, 3)), "shape", "(0, 1)"),
+        (lambda d: d["partitions"][(1, 1)].__setitem__("start", (-4, 4)), "start", "(1, 1)"),
+        (lambda d: d["partitions"][(1, 1)].__setitem__("start", (2**62, 4)), "start", "(1, 1)"),
+        (lambda d: d["partitions"][(0, 0)].__setitem__("location", [("1.1.1.1", 1, "cuda")]), "location", "(0, 0)"),
+        (lambda d: d["partitions"][(0, 0)].__setitem__("location", [("1.1.1.1", 1, "kDLCUDA:x")]), "location", "(0, 0)"),
+        (lambda d: d["partitions"][(0, 0)].__setitem__("data", np.zeros((4, 4), np.float64)), "partitions", "(0, 0)"),
+        (lambda d: d["partitions"][(0, 0)].__setitem__("data", np.zeros((3, 4), np.int32)), "partitions", "(0, 0)"),
+        (lambda d: d.pop("shape"), "shape", None),
+        (lambda d: d.__setitem__("locals", [(5, 5)]), "locals", None),
+        (lambda d: d["partitions"][(0, 0)].pop("start"), "start", "(0, 0)"),
+    ],
+)
+def test_violations_name_key_and_position(mutate, key, position):
+    d = valid()
+    mutate(d)
+    with pytest.raises(dlpart.ProtocolError) as info:
+        dlpart.from_partitioned(d)
+    msg = str(info.value)
+    assert key in msg, msg
+    if position:
+        assert position in msg, msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_validate_reports_every_violation_without_importing():
+    d = valid()
+    d["partitions"][(0, 1)]["start"] = (0, 5)
+    d["partitions"].pop((1, 1))
+
+    class Boom:
+        def __dlpack__(self, **kw):
+            raise AssertionError("validate must not import data")
+
+    d["partitions"][(0, 0)]["data"] = Boom()
+    with pytest.raises(dlpart.ProtocolError) as info:
+        dlpart.validate(d)
+    assert "(0, 1)" in str(info.value) and "(1, 1)" in str(info.value)
+    dlpart.validate(valid())
+
+
+def counted_array(values):
+    class Counted:
+        def __dlpack__(self, **kw):
+            return _testing.make_capsule(np.ascontiguousarray(values, np.float32).tobytes(),
+                                         list(values.shape), strides=None)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    return Counted()
+
+
+def test_failure_half_way_releases_every_tensor_taken():
+    ref = np.arange(16, dtype=np.float32).reshape(4, 4)
+    d = {"shape": (4, 4), "partition_tiling": (4, 1),
+         "partitions": {(i, 0): {"start": (i, 0), "shape": (1, 4), "data": counted_array(ref[i:i + 1]),
+                                 "location": []} for i in range(4)}}
+    d["partitions"][(3, 0)]["data"] = counted_array(ref[:2])  # wrong shape, imported last
+    gc.collect()
+    before = _testing.deleter_calls()
+    with pytest.raises(dlpart.ProtocolError, match=r"\(3, 0\)"):
+        dlpart.from_partitioned(d)
+    gc.collect()
+    assert _testing.deleter_calls() - before == 4
+
+
+def test_not_partitioned():
+    with pytest.raises(TypeError, match="list"):
+        dlpart.from_partitioned([1, 2])
+    with pytest.raises(dlpart.ProtocolError, match="dict"):
+        dlpart.from_partitioned(type("X", (), {"__partitioned__": property(lambda s: 3)})())
+
+
+def test_oneapi_partitions_repartition_on_their_own_device():
+    if not os.environ.get("OCL_ICD_FILENAMES"):
+        pytest.skip("dpctl needs OCL_ICD_FILENAMES (scripts/setup.sh)")
+    pytest.importorskip("dpctl")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import dpctl.tensor as dpt
+    ref = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    x = dpt.asarray(ref)
+    pa = dlpart.partition(x, (2, 2))
+    assert pa.devices == [dlpart.Device("kDLOneAPI:0")]
+    out = pa.repartition((1, 4))
+    for p in out.partitions.values():
+        assert p.tensor.device == "kDLOneAPI:0"
+        np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(p.tensor)),
+                                      ref[:, p.start[1]:p.start[1] + p.shape[1]])
+    whole = pa.assemble()
+    assert whole.device == "kDLOneAPI:0"
+    np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(whole)), ref)
+    with pytest.raises(dlpart.DeviceError, match="kDLOneAPI:0 -> kDLCPU"):
+        pa.repartition((3, 1), devices="kDLCPU")

@@ -1,0 +1,56 @@
+"""repartition / repartition_into: values against numpy, reuse of the caller's buffers, refusals."""
+
+import numpy as np
+import pytest
+
+import dlpart
+
+
+def test_rows_to_columns_into_preallocated_numpy_outputs():
+    a = np.arange(12 * 10, dtype=np.float32).reshape(12, 10)
+    out = np.full_like(a, np.nan)
+    target = dlpart.partition(out, (1, 3))
+    res = dlpart.partition(a, (4, 1)).repartition_into(target)
+    assert res is target
+    np.testing.assert_array_equal(out, a)  # written in place, into the caller's memory
+
+
+def test_block_cyclic_owners_follow_the_device_list():
+    a = np.arange(8 * 8, dtype=np.int64).reshape(8, 8)
+    devs = ["kDLCPU", "kDLCPU", "kDLCPU", "kDLCPU"]
+    out = dlpart.partition(a, (2, 2)).repartition(block_cyclic=(2, 4), devices=devs)
+    assert out.tiling == (4, 2)
+    assert out.splits == ((0, 2, 4, 6, 8), (0, 4, 8))
+    np.testing.assert_array_equal(np.from_dlpack(out.assemble()), a)
+    with pytest.raises(ValueError, match="devices"):
+        dlpart.partition(a, (2, 2)).repartition(block_cyclic=2)
+
+
+def test_read_only_sources_are_fine_and_read_only_targets_refused():
+    a = np.arange(20, dtype=np.int16).reshape(4, 5)
+    a.flags.writeable = False
+    out = dlpart.partition(a, (2, 1)).repartition((1, 5))
+    np.testing.assert_array_equal(np.from_dlpack(out.assemble()), a)
+    ro = np.zeros_like(a)
+    ro.flags.writeable = False
+    with pytest.raises(BufferError, match=r"read-only"):
+        dlpart.partition(a, (2, 1)).repartition_into(dlpart.partition(ro, (1, 1)))
+    assert not ro.any()
+
+
+def test_refusals_leave_the_target_untouched():
+    a = np.arange(6, dtype=np.float64)
+    out = np.zeros(6, np.float32)
+    with pytest.raises(ValueError, match="float64"):
+        dlpart.partition(a, (2,)).repartition_into(dlpart.partition(out, (3,)))
+    assert not out.any()
+    with pytest.raises(ValueError, match="shape"):
+        dlpart.partition(a, (2,)).repartition_into(dlpart.partition(np.zeros(5), (1,)))
+
+
+def test_exactly_one_target_layout():
+    pa = dlpart.partition(np.zeros((4, 4)), (2, 2))
+    with pytest.raises(ValueError, match="exactly one"):
+        pa.repartition((2, 2), splits=[[0, 4], [0, 4]])
+    with pytest.raises(ValueError, match="exactly one"):
+        pa.repartition()

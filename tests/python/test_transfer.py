@@ -1,0 +1,47 @@
+"""Explicit transfers: Tensor.to, PartitionedArray.to, and what happens without a backend."""
+
+import numpy as np
+import pytest
+
+import dlpart
+
+
+def test_to_same_device_is_a_contiguous_copy():
+    a = np.arange(24, dtype=np.float64).reshape(4, 6)[:, ::-2]
+    t = dlpart.from_dlpack(a)
+    c = t.to("kDLCPU")
+    assert c.device == "kDLCPU" and c.data_ptr != t.data_ptr
+    assert c.strides == (3, 1)
+    np.testing.assert_array_equal(np.from_dlpack(c), a)
+
+
+def test_partitioned_to_keeps_grid_and_values():
+    a = np.arange(30, dtype=np.int32).reshape(5, 6)
+    pa = dlpart.partition(a, (2, 3)).to("kDLCPU")
+    assert pa.tiling == (2, 3)
+    for p in pa.partitions.values():
+        assert p.locations[0].device == "kDLCPU"
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), a)
+
+
+def test_backend_status_names_the_reason():
+    assert dlpart.backend_status("kDLCPU") is None
+    reason = dlpart.backend_status("kDLCUDA:0")
+    if reason is not None:
+        assert "cuda" in reason.lower()
+    assert "kDLOneAPI" in dlpart.backend_status("kDLOneAPI:0")
+
+
+def test_moving_to_cuda_without_a_backend_raises_clearly():
+    if dlpart.backend_status("kDLCUDA:0") is None:
+        pytest.skip("a CUDA backend is available here; tests/python/test_cuda.py covers it")
+    t = dlpart.from_dlpack(np.arange(3.0))
+    with pytest.raises(dlpart.BackendUnavailableError, match="cuda"):
+        t.to("kDLCUDA:0")
+
+
+def test_cross_device_repartition_needs_transfer():
+    a = np.arange(8.0)
+    pa = dlpart.partition(a, (2,))
+    with pytest.raises(dlpart.DeviceError, match="kDLCPU -> kDLCUDA:0"):
+        pa.repartition((4,), devices="kDLCUDA:0")
