@@ -3,13 +3,14 @@
 //! The raw kernels ([`copy_box`], [`pack`], [`unpack`], [`copy_boxes`], [`gather`],
 //! [`scatter`]) take pointers, shapes and strides in elements and move elements as 1-, 2-, 4-,
 //! 8- or 16-byte words by item size (float8, bfloat16 and complex are just bytes; other item
-//! sizes are moved as byte runs). They plan each box into long loops ([`plan`]), run them in
+//! sizes are moved as byte runs). They plan each box into long loops (`plan.rs`), run them in
 //! one rayon pass over pieces of similar size, and store large copies with streaming stores
-//! ([`stream`]). [`CpuBackend`] is the safe layer: it validates tensors, then calls them.
+//! (`stream.rs`). [`CpuBackend`] is the safe layer: it validates tensors, then calls them.
 
 mod copy;
 mod exec;
 mod index;
+mod index_loop;
 mod plan;
 mod stream;
 #[cfg(test)]

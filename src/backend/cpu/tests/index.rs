@@ -5,14 +5,20 @@ use crate::backend::cpu::copy::TUNING;
 use crate::backend::cpu::index::{gather_tuned, scatter_tuned};
 use crate::error::Error;
 
-const SHAPES: &[&[usize]] = &[
-    &[5],
-    &[4, 6],
-    &[3, 5, 2],
-    &[1, 7],
-    &[6, 1, 4],
-    &[2, 3, 2, 3],
-];
+/// Shapes for the random cases (fewer under Miri, which is slow).
+const SHAPES: &[&[usize]] = if cfg!(miri) {
+    &[&[5], &[4, 6], &[3, 5, 2]]
+} else {
+    &[
+        &[5],
+        &[20],
+        &[4, 6],
+        &[3, 5, 2],
+        &[1, 7],
+        &[16, 1, 4],
+        &[2, 3, 2, 3],
+    ]
+};
 
 /// `m` indices in `[0, len)` of a random kind: random with repeats, sorted with repeats,
 /// strictly increasing, blocks of consecutive indices (long enough to be copied as runs), or
@@ -135,12 +141,23 @@ fn gather_and_scatter_match_naive_loops() {
 fn scatter_keeps_the_last_duplicate_in_every_parallel_mode() {
     let mut rng = Rng::new(12);
     // Sorted indices (split where the index changes), many outer slices (split by slice),
-    // and few slices with repeats (split by destination window); each also with the pieces
-    // run last first, which breaks any split that separates repeats.
+    // few slices with repeats and inner boxes of 64 bytes or more (split by destination
+    // window), or less (one thread); each also with the pieces run last first, which breaks
+    // any split that separates repeats.
+    // Extents of the indexed axis (smaller under Miri, which is slow).
+    let n = if cfg!(miri) { 10 } else { 30 };
+    let cases: [(Vec<usize>, usize); 5] = [
+        (vec![12, 6], 1),
+        (vec![2, n], 1),
+        (vec![n], 0),
+        (vec![n, 2], 0),
+        (vec![n, 20], 0),
+    ];
     for tuning in [TINY, REVERSED] {
         let increasing: Vec<i64> = (0..40).step_by(3).collect();
         check_scatter(&mut rng, &[3, 40], 1, &increasing, 4, &tuning);
-        for (shape, axis) in [(&[12, 6][..], 1), (&[2, 30], 1), (&[30], 0), (&[30, 2], 0)] {
+        for (shape, axis) in &cases {
+            let (shape, axis) = (&shape[..], *axis);
             let len = shape[axis];
             let mut idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
             check_scatter(&mut rng, shape, axis, &idx, 8, &tuning);
