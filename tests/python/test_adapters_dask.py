@@ -94,7 +94,10 @@ def test_wrapper_exposes_partitioned(client, x):
 
 
 def test_dict_pickles_and_get_binds_unbound_futures(client, x):
-    d = pickle.loads(pickle.dumps(dd.partitioned_dict(x, client)))
+    # The producer keeps its dict (and so its futures) alive while the pickled copy is used:
+    # unpickled futures do not hold the keys on the scheduler, which may release them otherwise.
+    original = dd.partitioned_dict(x, client)
+    d = pickle.loads(pickle.dumps(original))
     assert d["get"] is dd.gather
     assert all(e["data"].client is None for e in d["partitions"].values())
     np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()),

@@ -68,6 +68,10 @@ def partitioned_dict(x: da.Array, client: Optional[distributed.Client] = None) -
     Each entry also carries ``'dtype'`` so that a consumer knows the element type before
     fetching anything. Chunks whose meta is a numpy array are on ``kDLCPU``; for other chunk
     types (CuPy) the workers are asked for each chunk's DLPack device.
+
+    The futures in the dict keep the chunks on the cluster. A pickled copy's futures do not:
+    keep the original dict alive while a copy is in use, or the scheduler may release the chunks
+    and the copy's ``get`` waits for data that no longer exists.
     """
     client = client or distributed.get_client()
     x = client.persist(x)
