@@ -178,6 +178,9 @@ fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
     Ok(dtype)
 }
 
+/// Index arrays shorter than this are checked on the calling thread.
+const PARALLEL_INDICES: usize = 1 << 20;
+
 /// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
 /// length `len`; an index outside `[-len, len)` is an error before anything is written.
 /// Contiguous int64 indices that are all in `[0, len)` are returned as they are (no copy).
@@ -205,13 +208,17 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             let s = unsafe { std::slice::from_raw_parts(ptr, n) };
             // One vectorisable min/max pass per chunk; the slow search for the first bad
             // index only runs when there is one.
-            let (min, max) = s
-                .par_chunks(1 << 16)
-                .map(|c| {
-                    c.iter()
-                        .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
-                })
-                .reduce(|| (i64::MAX, i64::MIN), |x, y| (x.0.min(y.0), x.1.max(y.1)));
+            let span = |c: &[i64]| {
+                c.iter()
+                    .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
+            };
+            let (min, max) = if n < PARALLEL_INDICES {
+                span(s)
+            } else {
+                s.par_chunks(1 << 16)
+                    .map(span)
+                    .reduce(|| (i64::MAX, i64::MIN), |x, y| (x.0.min(y.0), x.1.max(y.1)))
+            };
             if min < lo || max >= hi {
                 let bad = s
                     .iter()

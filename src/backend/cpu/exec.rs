@@ -107,6 +107,7 @@ unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: S
             let n = seg.min(run.n - start);
             let s = src.wrapping_offset(start as isize * run.s);
             let d = dst.wrapping_offset(start as isize * run.d);
+            // SAFETY: elements start .. start + n of the run, inside the box (see above).
             unsafe { by_word!(plan.elem, strided(s, run.s, d, run.d, n)) }
         }
         Kind::Tile {
@@ -123,6 +124,7 @@ unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: S
                     let s = src.wrapping_offset(pt as isize * p.s + qt as isize * q.s);
                     let d = dst.wrapping_offset(pt as isize * p.d + qt as isize * q.d);
                     let (tp, tq) = (t.min(p0 + np - pt), t.min(q0 + nq - qt));
+                    // SAFETY: a tp x tq tile clipped to the block, inside the box (see above).
                     unsafe { by_word!(plan.elem, tile(s, d, p, q, tp, tq)) }
                 }
             }
