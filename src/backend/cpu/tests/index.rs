@@ -153,21 +153,29 @@ fn scatter_keeps_the_last_duplicate_in_every_parallel_mode() {
         (vec![n, 2], 0),
         (vec![n, 20], 0),
     ];
-    for tuning in [TINY, REVERSED] {
+    // Under Miri pieces run in order on one thread anyway: only the reversed order is new.
+    let tunings: &[Tuning] = if cfg!(miri) {
+        &[REVERSED]
+    } else {
+        &[TINY, REVERSED]
+    };
+    for tuning in tunings {
         let increasing: Vec<i64> = (0..40).step_by(3).collect();
-        check_scatter(&mut rng, &[3, 40], 1, &increasing, 4, &tuning);
+        check_scatter(&mut rng, &[3, 40], 1, &increasing, 4, tuning);
         for (shape, axis) in &cases {
             let (shape, axis) = (&shape[..], *axis);
             let len = shape[axis];
             let mut idx: Vec<i64> = (0..3 * len).map(|_| rng.below(len) as i64).collect();
-            check_scatter(&mut rng, shape, axis, &idx, 8, &tuning);
-            check_scatter(&mut rng, shape, axis, &idx, 3, &tuning);
+            check_scatter(&mut rng, shape, axis, &idx, 8, tuning);
+            if !cfg!(miri) {
+                check_scatter(&mut rng, shape, axis, &idx, 3, tuning);
+            }
             idx.sort_unstable();
-            check_scatter(&mut rng, shape, axis, &idx, 4, &tuning);
+            check_scatter(&mut rng, shape, axis, &idx, 4, tuning);
             let blocks: Vec<i64> = (0..3 * len as i64)
                 .map(|i| (i / 2 + i % 5) % len as i64)
                 .collect();
-            check_scatter(&mut rng, shape, axis, &blocks, 2, &tuning);
+            check_scatter(&mut rng, shape, axis, &blocks, 2, tuning);
         }
     }
 }
@@ -186,7 +194,7 @@ fn runs_of_consecutive_indices() {
         let len = shape[axis];
         for t in 0..TRIALS {
             let mut idx = Vec::new();
-            while idx.len() < 60 {
+            while idx.len() < if cfg!(miri) { 30 } else { 60 } {
                 let start = rng.below(len);
                 idx.extend((start..len).take(1 + rng.below(16)).map(|j| j as i64));
             }
