@@ -34,7 +34,8 @@ pub trait Backend: Send + Sync {
     /// A new contiguous tensor with unspecified contents.
     fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor>;
 
-    /// Runs every copy; the destination boxes do not overlap each other.
+    /// Runs every copy. Destination boxes do not overlap each other, and no job's destination
+    /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
 
     /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor
