@@ -286,11 +286,8 @@ class PartitionedArray:
     def to(self, device) -> "PartitionedArray":
         """Every partition copied onto ``device`` (an explicit transfer), same grid."""
         target = Device(device)
-        parts = {}
-        for pos, t in zip(itertools.product(*(range(n) for n in self.tiling)), self.tensors()):
-            p = self._partitions[pos]
-            moved = t if t.device == target else t.to(target)
-            parts[pos] = Partition(pos, p.start, p.shape, (here(target),), moved)
+        moved = [t if t.device == target else t.to(target) for t in self.tensors()]
+        parts = _partitions_of(self._splits, moved, itertools.repeat(target))
         return PartitionedArray(self._shape, self._splits, parts, dtype=self._dtype)
 
     # -- unmaking ----------------------------------------------------------------------------------
@@ -356,7 +353,8 @@ def _repartition(pa: "PartitionedArray", tiling, splits, block_cyclic, devices, 
     n = _prod(len(s) - 1 for s in dst_splits)
     src = pa.tensors()
     if owners is not None:
-        dst_devs = [Device(devices[o]) for o in owners]
+        dealt = [Device(d) for d in devices]
+        dst_devs = [dealt[o] for o in owners]
     elif devices is None:
         dst_devs = _default_devices(pa, src, dst_splits)
     elif isinstance(devices, (str, Device, tuple)):
@@ -371,12 +369,30 @@ def _repartition(pa: "PartitionedArray", tiling, splits, block_cyclic, devices, 
                                  transfer)
     else:
         out = _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer)
+    return PartitionedArray(pa.shape, dst_splits, _partitions_of(dst_splits, out, dst_devs),
+                            dtype=pa.dtype)
+
+
+def _boxes(splits):
+    """``(position, start, shape)`` of every box of a grid, in C order."""
+    positions = itertools.product(*(range(len(s) - 1) for s in splits))
+    starts = itertools.product(*(s[:-1] for s in splits))
+    shapes = itertools.product(*([b - a for a, b in zip(s, s[1:])] for s in splits))
+    return zip(positions, starts, shapes)
+
+
+def _partitions_of(splits, tensors, devices) -> Dict[Position, Partition]:
+    """Partitions over ``splits`` holding ``tensors`` (C order), located here on ``devices``
+    (the tensors' devices, known to the caller: asking each tensor costs more than the copy
+    for small partitions)."""
+    locations: Dict[Device, tuple] = {}
     parts = {}
-    for k, pos in enumerate(itertools.product(*(range(len(s) - 1) for s in dst_splits))):
-        start = tuple(dst_splits[a][i] for a, i in enumerate(pos))
-        pshape = tuple(dst_splits[a][i + 1] - dst_splits[a][i] for a, i in enumerate(pos))
-        parts[pos] = Partition(pos, start, pshape, (here(out[k].device),), out[k])
-    return PartitionedArray(pa.shape, dst_splits, parts, dtype=pa.dtype)
+    for (pos, start, shape), t, dev in zip(_boxes(splits), tensors, devices):
+        loc = locations.get(dev)
+        if loc is None:
+            loc = locations[dev] = (here(dev),)
+        parts[pos] = Partition(pos, start, shape, loc, t)
+    return parts
 
 
 def _default_devices(pa, src, dst_splits) -> List[Device]:
@@ -384,6 +400,9 @@ def _default_devices(pa, src, dst_splits) -> List[Device]:
     element, so a layout change alone never moves data."""
     import bisect
 
+    n = _prod(len(s) - 1 for s in dst_splits)
+    if len({str(t.device) for t in src}) <= 1:
+        return [src[0].device if src else Device("kDLCPU")] * n
     tiling = pa.tiling
     strides = [_prod(tiling[a + 1:]) for a in range(len(tiling))]
     out = []
@@ -604,9 +623,7 @@ def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> Part
         sp = _core._even_splits(t.shape, list(tiling))
     parts = {}
     loc = (here(t.device),)
-    for pos in itertools.product(*(range(len(s) - 1) for s in sp)):
-        start = tuple(sp[a][i] for a, i in enumerate(pos))
-        shape = tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos))
+    for pos, start, shape in _boxes(sp):
         parts[pos] = Partition(pos, start, shape, loc, t.view(start, shape))
         if namespace is not None and t.device.kind not in _NATIVE:
             parts[pos]._namespace = namespace()
