@@ -314,12 +314,12 @@ class PartitionedArray:
             )
         if moving:
             tensors = [t if t.device == target else t.to(target) for t in tensors]
+        # One target partition covering everything: the repartition path, on the target device.
+        whole = [[0, n] for n in self._shape]
         if target.kind not in _NATIVE:
-            whole = [[0, n] for n in self._shape]
             return _repartition_by_namespace(self, tensors, whole, [target], transfer)[0]
-        starts = [self._partitions[pos].start
-                  for pos in itertools.product(*(range(n) for n in self.tiling))]
-        return _core._assemble(tensors, starts, self._shape, self._dtype or "float32", target)
+        return _core._repartition(tensors, list(self._shape), [list(s) for s in self._splits],
+                                  whole, [target])[0]
 
 
 _NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
@@ -427,7 +427,7 @@ def _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer) -> List[T
         )
     xp = None
     for p in pa.partitions.values():
-        xp = xp or p_namespace(p)
+        xp = xp or p._namespace
     if xp is None:
         raise _core.BackendUnavailableError(
             f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
@@ -451,10 +451,6 @@ def _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer) -> List[T
         src_box = tuple(slice(a, a + n) for a, n in zip(s_start, shape))
         outs[d][dst_box] = native[s][src_box]
     return [_core.from_dlpack(o) for o in outs]
-
-
-def p_namespace(p: "Partition"):
-    return getattr(p, "_namespace", None)
 
 
 def _import_data(obj, position, device, copy) -> Tensor:

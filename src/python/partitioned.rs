@@ -1,4 +1,4 @@
-//! Bindings for the partitioned layer: grid validation and whole-array copies.
+//! Bindings for the partitioned layer: grid validation and split points.
 //!
 //! The `__partitioned__` dicts themselves are read and written in Python
 //! (`python/dlpart/_partitioned.py`); what must be fast or safe happens here.
@@ -6,14 +6,9 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
-use crate::backend::{backend_for, BoxCopy};
-use crate::dtype::DType;
-use crate::error::Error;
 use crate::grid::{Entry, Grid};
 
-use super::device::device_arg;
 use super::errors::{to_py, ProtocolError};
-use super::tensor::PyTensor;
 
 /// Validates `(position, start, shape)` entries (grid invariants 1-5) and returns the split
 /// points; for adapters that derive entries from a framework's own layout.
@@ -143,52 +138,10 @@ fn _check_splits(shape: Vec<usize>, splits: Vec<Vec<usize>>) -> PyResult<Vec<Vec
         .to_vec())
 }
 
-/// One new tensor of `shape` on `device`, with each partition copied in at its start.
-#[pyfunction]
-fn _assemble(
-    py: Python<'_>,
-    tensors: Vec<PyTensor>,
-    starts: Vec<Vec<usize>>,
-    shape: Vec<usize>,
-    dtype: &str,
-    device: &Bound<'_, PyAny>,
-) -> PyResult<PyTensor> {
-    let device = device_arg(device)?;
-    let dtype: DType = dtype.parse().map_err(to_py)?;
-    if let Some(t) = tensors.iter().find(|t| t.inner.device() != device) {
-        return Err(to_py(Error::DeviceMismatch {
-            op: "assemble".into(),
-            devices: format!("{} and {device}", t.inner.device()),
-            reason: "every partition must be on the target device first".into(),
-        }));
-    }
-    let backend = backend_for(device).map_err(to_py)?;
-    let out = backend.empty(&shape, dtype).map_err(to_py)?;
-    let jobs: Vec<BoxCopy<'_>> = tensors
-        .iter()
-        .zip(&starts)
-        .map(|(t, start)| BoxCopy {
-            src: &t.inner,
-            src_start: vec![0; t.inner.ndim()],
-            dst: &out,
-            dst_start: start.clone(),
-            shape: t.inner.shape().to_vec(),
-        })
-        .collect();
-    py.detach(|| {
-        backend.copy_boxes(&jobs)?;
-        backend.synchronize()
-    })
-    .map_err(to_py)?;
-    drop(jobs);
-    Ok(PyTensor::new(out))
-}
-
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_grid_from_dict, m)?)?;
     m.add_function(wrap_pyfunction!(_grid_from_entries, m)?)?;
     m.add_function(wrap_pyfunction!(_even_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_check_splits, m)?)?;
-    m.add_function(wrap_pyfunction!(_assemble, m)?)?;
     Ok(())
 }

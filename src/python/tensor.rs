@@ -30,20 +30,7 @@ impl PyTensor {
 
 /// A contiguous copy of `t` on its own device.
 pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
-    let backend = crate::backend::backend_for(t.device()).map_err(to_py)?;
-    let out = backend.empty(t.shape(), t.dtype()).map_err(to_py)?;
-    let zeros = vec![0; t.ndim()];
-    backend
-        .copy_boxes(&[crate::backend::BoxCopy {
-            src: t,
-            src_start: zeros.clone(),
-            dst: &out,
-            dst_start: zeros,
-            shape: t.shape().to_vec(),
-        }])
-        .map_err(to_py)?;
-    backend.synchronize().map_err(to_py)?;
-    Ok(out)
+    crate::ops::to_device(t, t.device()).map_err(to_py)
 }
 
 /// `t` placed on `target`, copying only where it must and only if `copy` allows.
