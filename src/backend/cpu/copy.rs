@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::exec::run;
-use super::plan::{Orig, Plan};
+use super::plan::{Kind, Orig, Plan};
 use super::stream::{self, Store};
 use crate::tensor::contiguous_strides;
 
@@ -225,8 +225,9 @@ pub unsafe fn copy_boxes_with(jobs: &[RawCopy<'_>], stores: Stores) {
 enum Piece {
     /// Whole jobs `a..b`, planned by the thread that runs them.
     Jobs(usize, usize),
-    /// Units `lo..hi` of big job `big[p]`.
-    Part(usize, usize, usize),
+    /// Units `lo..hi` of every planned job `big[a..b]`, taken unit by unit across the jobs
+    /// (one job, or a [row group](row_key)).
+    Units(usize, usize, usize, usize),
 }
 
 /// The plan of `job`.
@@ -251,6 +252,13 @@ fn plan_of<'a>(job: &RawCopy<'a>) -> Plan<'a> {
     })
 }
 
+fn ptrs(job: &RawCopy<'_>) -> Ptrs {
+    Ptrs {
+        src: job.src.ptr,
+        dst: job.dst.ptr,
+    }
+}
+
 /// Plans and runs all of `job`.
 ///
 /// # Safety
@@ -261,15 +269,152 @@ unsafe fn run_whole(job: &RawCopy<'_>, store: Store) {
     unsafe { run(&plan, job.src.ptr, job.dst.ptr, 0, plan.units, store) }
 }
 
+/// Jobs of at least this many bytes are planned up front to find row groups: below it a job
+/// is too small for the order of its reads to matter.
+const GROUP_MIN_BYTES: usize = 64 << 10;
+
+/// What makes consecutive planned jobs one row group: each copies `n` rows of `bytes`
+/// (contiguous on both sides; source rows `s` bytes apart) and the first source row starts
+/// at `row0`. Jobs whose source rows continue one another (a source partition cut into
+/// column blocks for several targets) are run row by row across the group, so that the
+/// source is read front to back instead of in stripes `s` apart: measured here on 8192² f32
+/// row blocks → column blocks, about 1.3x faster than job by job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct RowKey {
+    n: usize,
+    s: isize,
+    row0: usize,
+    bytes: usize,
+}
+
+fn row_key(plan: &Plan<'_>, src: *const u8) -> Option<RowKey> {
+    match (plan.kind, plan.outer.as_slice(), plan.inner_units) {
+        (Kind::Rows { bytes, .. }, [dim], 1) if plan.dst_distinct => Some(RowKey {
+            n: dim.n,
+            s: dim.s,
+            row0: src.wrapping_offset(plan.src_off) as usize,
+            bytes,
+        }),
+        _ => None,
+    }
+}
+
+/// Whether rows keyed `next` continue the rows keyed `prev` in the source.
+fn continues(prev: RowKey, next: RowKey) -> bool {
+    next.n == prev.n && next.s == prev.s && next.row0 == prev.row0.wrapping_add(prev.bytes)
+}
+
+fn job_bytes(job: &RawCopy<'_>) -> usize {
+    job.src.shape.iter().product::<usize>() * job.itemsize
+}
+
+/// How the jobs of one call are cut into pieces of about `target` bytes for threads.
+struct Schedule<'a> {
+    /// The jobs planned up front, in order: big ones, and row groups.
+    big: Vec<(Plan<'a>, Ptrs)>,
+    pieces: Vec<Piece>,
+}
+
+impl<'a> Schedule<'a> {
+    fn new(jobs: &[RawCopy<'a>], target: usize) -> Self {
+        let mut s = Schedule {
+            big: Vec::new(),
+            pieces: Vec::new(),
+        };
+        let (mut start, mut acc, mut j) = (0, 0, 0);
+        while j < jobs.len() {
+            let end = s.split(jobs, j, target);
+            if end > j {
+                if start < j {
+                    s.pieces.push(Piece::Jobs(start, j));
+                }
+                (start, acc, j) = (end, 0, end);
+                continue;
+            }
+            acc += job_bytes(&jobs[j]);
+            j += 1;
+            if acc >= target {
+                s.pieces.push(Piece::Jobs(start, j));
+                (start, acc) = (j, 0);
+            }
+        }
+        if start < jobs.len() {
+            s.pieces.push(Piece::Jobs(start, jobs.len()));
+        }
+        s
+    }
+
+    /// Plans job `j` and the jobs after it that continue its source rows, and cuts them into
+    /// pieces of units. Returns the index after the last job taken, or `j` if job `j` is
+    /// better batched whole with its neighbours.
+    fn split(&mut self, jobs: &[RawCopy<'a>], j: usize, target: usize) -> usize {
+        let planned = |job: &RawCopy<'_>| job_bytes(job) >= GROUP_MIN_BYTES.min(target);
+        let job = &jobs[j];
+        if !planned(job) {
+            return j;
+        }
+        let plan = plan_of(job);
+        // A job whose destination overlaps itself stays in one piece.
+        if !plan.dst_distinct || plan.units == 0 {
+            return j;
+        }
+        let (units, mut unit_bytes) = (plan.units, plan.unit_bytes);
+        let mut key = row_key(&plan, job.src.ptr);
+        let mut group = vec![(plan, ptrs(job))];
+        while let (Some(prev), Some(next)) = (key, jobs.get(j + group.len())) {
+            if !planned(next) {
+                break;
+            }
+            let plan = plan_of(next);
+            let Some(k) = row_key(&plan, next.src.ptr).filter(|k| continues(prev, *k)) else {
+                break;
+            };
+            (key, unit_bytes) = (Some(k), unit_bytes + k.bytes);
+            group.push((plan, ptrs(next)));
+        }
+        if group.len() == 1 && (units < 2 || unit_bytes * units < target) {
+            return j;
+        }
+        let end = j + group.len();
+        let a = self.big.len();
+        self.big.extend(group);
+        let b = self.big.len();
+        let per = (target / unit_bytes.max(1)).max(1);
+        let step = units.div_ceil(units.div_ceil(per));
+        self.pieces.extend(
+            (0..units)
+                .step_by(step)
+                .map(|lo| Piece::Units(a, b, lo, (lo + step).min(units))),
+        );
+        end
+    }
+}
+
+/// The sizes of the groups of jobs that `copy_boxes_tuned` runs unit by unit together (1 for
+/// a big job split alone), in order.
+#[cfg(test)]
+pub(crate) fn unit_groups(jobs: &[RawCopy<'_>], tuning: &Tuning) -> Vec<usize> {
+    let total = jobs.iter().map(job_bytes).sum();
+    let mut sizes: Vec<(usize, usize)> = Schedule::new(jobs, tuning.piece(total))
+        .pieces
+        .iter()
+        .filter_map(|p| match *p {
+            Piece::Units(a, b, ..) => Some((a, b - a)),
+            Piece::Jobs(..) => None,
+        })
+        .collect();
+    sizes.dedup();
+    sizes.into_iter().map(|(_, n)| n).collect()
+}
+
 /// [`copy_boxes_with`] with explicit tuning. Small jobs are planned by the thread that runs
 /// them (a plan is a few hundred bytes: storing thousands would cost more than copying tiny
-/// boxes); only jobs big enough to be split are planned up front.
+/// boxes); only jobs big enough to be split or grouped are planned up front.
 ///
 /// # Safety
 /// As for [`copy_boxes`].
 pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuning: &Tuning) {
-    let bytes = |j: &RawCopy<'_>| j.src.shape.iter().product::<usize>() * j.itemsize;
-    let total: usize = jobs.iter().map(bytes).sum();
+    let total: usize = jobs.iter().map(job_bytes).sum();
     let store = store_for(stores, total);
     if !tuning.parallel(total) {
         // SAFETY: forwarded caller contract, job by job.
@@ -277,56 +422,28 @@ pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuni
         stream::fence(store);
         return;
     }
-    let target = tuning.piece(total);
-    let mut big = Vec::new();
-    let mut pieces = Vec::new();
-    let (mut start, mut acc) = (0, 0);
-    for (j, job) in jobs.iter().enumerate() {
-        let b = bytes(job);
-        let plan = (b >= target).then(|| plan_of(job));
-        // A job whose destination overlaps itself stays in one piece.
-        let Some(plan) = plan.filter(|p| p.dst_distinct && p.units > 1) else {
-            acc += b;
-            if acc >= target {
-                pieces.push(Piece::Jobs(start, j + 1));
-                (start, acc) = (j + 1, 0);
-            }
-            continue;
-        };
-        if start < j {
-            pieces.push(Piece::Jobs(start, j));
-        }
-        (start, acc) = (j + 1, 0);
-        let per = (target / plan.unit_bytes.max(1)).max(1);
-        let step = plan.units.div_ceil(plan.units.div_ceil(per));
-        let p = big.len();
-        pieces.extend(
-            (0..plan.units)
-                .step_by(step)
-                .map(|lo| Piece::Part(p, lo, (lo + step).min(plan.units))),
-        );
-        big.push((
-            plan,
-            Ptrs {
-                src: job.src.ptr,
-                dst: job.dst.ptr,
-            },
-        ));
-    }
-    if start < jobs.len() {
-        pieces.push(Piece::Jobs(start, jobs.len()));
-    }
+    let Schedule { big, pieces } = Schedule::new(jobs, tuning.piece(total));
     let done = tuning.run(pieces.len(), 1, |k| {
         match pieces[k] {
             // SAFETY: forwarded caller contract, job by job.
             Piece::Jobs(a, b) => jobs[a..b]
                 .iter()
                 .for_each(|j| unsafe { run_whole(j, store) }),
-            Piece::Part(p, lo, hi) => {
-                let (plan, ptrs) = &big[p];
+            Piece::Units(a, b, lo, hi) if b - a == 1 => {
+                let (plan, ptrs) = &big[a];
                 // SAFETY: pieces cover disjoint unit ranges, and units of a plan whose
                 // destination elements are distinct write disjoint elements.
                 unsafe { run(plan, ptrs.src, ptrs.dst, lo, hi, store) }
+            }
+            Piece::Units(a, b, lo, hi) => {
+                for u in lo..hi {
+                    for (plan, ptrs) in &big[a..b] {
+                        // SAFETY: as above, per job of the group (all have `hi` units or more,
+                        // their row counts being equal); distinct jobs write disjoint memory
+                        // (caller contract).
+                        unsafe { run(plan, ptrs.src, ptrs.dst, u, u + 1, store) }
+                    }
+                }
             }
         }
         stream::fence(store);

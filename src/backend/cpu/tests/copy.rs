@@ -1,7 +1,9 @@
 //! Box copies against the naive copy.
 
 use super::*;
-use crate::backend::cpu::copy::{copy_boxes_tuned, RawCopy, Stores, SEQUENTIAL, TUNING};
+use crate::backend::cpu::copy::{
+    copy_boxes_tuned, unit_groups, RawCopy, Stores, SEQUENTIAL, TUNING,
+};
 use crate::backend::cpu::{copy_box, copy_strided, pack, unpack};
 
 const SHAPES: &[&[usize]] = &[
@@ -176,6 +178,116 @@ fn many_tiny_boxes_in_one_pass() {
         // SAFETY: the jobs' boxes tile the two buffers, which stay alive and unaliased.
         in_pool(|| unsafe { copy_boxes_tuned(&jobs, Stores::Auto, &tuning) });
         assert_eq!(dst.bytes, want, "{tuning:?}");
+    }
+}
+
+/// Row blocks of an `r x c` source (rows flipped or not) copied into column blocks, as a
+/// repartition does it: the jobs of one source block continue one another's rows, so they
+/// run row by row together. Every element must land in its place whatever the grouping.
+#[test]
+fn row_groups_match_the_naive_copy() {
+    let mut rng = Rng::new(9);
+    // Uneven blocks: 3 row blocks and 4 column blocks of differing sizes.
+    // Rows of 18 or more bytes: shorter ones that are machine words are moved as elements.
+    let (r, c) = if cfg!(miri) { (30, 72) } else { (50, 150) };
+    let row_cuts = [0, r / 3, 2 * r / 3 + 1, r];
+    let col_cuts = [0, c / 4, c / 2 + 1, 3 * c / 4, c];
+    // Miri is slow: two cases there.
+    let cases: Vec<(usize, bool)> = if cfg!(miri) {
+        vec![(4, true), (3, false)]
+    } else {
+        ITEMSIZES
+            .iter()
+            .flat_map(|&i| [(i, false), (i, true)])
+            .collect()
+    };
+    for (item, flip) in cases {
+        let src_strides = if flip {
+            vec![-(c as isize), 1]
+        } else {
+            vec![c as isize, 1]
+        };
+        let src = Buf::with_strides(&mut rng, &[r, c], src_strides, item);
+        // One destination buffer per column block, each C-order.
+        let widths: Vec<usize> = col_cuts.windows(2).map(|w| w[1] - w[0]).collect();
+        let mut dsts: Vec<Buf> = widths
+            .iter()
+            .map(|&w| Buf::contiguous(&mut rng, &[r, w], item))
+            .collect();
+        let (shapes, strides): (Vec<[usize; 2]>, Vec<[isize; 2]>) = row_cuts
+            .windows(2)
+            .flat_map(|rw| widths.iter().map(move |&w| [rw[1] - rw[0], w]))
+            .map(|sh| (sh, [src.strides[0], 1]))
+            .unzip();
+        let dst_strides: Vec<[isize; 2]> = widths.iter().map(|&w| [w as isize, 1]).collect();
+        let mut jobs = Vec::new();
+        for (bi, rw) in row_cuts.windows(2).enumerate() {
+            for (bj, cw) in col_cuts.windows(2).enumerate() {
+                let k = bi * widths.len() + bj;
+                jobs.push(RawCopy {
+                    src: SrcView {
+                        ptr: src.src().ptr.wrapping_offset(
+                            (rw[0] as isize * src.strides[0] + cw[0] as isize) * item as isize,
+                        ),
+                        shape: &shapes[k],
+                        strides: &strides[k],
+                    },
+                    dst: DstView {
+                        ptr: dsts[bj].dst().ptr.wrapping_add(rw[0] * widths[bj] * item),
+                        shape: &shapes[k],
+                        strides: &dst_strides[bj],
+                    },
+                    itemsize: item,
+                });
+            }
+        }
+        // With the tiny tuning (3 threads) every job is big enough to be planned, so each
+        // source block is one group of 4.
+        let groups = in_pool(|| unit_groups(&jobs, &TINY));
+        assert_eq!(groups, vec![4; 3], "item {item} flip {flip}");
+        let mut want: Vec<Vec<u8>> = dsts.iter().map(|d| d.bytes.clone()).collect();
+        for_each_index(&[r, c], |ix| {
+            let bj = col_cuts.windows(2).position(|w| ix[1] < w[1]).unwrap();
+            let o = dsts[bj].offset(&[ix[0], ix[1] - col_cuts[bj]]);
+            want[bj][o..o + item].copy_from_slice(src.item(ix));
+        });
+        // Pieces of two source rows, so that a piece runs several rows of its group.
+        let two_rows = Tuning {
+            piece_min: 2 * c * item,
+            piece_max: 2 * c * item,
+            ..TINY
+        };
+        let two_rows_reversed = Tuning {
+            reverse: true,
+            ..two_rows
+        };
+        assert_eq!(in_pool(|| unit_groups(&jobs, &two_rows)), vec![4; 3]);
+        let tunings = if cfg!(miri) {
+            vec![two_rows, two_rows_reversed]
+        } else {
+            vec![TINY, REVERSED, TUNING, two_rows, two_rows_reversed]
+        };
+        for tuning in tunings {
+            for d in &mut dsts {
+                d.bytes.iter_mut().for_each(|b| *b = 0xAA);
+            }
+            let mut want = want.clone();
+            for (w, d) in want.iter_mut().zip(&dsts) {
+                // Bytes outside the boxes keep the fill.
+                let (lo, hi) = (d.base, d.base + d.shape.iter().product::<usize>() * item);
+                w[..lo].iter_mut().for_each(|b| *b = 0xAA);
+                w[hi..].iter_mut().for_each(|b| *b = 0xAA);
+            }
+            // SAFETY: the jobs' boxes tile the source and the destination buffers, which
+            // stay alive and unaliased for the call.
+            in_pool(|| unsafe { copy_boxes_tuned(&jobs, Stores::Auto, &tuning) });
+            for (bj, d) in dsts.iter().enumerate() {
+                assert!(
+                    d.bytes == want[bj],
+                    "item {item} flip {flip} block {bj} {tuning:?}"
+                );
+            }
+        }
     }
 }
 
