@@ -159,3 +159,32 @@ def test_index_patterns(pattern):
         runs = idx.reshape(-1, b)
         assert np.all(runs[:, 0] % b == 0)
         assert np.all(np.diff(runs, axis=1) == 1)
+
+
+def test_measure_together_runs_round_robin_with_a_reset_before_each_timed_call():
+    from dlpart._bench.timing import measure_together
+
+    log = []
+    fns = {name: (lambda n=name: log.append(n)) for name in ("a", "b", "c")}
+    checked = []
+    times = measure_together(
+        fns, repeat=3, warmup=2, sync=lambda: None,
+        checks={"b": lambda r: checked.append(r)}, reset=lambda: log.append("reset"),
+    )
+    untimed = ["a", "b", "c"] * 2  # warm-up rounds: no reset
+    timed = ["reset", "a", "reset", "b", "reset", "c"] * 3
+    assert log == untimed + timed
+    assert checked == [None]
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+
+
+def test_cpu_clean_cache_reads_at_least_twice_the_largest_cache():
+    from dlpart._bench.env import _llc_bytes
+
+    env = CpuEnv()
+    try:
+        env.clean_cache()
+        assert env._scratch.nbytes >= 2 * _llc_bytes()
+    finally:
+        env.close()

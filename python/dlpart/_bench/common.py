@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from .timing import Result, Stats, measure
+from .timing import Result, Stats, measure, measure_together
 
 
 @dataclass
@@ -35,6 +35,22 @@ class Ctx:
     def stats(self, fn: Callable[[], Any], nbytes: int, check=None) -> Stats:
         times = measure(fn, repeat=self.repeat, warmup=self.warmup, sync=self.env.sync, check=check)
         return Stats(times, nbytes)
+
+    def stats_together(
+        self, fns: Dict[str, Callable[[], Any]], nbytes: int, check=None
+    ) -> Dict[str, Stats]:
+        """Stats of every function of `fns`, timed round-robin from a clean cache (see
+        `measure_together`); `check` validates the result of `fns["dlpart"]`."""
+        checks = {"dlpart": check} if check is not None else {}
+        times = measure_together(
+            fns,
+            repeat=self.repeat,
+            warmup=self.warmup,
+            sync=self.env.sync,
+            checks=checks,
+            reset=self.env.clean_cache,
+        )
+        return {name: Stats(t, nbytes) for name, t in times.items()}
 
     def memcpy(self, nbytes: int) -> Dict[str, Stats]:
         """The env's memcpy references for `nbytes` (each moves 2 * nbytes: read and write),

@@ -26,6 +26,7 @@ class CpuEnv:
         # every core, so on machines with more than two the all-core memcpy is named too.
         all_cores = (f"memcpy{self.threads}",) if self.threads > 2 else ()
         self.memcpy_primary = ("memcpy2",) + all_cores
+        self._scratch = None
 
     def close(self) -> None:
         self._pool.shutdown()
@@ -55,6 +56,15 @@ class CpuEnv:
 
     def sync(self) -> None:
         pass
+
+    def clean_cache(self) -> None:
+        """Leaves the caches holding clean lines only, by reading twice the last-level cache.
+        A copy that follows one that wrote with plain stores otherwise first pays for writing
+        back the other's dirty lines (measured here: about 10% of an 8192² float32 repartition
+        after numpy's per-block copy)."""
+        if self._scratch is None:
+            self._scratch = np.ones(max(2 * _llc_bytes(), 16 << 20), dtype=np.uint8)
+        self._scratch.sum(dtype=np.uint64)
 
     # -- references -----------------------------------------------------------------------------
     def memcpy_refs(self, nbytes: int) -> Dict[str, Callable[[], object]]:
@@ -108,6 +118,23 @@ def fill_host(shape: Sequence[int], dtype: str) -> np.ndarray:
         n = min(step, flat.size - i)
         flat[i : i + n] = np.arange(i, i + n, dtype=np.int64) % 251
     return out
+
+
+def _llc_bytes() -> int:
+    """The largest CPU cache of this machine in bytes (sysfs), 32 MiB if unknown."""
+    import glob
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=32 << 20)
 
 
 def _cpu_count() -> int:

@@ -92,25 +92,51 @@ def measure(
 ) -> List[float]:
     """Times `fn` `repeat` times after `warmup` untimed runs and returns the wall-clock seconds
     of each timed run. `check`, if given, validates the first untimed result (one untimed run is
-    made for it even with no warm-up). Each result is dropped before the next run starts, outside
-    the timed region, and the collector is paused so that it cannot fire inside one."""
+    made for it even with no warm-up)."""
+    checks = {"fn": check} if check is not None else {}
+    return measure_together({"fn": fn}, repeat=repeat, warmup=warmup, sync=sync, checks=checks)["fn"]
+
+
+def measure_together(
+    fns: Dict[str, Callable[[], Any]],
+    *,
+    repeat: int,
+    warmup: int,
+    sync: Callable[[], None],
+    checks: Optional[Dict[str, Callable[[Any], None]]] = None,
+    reset: Optional[Callable[[], None]] = None,
+) -> Dict[str, List[float]]:
+    """Times every function of `fns` round-robin: `warmup` untimed rounds, then `repeat` timed
+    rounds, each calling every function once. On a shared machine, load that comes and goes
+    then slows all of them alike, so their ratios stay meaningful where timing one after the
+    other would not. `checks[name]` validates the first untimed result of `fns[name]` (one
+    untimed round is made for it even with no warm-up). `reset`, if given, runs before every
+    timed call, outside the timed region: the env's cache cleaning, so that no function pays
+    for the dirty lines the one before it left behind. Each result is dropped before the next
+    call, outside the timed region, and the collector is paused so that it cannot fire inside
+    one."""
+    checks = checks or {}
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for i in range(max(warmup, 1 if check is not None else 0)):
-            r = fn()
-            sync()
-            if i == 0 and check is not None:
-                check(r)
-            r = None
-        times = []
+        for i in range(max(warmup, 1 if checks else 0)):
+            for name, fn in fns.items():
+                r = fn()
+                sync()
+                if i == 0 and name in checks:
+                    checks[name](r)
+                r = None
+        times: Dict[str, List[float]] = {name: [] for name in fns}
         for _ in range(repeat):
-            t0 = time.perf_counter()
-            r = fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-            r = None
+            for name, fn in fns.items():
+                if reset is not None:
+                    reset()
+                t0 = time.perf_counter()
+                r = fn()
+                sync()
+                times[name].append(time.perf_counter() - t0)
+                r = None
         return times
     finally:
         if was_enabled:
