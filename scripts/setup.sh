@@ -25,6 +25,7 @@ dask==2026.8.0
 distributed==2026.8.0
 ray==2.60.0
 nvidia-cuda-nvrtc-cu12==12.9.86
+nvidia-cuda-nvrtc==13.5.37
 hypothesis==6.170.15
 pytest==9.2.0
 pytest-timeout==2.4.0

@@ -30,7 +30,13 @@ step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; 
 step_cargo-test() { cargo test; }
 # The CUDA backend's host-side tests, and every kernel compiled to PTX by NVRTC (no GPU needed);
 # DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather than a skip.
-step_cargo-test-cuda() { DLPART_REQUIRE_NVRTC=1 cargo test --features cuda --lib --test cuda_ptx --test cuda_backend; }
+# The kernels compile with both NVRTC majors a GPU machine may carry: 12 (the default loader
+# path set by setup.sh) and 13 (the lent GPU machines' CUDA), found by its own soname.
+step_cargo-test-cuda() {
+    DLPART_REQUIRE_NVRTC=1 cargo test --features cuda --lib --test cuda_ptx --test cuda_backend &&
+        DLPART_REQUIRE_NVRTC=1 DLPART_NVRTC_MAJOR=13 LD_LIBRARY_PATH="$_dlpart_site/nvidia/cu13/lib" \
+            cargo test --features cuda --test cuda_ptx
+}
 # Miri runs the modules with unsafe code. The grid and planner hold none, and their
 # 65,536-partition tests would take Miri hours; one kernel test loops over thousands of random
 # layouts and runs natively only (its small siblings cover the same code under Miri).

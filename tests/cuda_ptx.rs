@@ -3,7 +3,8 @@
 //! Needs libnvrtc on the loader path, e.g.
 //! `LD_LIBRARY_PATH=$VENV/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib`.
 //! When libnvrtc cannot be loaded at all each test prints `SKIP:` and passes; a compile
-//! error or a missing entry point fails.
+//! error or a missing entry point fails. `DLPART_REQUIRE_NVRTC` (any value) makes a missing
+//! libnvrtc fail; `DLPART_NVRTC_MAJOR=N` also fails unless the loaded NVRTC is version N.
 #![cfg(feature = "cuda")]
 
 use std::collections::BTreeSet;
@@ -14,7 +15,19 @@ use dlpart::Error;
 /// `None` (after printing the reason) when libnvrtc is not loadable on this machine.
 fn nvrtc_or_skip(test: &str) -> Option<(i32, i32)> {
     match nvrtc::version() {
-        Ok(v) => Some(v),
+        Ok(v) => {
+            if let Some(want) = std::env::var_os("DLPART_NVRTC_MAJOR") {
+                let want = want.to_string_lossy();
+                assert_eq!(
+                    v.0.to_string(),
+                    want,
+                    "{test}: NVRTC {}.{} loaded",
+                    v.0,
+                    v.1
+                );
+            }
+            Some(v)
+        }
         Err(Error::BackendUnavailable { reason, .. }) => {
             // CI installs libnvrtc and sets this, so a broken loader fails instead of skipping.
             if std::env::var_os("DLPART_REQUIRE_NVRTC").is_some() {

@@ -30,8 +30,9 @@ step() { # step NAME STATUS
     [ "$2" -eq 0 ] || failed=1
 }
 
-# libnvrtc: from the CUDA wheels torch/cupy pull in, or a toolkit. cudarc (built for CUDA 12)
-# opens libnvrtc.so or libnvrtc.so.12; a CUDA-13-only machine gets a libnvrtc.so link.
+# libnvrtc: from the CUDA wheels torch/cupy pull in, or a toolkit. cudarc (built for CUDA 13)
+# opens libnvrtc.so, libnvrtc.so.13 or libnvrtc.so.12; the link below also covers a machine
+# whose only libnvrtc has another name.
 sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
 nvrtc=$(find $sites /usr/local /usr/lib /opt -maxdepth 6 \
     \( -name 'libnvrtc.so.12' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so' \) 2>/dev/null \

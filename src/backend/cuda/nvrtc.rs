@@ -92,9 +92,10 @@ fn with_nvrtc<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     // SAFETY: only probes whether the shared library can be opened; no symbol is called.
     if !unsafe { sys::is_culib_present() } {
         return Err(unavailable(
-            "libnvrtc could not be loaded: put the directory holding libnvrtc.so.12 on \
-             LD_LIBRARY_PATH (for example site-packages/nvidia/cuda_nvrtc/lib from the \
-             nvidia-cuda-nvrtc-cu12 wheel)"
+            "libnvrtc could not be loaded: put the directory holding libnvrtc.so.13 or \
+             libnvrtc.so.12 on LD_LIBRARY_PATH (for example site-packages/nvidia/cu13/lib \
+             from the nvidia-cuda-nvrtc wheel, or site-packages/nvidia/cuda_nvrtc/lib from \
+             nvidia-cuda-nvrtc-cu12)"
                 .into(),
         ));
     }
