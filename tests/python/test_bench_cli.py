@@ -188,3 +188,76 @@ def test_cpu_clean_cache_reads_at_least_twice_the_largest_cache():
         assert env._scratch.nbytes >= 2 * _llc_bytes()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", 3.35e12),
+    ("NVIDIA H100 PCIe", 2.0e12),
+    ("NVIDIA H100 NVL", 3.9e12),
+    ("NVIDIA H200", 4.8e12),
+    ("NVIDIA GH200 480GB", 4.0e12),
+    ("NVIDIA A100-SXM4-80GB", 2.039e12),
+    ("NVIDIA A100-PCIE-40GB", 1.555e12),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_datasheet_bandwidth_by_gpu_name(name, expected):
+    from dlpart._bench.cuda import datasheet_bandwidth
+
+    assert datasheet_bandwidth(name) == expected
+
+
+class _FakeCudaEnv(CpuEnv):
+    """numpy standing in for a CUDA env, to check how the GPU targets are wired on a machine
+    without a GPU: the names and ratios, not the figures."""
+
+    kind = "cuda"
+    lib = "torch"
+    direct = "torch-direct"
+    concat_split_name = "torch-concat-split"
+
+    def __init__(self):
+        super().__init__()
+        self.memcpy_primary = ("memcpyD2D", "copy-kernel")
+
+    def info(self):
+        return {"device": "kDLCPU", "gpu": "NVIDIA H100 80GB HBM3"}
+
+    def datasheet(self):
+        from dlpart._bench.cuda import datasheet_bandwidth
+
+        return datasheet_bandwidth(self.info()["gpu"])
+
+    def memcpy_refs(self, nbytes):
+        refs = super().memcpy_refs(nbytes)
+        return {"memcpyD2D": refs["memcpy1"], "copy-kernel": refs["memcpy2"]}
+
+
+def test_gpu_targets_are_set_on_the_cases_the_issue_names():
+    from dlpart._bench import workloads
+    from dlpart._bench.common import Ctx
+    from dlpart._bench.timing import Result
+
+    env = _FakeCudaEnv()
+    try:
+        full = Ctx(env=env, repeat=1, warmup=0, quick=False)
+        names = {c.name for make in workloads() for c in make(full)}
+        assert {"rows_to_cols_into/float32-1GiB", "rows_to_cols/float32-1GiB"} <= names
+        assert "rows_to_cols_into/float64-1GiB" not in names
+
+        ctx = Ctx(env=env, repeat=1, warmup=0, quick=True)
+        cases = {c.name: c for make in workloads() for c in make(ctx)}
+        res = Result("rows_to_cols_into/float32", "1", dict(cases["rows_to_cols_into/float32"].params))
+        cases["rows_to_cols_into/float32"].run(ctx, res)
+        assert set(res.targets) == {"dlpart/memcpyD2D", "dlpart/torch-concat-split",
+                                    "dlpart/datasheet"}
+        assert set(res.targets) <= set(res.ratios)
+        assert res.ratios["dlpart/datasheet"] == pytest.approx(res.stats.bandwidth / 3.35e12)
+        assert res.ratios["dlpart/memcpyD2D"] == pytest.approx(
+            res.references["memcpyD2D"].median / res.stats.median)
+
+        res = Result("gather/block32", "5", dict(cases["gather/block32"].params))
+        cases["gather/block32"].run(ctx, res)
+        assert res.targets == {"dlpart/memcpyD2D": 0.6}
+        assert "dlpart/memcpyD2D" in res.ratios
+    finally:
+        env.close()

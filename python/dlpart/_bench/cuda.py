@@ -1,5 +1,6 @@
-"""The CUDA env: arrays and references through cupy (preferred) or torch. Only imported when a
-run asks for, or probes, kDLCUDA; every CUDA import lives here."""
+"""The CUDA env: arrays and references through torch (preferred: dlpart's GPU targets are set
+against torch's cat + split + contiguous and cudaMemcpy device-to-device) or cupy. Only
+imported when a run asks for, or probes, kDLCUDA; every CUDA import lives here."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def open_env(device_id: int) -> Tuple[Optional[object], str]:
         if reason is not None:
             return None, reason
     env, reasons, missing = None, [], 0
-    for make in (_CupyEnv, _TorchEnv):
+    for make in (_TorchEnv, _CupyEnv):
         try:
             env = make(device_id)
             break
@@ -48,6 +49,44 @@ def open_env(device_id: int) -> Tuple[Optional[object], str]:
     return env, ""
 
 
+# HBM bandwidth by the vendors' datasheets, bytes/s, by a distinctive part of the name the
+# driver reports. Longer keys are tried first ("H100 PCIe" before "H100").
+DATASHEET_BANDWIDTH = {
+    "H200": 4.8e12,
+    "H100 NVL": 3.9e12,
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,  # SXM5, reported as "NVIDIA H100 80GB HBM3"
+    "GH200": 4.0e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100 80GB PCIe": 1.935e12,
+    "A100": 1.555e12,  # 40 GB parts
+    "L40S": 0.864e12,
+    "L4": 0.3e12,
+}
+
+
+def datasheet_bandwidth(gpu_name: str) -> Optional[float]:
+    """The datasheet memory bandwidth of the GPU named `gpu_name` (bytes/s), or None when the
+    name is not in `DATASHEET_BANDWIDTH`."""
+    for key in sorted(DATASHEET_BANDWIDTH, key=len, reverse=True):
+        if key in gpu_name:
+            return DATASHEET_BANDWIDTH[key]
+    return None
+
+
+def _driver_version() -> Optional[str]:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+
+
 class _CudaEnvBase:
     kind = "cuda"
     lib = ""
@@ -58,6 +97,11 @@ class _CudaEnvBase:
         self.device_id = device_id
         self.direct = f"{self.lib}-direct"
         self.concat_split_name = f"{self.lib}-concat-split"
+        self._scratch = None
+
+    def datasheet(self) -> Optional[float]:
+        """This GPU's datasheet memory bandwidth (bytes/s), or None if unknown."""
+        return datasheet_bandwidth(str(self.info().get("gpu", "")))
 
     def close(self) -> None:
         pass
@@ -68,7 +112,7 @@ class _CudaEnvBase:
     def clean_cache(self) -> None:
         """Leaves L2 holding clean lines only, by reading 128 MiB (over twice the L2 of the
         GPUs dlpart is measured on): see `CpuEnv.clean_cache`."""
-        if getattr(self, "_scratch", None) is None:
+        if self._scratch is None:
             self._scratch = self.from_host(np.ones(128 << 20, dtype=np.uint8))
         self._scratch.sum()
         self.sync()
@@ -95,6 +139,7 @@ class _CupyEnv(_CudaEnvBase):
             "gpu_memory": props["totalGlobalMem"],
             "array_library": f"cupy {self.cp.__version__}",
             "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
+            "driver": _driver_version() or self.cp.cuda.runtime.driverGetVersion(),
         }
 
     def empty(self, shape, dtype):
@@ -161,6 +206,7 @@ class _TorchEnv(_CudaEnvBase):
             "gpu_memory": p.total_memory,
             "array_library": f"torch {self.torch.__version__}",
             "cuda_runtime": self.torch.version.cuda,
+            "driver": _driver_version(),
         }
 
     def _dtype(self, dtype: str):

@@ -144,6 +144,10 @@ def _gather(ctx: Ctx, res: Result) -> None:
     res.ratio(name)
     if res.params["pattern"] == "random" and env.kind == "cpu":
         res.targets = {f"dlpart/{name}": 1.0}
+    if res.params["pattern"] == "block32" and env.kind == "cuda":
+        # The GPU target: gather's bandwidth (indices and values) against a plain copy's.
+        ctx.add_memcpy(res, n * 4)
+        res.targets = {"dlpart/memcpyD2D": 0.6}
 
 
 def _scatter(ctx: Ctx, res: Result) -> None:

@@ -17,21 +17,33 @@ from .common import (
 from .timing import Result, fmt_bytes
 
 ROWS_TO_COLS_TARGETS = {"dlpart/memcpy2": 0.8, "dlpart/numpy-direct": 2.0}
+# On a GPU, for float32: against cudaMemcpy device-to-device of the same bytes, torch's
+# cat + split + contiguous, and the datasheet HBM bandwidth (bytes read + written).
+GPU_ROWS_TO_COLS_TARGETS = {
+    "dlpart/memcpyD2D": 1.1,
+    "dlpart/torch-concat-split": 1.8,
+    "dlpart/datasheet": 0.8,
+}
 
 
 # -- 1. row blocks -> column blocks ---------------------------------------------------------------
 def rows_to_cols_cases(ctx: Ctx) -> List[Case]:
     n = 1024 if ctx.quick else 8192
+    sizes = [("", n)]
+    if ctx.env.kind == "cuda" and not ctx.quick:
+        sizes.append(("-1GiB", 16384))  # 16384² float32: the GPU targets' 1 GiB case
     return [
         Case(
-            f"rows_to_cols{'_into' if into else ''}/{dt}",
+            f"rows_to_cols{'_into' if into else ''}/{dt}{suffix}",
             "1",
-            {"shape": [n, n], "dtype": dt, "source_tiling": [4, 1], "target_tiling": [1, 4],
+            {"shape": [m, m], "dtype": dt, "source_tiling": [4, 1], "target_tiling": [1, 4],
              "targets": "preallocated (repartition_into)" if into else "new (repartition)"},
             partial(_rows_to_cols, into=into),
         )
         for into in (True, False)
         for dt in ("float32", "float64", "uint8")
+        for suffix, m in sizes
+        if not suffix or dt == "float32"
     ]
 
 
@@ -83,6 +95,13 @@ def _rows_to_cols(ctx: Ctx, res: Result, into: bool) -> None:
         res.ratio("memcpy1-alloc")
     if env.kind == "cpu" and into:
         res.targets = dict(ROWS_TO_COLS_TARGETS)
+    if env.kind == "cuda":
+        datasheet = env.datasheet()
+        if datasheet is not None:
+            res.extra["datasheet_bandwidth"] = datasheet
+            res.ratios["dlpart/datasheet"] = res.stats.bandwidth / datasheet
+        if p["dtype"] == "float32":
+            res.targets = dict(GPU_ROWS_TO_COLS_TARGETS)
 
 
 # -- 2. 2x2 blocks -> block-cyclic ----------------------------------------------------------------
