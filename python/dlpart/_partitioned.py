@@ -83,7 +83,8 @@ class PartitionedArray:
                  locals=None, get=None):
         self._shape = tuple(int(n) for n in shape)
         self._splits = tuple(tuple(s) for s in splits)
-        self._partitions: Dict[Position, Partition] = dict(partitions)
+        self._partitions: Optional[Dict[Position, Partition]] = dict(partitions)
+        self._lazy = None
         self._locals = None if locals is None else [tuple(p) for p in locals]
         self._get = get
         self._dtype = dtype
@@ -92,6 +93,30 @@ class PartitionedArray:
         except BaseException:
             self._partitions = {}  # a traceback keeps `self` alive: let go of the tensors now
             raise
+
+    @classmethod
+    def _of_tensors(cls, shape, splits, tensors: List[Tensor], devices: Sequence[Device],
+                    dtype) -> "PartitionedArray":
+        """An array over ``splits`` whose partitions are ``tensors`` (C order) on ``devices``,
+        all made by dlpart for exactly these boxes, so unchecked. The `Partition` objects are
+        built on first use: for grids of tens of thousands of small partitions they would cost
+        more than the copy that made the tensors."""
+        self = cls.__new__(cls)
+        self._shape = tuple(shape)
+        self._splits = tuple(tuple(s) for s in splits)
+        self._partitions = None
+        self._lazy = (list(tensors), list(devices))
+        self._locals = None
+        self._get = None
+        self._dtype = dtype
+        return self
+
+    def _parts(self) -> Dict[Position, Partition]:
+        if self._partitions is None:
+            tensors, devices = self._lazy
+            self._partitions = _partitions_of(self._splits, tensors, devices)
+            self._lazy = None
+        return self._partitions
 
     def _check_data(self):
         """Invariants 6, 7 and 9 of the grid (see the Rust `grid` module) for the data held."""
@@ -102,7 +127,7 @@ class PartitionedArray:
             raise ProtocolError(problem)
 
     def _data_problem(self) -> Optional[str]:
-        for p in self._partitions.values():
+        for p in self._parts().values():
             t = p._tensor
             if t is None:
                 continue
@@ -145,7 +170,7 @@ class PartitionedArray:
 
     @property
     def partitions(self) -> Mapping[Position, Partition]:
-        return self._partitions
+        return self._parts()
 
     @property
     def locals(self) -> Optional[List[Position]]:
@@ -156,7 +181,9 @@ class PartitionedArray:
     def devices(self) -> List[Device]:
         """The distinct devices the partitions live on, in order of first appearance."""
         seen = []
-        for p in self._partitions.values():
+        if self._lazy is not None:
+            return list(dict.fromkeys(self._lazy[1]))
+        for p in self._parts().values():
             d = p.device
             if d is not None and d not in seen:
                 seen.append(d)
@@ -173,7 +200,7 @@ class PartitionedArray:
     def __partitioned__(self) -> dict:
         """The draft-2 ``__partitioned__`` dict. It pickles: tensors by value, handles as handles."""
         parts = {}
-        for pos, p in self._partitions.items():
+        for pos, p in self._parts().items():
             data = p._tensor if p._tensor is not None else p._handle
             locs = p.locations or ((here(p._tensor.device),) if p._tensor is not None else ())
             parts[pos] = {
@@ -196,8 +223,11 @@ class PartitionedArray:
     def fetch(self, positions: Optional[Iterable[Position]] = None) -> "PartitionedArray":
         """Resolves the handles of ``positions`` (default: all) through ``get`` in one call and
         imports their data through DLPack. Returns self."""
-        wanted = [self._partitions[tuple(p)] for p in positions] if positions is not None else list(
-            self._partitions.values())
+        if self._lazy is not None:
+            return self  # every partition holds a tensor
+        parts = self._parts()
+        wanted = [parts[tuple(p)] for p in positions] if positions is not None else list(
+            parts.values())
         pending = [p for p in wanted if p._tensor is None and p._handle is not None]
         if not pending:
             return self
@@ -212,10 +242,10 @@ class PartitionedArray:
             new = dict(zip((p.position for p in pending), imported))
             dtype = self._dtype  # with no data here yet, the first fetched tensor sets it
             for pos, t in new.items():
-                if t.shape != self._partitions[pos].shape:
+                if t.shape != parts[pos].shape:
                     raise ProtocolError(
                         f"__partitioned__['partitions'] at position {pos}: fetched data of shape "
-                        f"{t.shape} for an entry of shape {self._partitions[pos].shape} "
+                        f"{t.shape} for an entry of shape {parts[pos].shape} "
                         "(grid invariant 7)"
                     )
                 if dtype is None:
@@ -239,10 +269,12 @@ class PartitionedArray:
 
     def tensors(self) -> List[Tensor]:
         """Every partition's tensor in C order of positions (fetching handles first)."""
+        if self._lazy is not None:
+            return list(self._lazy[0])
         self.fetch()
-        out = []
+        parts, out = self._parts(), []
         for pos in itertools.product(*(range(n) for n in self.tiling)):
-            t = self._partitions[pos]._tensor
+            t = parts[pos]._tensor
             if t is None:
                 raise ProtocolError(
                     f"__partitioned__['partitions'] at position {pos}: no data here (another "
@@ -287,8 +319,8 @@ class PartitionedArray:
         """Every partition copied onto ``device`` (an explicit transfer), same grid."""
         target = Device(device)
         moved = [t if t.device == target else t.to(target) for t in self.tensors()]
-        parts = _partitions_of(self._splits, moved, itertools.repeat(target))
-        return PartitionedArray(self._shape, self._splits, parts, dtype=self._dtype)
+        return PartitionedArray._of_tensors(self._shape, self._splits, moved,
+                                            [target] * len(moved), self._dtype)
 
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
@@ -369,8 +401,7 @@ def _repartition(pa: "PartitionedArray", tiling, splits, block_cyclic, devices, 
                                  transfer)
     else:
         out = _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer)
-    return PartitionedArray(pa.shape, dst_splits, _partitions_of(dst_splits, out, dst_devs),
-                            dtype=pa.dtype)
+    return PartitionedArray._of_tensors(pa.shape, dst_splits, out, dst_devs, pa.dtype)
 
 
 def _boxes(splits):

@@ -54,3 +54,27 @@ def test_exactly_one_target_layout():
         pa.repartition((2, 2), splits=[[0, 4], [0, 4]])
     with pytest.raises(ValueError, match="exactly one"):
         pa.repartition()
+
+
+def test_a_repartition_result_builds_its_partitions_on_first_use():
+    a = np.arange(7 * 9, dtype=np.float64).reshape(7, 9)
+    out = dlpart.partition(a, (2, 3)).repartition(splits=[[0, 3, 7], [0, 2, 5, 9]])
+    # Before any Partition object exists: the tensors, devices and a round trip through repartition.
+    tensors = out.tensors()
+    assert [t.shape for t in tensors] == [(3, 2), (3, 3), (3, 4), (4, 2), (4, 3), (4, 4)]
+    assert out.devices == [dlpart.Device("kDLCPU")]
+    np.testing.assert_array_equal(np.from_dlpack(out.repartition(tiling=(1, 1)).assemble()), a)
+    # The partitions, built now, hold the same tensors at the right boxes.
+    parts = out.partitions
+    assert sorted(parts) == [(i, j) for i in range(2) for j in range(3)]
+    for (i, j), p in parts.items():
+        assert p.position == (i, j)
+        assert p.start == ((0, 3)[i], (0, 2, 5)[j])
+        assert p.tensor is tensors[3 * i + j]
+        assert p.locations[0].device == dlpart.Device("kDLCPU")
+        r0, c0 = p.start
+        h, w = p.shape
+        np.testing.assert_array_equal(np.from_dlpack(p.tensor), a[r0:r0 + h, c0:c0 + w])
+    assert [t for t in out.tensors()] == tensors
+    d = out.__partitioned__
+    assert d["partition_tiling"] == (2, 3) and d["partitions"][(1, 2)]["start"] == (3, 5)
