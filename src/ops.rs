@@ -206,8 +206,20 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
             // `indices` while `s` is used, and aligned (checked just above).
             let s = unsafe { std::slice::from_raw_parts(ptr, n) };
-            // One vectorisable min/max pass per chunk; the slow search for the first bad
-            // index only runs when there is one.
+            // The common case first: every index in [0, len), which one unsigned compare per
+            // index tells (negative ones wrap to huge values). AVX2 has no 64-bit min/max, so
+            // this count vectorises where a min/max pass does not (about 4x faster here).
+            let outside = |c: &[i64]| c.iter().filter(|&&v| v as u64 >= len as u64).count();
+            let none_outside = if n < PARALLEL_INDICES {
+                outside(s) == 0
+            } else {
+                s.par_chunks(1 << 16).map(outside).sum::<usize>() == 0
+            };
+            if none_outside {
+                return Ok(indices.clone());
+            }
+            // Negative or bad indices: the min/max pass, and the slow search for the first bad
+            // index only when there is one.
             let span = |c: &[i64]| {
                 c.iter()
                     .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))

@@ -227,3 +227,23 @@ def test_huge_unsigned_index_is_named_with_its_axis():
     with pytest.raises(IndexError, match=r"index 9223372036854775813 is out of bounds for axis 1 "
                                          r"with size 3"):
         dlpart.gather(np.zeros((2, 3)), np.array([2**63 + 5], np.uint64), axis=1)
+
+
+@pytest.mark.parametrize("where", [0, (1 << 21) // 2, (1 << 21) - 1])
+@pytest.mark.parametrize("bad", ["past_end", "before_start", "negative_ok"])
+def test_long_index_arrays_are_checked_in_parallel_pieces(where, bad):
+    # 2M int64 indices: the range check runs in parallel chunks (1M and up), and one index at
+    # the start, the middle or the end decides between the fast path, the fix-up of negative
+    # indices and an IndexError raised before anything is written.
+    rng = np.random.default_rng(where)
+    x = rng.random(1000).astype(np.float32)
+    idx = rng.integers(0, 1000, 1 << 21)
+    idx[where] = {"past_end": 1000, "before_start": -1001, "negative_ok": -3}[bad]
+    out = np.full(1 << 21, np.nan, np.float32)
+    if bad == "negative_ok":
+        dlpart.gather(x, idx, axis=0, out=out)
+        np.testing.assert_array_equal(out, np.take(x, idx))
+    else:
+        with pytest.raises(IndexError, match=str(idx[where])):
+            dlpart.gather(x, idx, axis=0, out=out)
+        assert np.isnan(out).all()
