@@ -37,14 +37,15 @@ class Ctx:
         return Stats(times, nbytes)
 
     def stats_together(
-        self, fns: Dict[str, Callable[[], Any]], nbytes: int, check=None
+        self, fns: Dict[str, Callable[[], Any]], nbytes: int, check=None, rounds: int = 1
     ) -> Dict[str, Stats]:
         """Stats of every function of `fns`, timed round-robin from a clean cache (see
-        `measure_together`); `check` validates the result of `fns["dlpart"]`."""
+        `measure_together`), `rounds` times the run's repeat count; `check` validates the
+        result of `fns["dlpart"]`."""
         checks = {"dlpart": check} if check is not None else {}
         times = measure_together(
             fns,
-            repeat=self.repeat,
+            repeat=self.repeat * rounds,
             warmup=self.warmup,
             sync=self.env.sync,
             checks=checks,
