@@ -247,3 +247,18 @@ def test_long_index_arrays_are_checked_in_parallel_pieces(where, bad):
         with pytest.raises(IndexError, match=str(idx[where])):
             dlpart.gather(x, idx, axis=0, out=out)
         assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_faces_of_a_strided_cube_match_numpy_take(axis):
+    # Few indices over slabs of 4096+ elements run as box copies: faces, a repeated index and
+    # a negative one, from a cube stored reversed and with gaps.
+    rng = np.random.default_rng(axis)
+    base = rng.random((70, 140, 66)).astype(np.float32)
+    x = base[::-1, ::2, 1:-1]  # negative, stepped and offset strides: shape (70, 70, 64)
+    idx = np.array([0, x.shape[axis] - 1, -1, 3, 3])
+    out_shape = list(x.shape)
+    out_shape[axis] = len(idx)
+    out = np.full(out_shape, np.nan, np.float32)
+    dlpart.gather(x, idx, axis=axis, out=out)
+    np.testing.assert_array_equal(out, np.take(x, idx, axis=axis))

@@ -16,7 +16,9 @@
 
 use std::marker::PhantomData;
 
-use super::copy::{store_for, DstView, Ptrs, SrcView, Stores, Tuning, TUNING};
+use super::copy::{
+    copy_boxes_tuned, store_for, DstView, Ptrs, RawCopy, SrcView, Stores, Tuning, TUNING,
+};
 use super::index_loop::{schedule, BlockUnit, BoxUnit, Word};
 use super::plan::{is_word, Dim, Dims, Kind, Orig, Plan, MAX_DIMS};
 use crate::error::{tuple_string, Error, Result};
@@ -64,7 +66,86 @@ pub(crate) unsafe fn gather_tuned(
         indices.len(),
     )?;
     // SAFETY: forwarded caller contract; shapes checked.
+    if unsafe { gather_slabs(src, indices, axis, dst, itemsize, tuning)? } {
+        return Ok(());
+    }
+    // SAFETY: forwarded caller contract; shapes checked.
     unsafe { index::<false>(src, indices, axis, dst, itemsize, tuning) }
+}
+
+/// Gathers of at most this many indices, each selecting a slab of at least
+/// [`SLAB_MIN_ELEMENTS`] elements, run as one box copy per index.
+const SLAB_INDICES: usize = 64;
+const SLAB_MIN_ELEMENTS: usize = 4096;
+
+/// A gather of a few indices over big slabs (the faces of a cube, a handful of rows) as one
+/// box copy per index, slab `indices[i]` of `src` into slab `i` of `dst`: the box copies
+/// move strided slabs with tuned kernels on every thread, where the index loop pays a
+/// per-element step for each of them. Returns `Ok(false)`, having done nothing, when the
+/// gather is not of that shape or `dst`'s slabs could share memory.
+///
+/// # Safety
+/// As for [`gather`], with shapes checked.
+unsafe fn gather_slabs(
+    src: SrcView<'_>,
+    indices: &[i64],
+    axis: usize,
+    dst: DstView<'_>,
+    itemsize: usize,
+    tuning: &Tuning,
+) -> Result<bool> {
+    let m = indices.len();
+    let numel: usize = dst.shape.iter().product();
+    if !(1..=SLAB_INDICES).contains(&m) || numel / m < SLAB_MIN_ELEMENTS {
+        return Ok(false);
+    }
+    let len = src.shape[axis];
+    if let Some(i) = indices.iter().position(|&j| j as u64 >= len as u64) {
+        return Err(Error::IndexOutOfRange {
+            index: indices[i] as i128,
+            axis,
+            len,
+        });
+    }
+    let mut slab = dst.shape.to_vec();
+    slab[axis] = 1;
+    let item = itemsize as isize;
+    let dst_at = |i: usize| {
+        dst.ptr
+            .wrapping_offset(i as isize * dst.strides[axis] * item)
+    };
+    // Box copies run in parallel, so the slabs written must not share memory.
+    let mut spans: Vec<(usize, usize)> = (0..m)
+        .map(|i| super::span(dst_at(i), &slab, dst.strides, itemsize))
+        .collect();
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| super::overlap(w[0], w[1])) {
+        return Ok(false);
+    }
+    let jobs: Vec<RawCopy<'_>> = indices
+        .iter()
+        .enumerate()
+        .map(|(i, &j)| RawCopy {
+            src: SrcView {
+                ptr: src
+                    .ptr
+                    .wrapping_offset(j as isize * src.strides[axis] * item),
+                shape: &slab,
+                strides: src.strides,
+            },
+            dst: DstView {
+                ptr: dst_at(i),
+                shape: &slab,
+                strides: dst.strides,
+            },
+            itemsize,
+        })
+        .collect();
+    // SAFETY: every slab lies inside the caller's boxes (indices checked just above); the
+    // destination slabs are disjoint (checked above) and `dst` does not overlap `src`
+    // (caller contract).
+    unsafe { copy_boxes_tuned(&jobs, Stores::Auto, tuning) };
+    Ok(true)
 }
 
 /// `dst[.., indices[i], ..] = values[.., i, ..]` along `axis`; when indices repeat, the

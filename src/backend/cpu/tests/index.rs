@@ -302,3 +302,56 @@ fn mismatched_shapes_are_refused() {
     let e = unsafe { scatter_tuned(src.src(), &[0], 2, dst.dst(), 4, &TINY) }.unwrap_err();
     assert!(e.to_string().contains("axis 2"), "{e}");
 }
+
+/// Few indices over slabs of 4096 elements or more run as box copies (`gather_slabs`):
+/// every axis, random layouts and item sizes, against the naive loop.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "slabs of 4096 elements take minutes under Miri; the box copies this path runs \
+              are covered there by the copy tests"
+)]
+fn few_indices_over_big_slabs() {
+    let mut rng = Rng::new(17);
+    let cases: &[(&[usize], usize)] = &[
+        (&[5, 64, 70], 0),
+        (&[64, 3, 80], 1),
+        (&[64, 70, 3], 2),
+        (&[2, 4096], 0),
+    ];
+    let (items, counts): (&[usize], &[usize]) = (&[4, 1, 2, 8, 16, 3, 12], &[1, 3, 64]);
+    for &(shape, axis) in cases {
+        for &m in counts {
+            // The largest count with one item size: the naive loop is slow in debug builds.
+            for &item in if m > 3 { &items[..1] } else { items } {
+                let idx = indices(&mut rng, m, shape[axis]);
+                for tuning in [TINY, TUNING] {
+                    check_gather(&mut rng, shape, axis, &idx, item, &tuning);
+                }
+            }
+        }
+    }
+}
+
+/// A bad index among few over big slabs is reported before anything is written.
+#[test]
+fn a_bad_index_over_big_slabs_writes_nothing() {
+    let mut rng = Rng::new(18);
+    let src = Buf::contiguous(&mut rng, &[5, 4096], 4);
+    let mut dst = Buf::contiguous(&mut rng, &[2, 4096], 4);
+    let before = dst.bytes.clone();
+    // SAFETY: separate buffers; the boxes lie inside them.
+    let e = unsafe { gather_tuned(src.src(), &[1, 5], 0, dst.dst(), 4, &TINY) }.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                index: 5,
+                axis: 0,
+                len: 5
+            }
+        ),
+        "{e}"
+    );
+    assert!(dst.bytes == before);
+}
