@@ -26,7 +26,8 @@ cargo test --release --features cuda --no-run --message-format=json 2>/dev/null 
         case "$name" in cuda_*) cp "$exe" "$carry/bin/$name" && strip "$carry/bin/$name" ;; esac
     done
 
-"${MATURIN:-maturin}" build --release --features cuda --out "$carry"
+# --features replaces pyproject.toml's list, so python is named again.
+"${MATURIN:-maturin}" build --release --features python,cuda --out "$carry"
 
 "$py" -m pip download --quiet --only-binary=:all: --python-version 3.12 \
     --dest "$carry/wheels" pytest 2>/dev/null || echo "no pytest wheels (offline): run.sh will need pytest on the GPU machine"

@@ -4,6 +4,8 @@ Skipped (with the reason) unless dlpart was built with the `cuda` feature and a 
 benches/gpu/run.sh runs these on a GPU machine.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,9 @@ pytestmark = pytest.mark.cuda
 
 _REASON = dlpart.backend_status("kDLCUDA:0")
 if _REASON is not None:
+    if os.environ.get("DLPART_REQUIRE_CUDA"):
+        # benches/gpu/run.sh sets this on the GPU machine: there a missing backend is a failure.
+        raise RuntimeError(f"DLPART_REQUIRE_CUDA is set but there is no CUDA backend: {_REASON}")
     pytest.skip(f"no CUDA backend: {_REASON}", allow_module_level=True)
 
 DTYPES = ["bool", "int8", "uint8", "int16", "float16", "int32", "float32", "int64", "float64",
