@@ -19,7 +19,8 @@ use crate::tensor::Tensor;
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on
 /// `dst_devices[j]`. Each element is copied once, straight from its source partition into its
-/// target partition.
+/// target partition. Host targets under 2 MiB share one allocation per device (see
+/// [`Backend::empty_many`]), released when the last of them is dropped.
 pub fn repartition(
     plan: &Plan,
     src: &[Tensor],
@@ -38,14 +39,29 @@ pub fn repartition(
         ));
     }
     let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
-    let mut out = Vec::with_capacity(dg.num_partitions());
+    // The targets of each device in one call, so that the backend can share allocations.
+    let shapes: Vec<Vec<usize>> = (0..dst_devices.len())
+        .map(|j| dg.region_at(j).shape)
+        .collect();
+    let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
     for (j, &dev) in dst_devices.iter().enumerate() {
+        by_device.entry(dev).or_default().push(j);
+    }
+    let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
+    for (dev, targets) in by_device {
         let backend = match backends.get(&dev) {
             Some(b) => b.clone(),
-            None => backend_for(dev)?, // a target that receives no bytes (empty partition)
+            None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
         };
-        out.push(backend.empty(&dg.region_at(j).shape, dtype)?);
+        let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j].as_slice()).collect();
+        for (j, t) in targets
+            .into_iter()
+            .zip(backend.empty_many(&of_device, dtype)?)
+        {
+            out[j] = Some(t);
+        }
     }
+    let out: Vec<Tensor> = out.into_iter().map(|t| t.expect("every target")).collect();
     run_copies(plan, src, &out, &backends)?;
     Ok(out)
 }

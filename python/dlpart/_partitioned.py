@@ -297,6 +297,10 @@ class PartitionedArray:
         partition; by default each target partition stays on the device of the source partition
         holding its first element. A layout that moves data across devices raises
         `dlpart.DeviceError` unless ``transfer=True``.
+
+        Host partitions under 2 MiB share one allocation per device, which is released when
+        the last of them is dropped (a large array cut into small blocks then costs one
+        allocation instead of thousands).
         """
         return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
 

@@ -34,6 +34,13 @@ pub trait Backend: Send + Sync {
     /// A new contiguous tensor with unspecified contents.
     fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor>;
 
+    /// New contiguous tensors of `shapes`, with unspecified contents: the targets of one
+    /// repartition. Backends may carve small ones out of one allocation (which then lives
+    /// until the last of them is dropped).
+    fn empty_many(&self, shapes: &[&[usize]], dtype: DType) -> Result<Vec<Tensor>> {
+        shapes.iter().map(|s| self.empty(s, dtype)).collect()
+    }
+
     /// Runs every copy. Destination boxes do not overlap each other, and no job's destination
     /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;

@@ -276,6 +276,48 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// Tensors under [`HostBuffer::HUGE`] bytes share one allocation (64-byte aligned each):
+    /// thousands of small targets then cost one allocation, and page faults on 2 MiB pages,
+    /// rather than one allocation and a fault per 4 KiB page each, at whatever state the
+    /// allocator was left in. Larger tensors get buffers of their own.
+    fn empty_many(&self, shapes: &[&[usize]], dtype: DType) -> Result<Vec<Tensor>> {
+        const ALIGN: usize = 64;
+        let mut offsets = Vec::with_capacity(shapes.len());
+        let mut total = 0usize;
+        for shape in shapes {
+            let nbytes = crate::tensor::checked_numel(shape)?
+                .checked_mul(dtype.itemsize())
+                .filter(|&n| n < HostBuffer::HUGE)
+                .map(|n| n.next_multiple_of(ALIGN));
+            offsets.push(nbytes.map(|n| {
+                total += n;
+                total - n
+            }));
+        }
+        let arena = Arc::new(HostBuffer::uninit(total));
+        shapes
+            .iter()
+            .zip(offsets)
+            .map(|(shape, offset)| match offset {
+                None => self.empty(shape, dtype),
+                // SAFETY: the tensor's numel * itemsize bytes, in C order, lie inside the
+                // arena at `offset` (the offsets above step by each size rounded up to 64);
+                // each tensor holds the Arc, so the arena outlives every view of it.
+                Some(offset) => Ok(unsafe {
+                    Tensor::from_raw_parts(
+                        arena.as_ptr().wrapping_add(offset),
+                        shape.to_vec(),
+                        contiguous_strides(shape),
+                        dtype,
+                        self.device,
+                        false,
+                        arena.clone(),
+                    )
+                }),
+            })
+            .collect()
+    }
+
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         let mut ptrs = Vec::with_capacity(jobs.len());
         let mut temps = Vec::new();

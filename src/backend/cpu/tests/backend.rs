@@ -210,3 +210,41 @@ fn identity_gather_in_place_keeps_the_data() {
     b.gather(&t, &idx, 0, &t).unwrap();
     assert_eq!(t.to_array::<i32>().unwrap(), want);
 }
+
+/// Small targets share one 64-byte aligned allocation without overlapping; big ones get their
+/// own; every tensor can be written and read back independently, also after others are dropped.
+#[test]
+fn empty_many_carves_small_tensors_from_one_allocation() {
+    let b = backend();
+    let shapes: [&[usize]; 5] = [&[3, 5], &[0, 4], &[1100, 1024], &[1], &[2, 2, 3]];
+    let mut ts = b.empty_many(&shapes, DType::Int16).unwrap();
+    for (t, s) in ts.iter().zip(shapes) {
+        assert_eq!(t.shape(), s);
+        assert!(t.is_contiguous());
+        assert_eq!(t.data_ptr() as usize % 64, 0);
+    }
+    // 1100 x 1024 x 2 bytes is over 2 MiB: a buffer of its own.
+    assert!(!Arc::ptr_eq(ts[2].owner(), ts[0].owner()));
+    assert!(Arc::ptr_eq(ts[0].owner(), ts[3].owner()));
+    assert!(Arc::ptr_eq(ts[0].owner(), ts[4].owner()));
+    // Distinct fills, written through one tensor at a time, must all survive.
+    let fill = |t: &Tensor, k: i16| {
+        let n: usize = t.shape().iter().product();
+        // SAFETY: a contiguous int16 tensor of n elements, which this test alone writes.
+        unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<i16>(), n) }.fill(k);
+    };
+    let read = |t: &Tensor| {
+        let n: usize = t.shape().iter().product();
+        // SAFETY: as for `fill`, read only.
+        unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<i16>(), n) }.to_vec()
+    };
+    // The big one is left alone: filling it is slow under Miri and it shares nothing.
+    for (k, t) in ts.iter().enumerate().filter(|(k, _)| *k != 2) {
+        fill(t, k as i16 + 1);
+    }
+    let last = ts.pop().unwrap();
+    drop(ts.remove(0));
+    assert!(read(&last).iter().all(|&v| v == 5));
+    assert!(read(&ts[2]).iter().all(|&v| v == 4));
+    assert!(read(&ts[0]).is_empty());
+}
