@@ -332,6 +332,11 @@ element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 
 /// A 64-byte aligned host allocation; from 2 MiB up, aligned to 2 MiB and backed by
 /// transparent huge pages where the kernel offers them, because first-touch page faults of 4 KiB
 /// pages cost several times the copy that fills a fresh output.
+///
+/// Freed buffers of 2 MiB and more are kept, up to [`host_cache_limit`] bytes in all, and
+/// handed out again for the same size: a fresh allocation of that size is faulted in and
+/// zeroed by the kernel page by page, which costs about as much as the copy that fills it,
+/// every time an operation returning new partitions runs in a loop.
 pub struct HostBuffer {
     ptr: *mut u8,
     layout: std::alloc::Layout,
@@ -366,6 +371,11 @@ impl HostBuffer {
         };
         let layout =
             std::alloc::Layout::from_size_align(size, align).expect("allocation size fits isize");
+        if huge {
+            if let Some(ptr) = cache::take(layout) {
+                return HostBuffer { ptr, layout };
+            }
+        }
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
@@ -397,14 +407,154 @@ fn advise_huge_pages(_ptr: *mut u8, _size: usize) {}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
+        if self.layout.align() == Self::HUGE && cache::keep(self.ptr, self.layout) {
+            return;
+        }
         // SAFETY: `ptr` was allocated in `zeroed`/`uninit` with exactly `layout`, once.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The bytes of freed huge host buffers kept for reuse: `DLPART_HOST_CACHE_BYTES` if set (0
+/// turns the cache off), else 1 GiB. Read once per process. Off under Miri, whose leak check
+/// would see the kept buffers at exit.
+pub fn host_cache_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        if cfg!(miri) {
+            return 0;
+        }
+        std::env::var("DLPART_HOST_CACHE_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(1 << 30)
+    })
+}
+
+/// The freed huge buffers [`HostBuffer`] keeps, oldest first.
+mod cache {
+    use std::alloc::Layout;
+    use std::sync::Mutex;
+
+    pub(super) struct Kept {
+        pub(super) bytes: usize,
+        /// Addresses (as integers: the cache hands them out, it never dereferences them) and
+        /// the layouts they were allocated with.
+        pub(super) free: Vec<(usize, Layout)>,
+    }
+
+    impl Kept {
+        /// A kept buffer allocated with exactly `layout`, the most recently freed one.
+        pub(super) fn take(&mut self, layout: Layout) -> Option<*mut u8> {
+            let i = self.free.iter().rposition(|&(_, l)| l == layout)?;
+            let (addr, l) = self.free.remove(i);
+            self.bytes -= l.size();
+            Some(addr as *mut u8)
+        }
+
+        /// Keeps `ptr` (allocated with `layout`, no longer used by anyone) if it fits under
+        /// `limit`, releasing the oldest kept buffers to make room; false if it cannot fit
+        /// (the caller releases it).
+        pub(super) fn keep(&mut self, ptr: *mut u8, layout: Layout, limit: usize) -> bool {
+            if layout.size() > limit {
+                return false;
+            }
+            while self.bytes + layout.size() > limit {
+                let (addr, l) = self.free.remove(0);
+                self.bytes -= l.size();
+                // SAFETY: a kept buffer was allocated with exactly `l` and nobody uses it; it
+                // left the list just above, so it is released once.
+                unsafe { std::alloc::dealloc(addr as *mut u8, l) };
+            }
+            self.free.push((ptr as usize, layout));
+            self.bytes += layout.size();
+            true
+        }
+    }
+
+    static KEPT: Mutex<Kept> = Mutex::new(Kept {
+        bytes: 0,
+        free: Vec::new(),
+    });
+
+    fn kept() -> std::sync::MutexGuard<'static, Kept> {
+        // The list stays consistent through a panic elsewhere: each update is a push or a
+        // remove with its byte count, and nothing in between can panic.
+        KEPT.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn take(layout: Layout) -> Option<*mut u8> {
+        kept().take(layout)
+    }
+
+    pub(super) fn keep(ptr: *mut u8, layout: Layout) -> bool {
+        kept().keep(ptr, layout, super::host_cache_limit())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "the cache is off under Miri")]
+    fn a_freed_huge_buffer_is_handed_out_again_for_its_size() {
+        // A size no other test allocates, so that no other thread takes the kept buffer.
+        let n = (34 << 20) + 1;
+        let a = HostBuffer::uninit(n);
+        let p = a.as_ptr();
+        // SAFETY: `a` owns at least n writable bytes.
+        unsafe { std::ptr::write_bytes(p, 0xFF, n) };
+        drop(a);
+        let b = HostBuffer::zeroed(n);
+        assert_eq!(b.as_ptr(), p, "the kept buffer was not reused");
+        // SAFETY: `b` owns at least n readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), n) };
+        assert!(
+            bytes.iter().all(|&x| x == 0),
+            "zeroed() handed out old contents"
+        );
+    }
+
+    #[test]
+    fn the_cache_keeps_the_newest_buffers_under_its_limit() {
+        let layout =
+            std::alloc::Layout::from_size_align(HostBuffer::HUGE, HostBuffer::HUGE).unwrap();
+        let other =
+            std::alloc::Layout::from_size_align(2 * HostBuffer::HUGE, HostBuffer::HUGE).unwrap();
+        // SAFETY: non-zero sizes.
+        let bufs: Vec<*mut u8> = (0..3)
+            .map(|_| unsafe { std::alloc::alloc(layout) })
+            .collect();
+        let mut kept = cache::Kept {
+            bytes: 0,
+            free: Vec::new(),
+        };
+        let limit = 2 * HostBuffer::HUGE;
+        for &b in &bufs {
+            assert!(kept.keep(b, layout, limit));
+        }
+        // The oldest was released to make room for the third.
+        assert_eq!(kept.bytes, limit);
+        assert_eq!(
+            kept.free.iter().map(|f| f.0).collect::<Vec<_>>(),
+            [bufs[1] as usize, bufs[2] as usize]
+        );
+        // Too big to keep at all: the caller releases it.
+        // SAFETY: non-zero size.
+        let big = unsafe { std::alloc::alloc(other) };
+        assert!(!kept.keep(big, other, HostBuffer::HUGE));
+        // SAFETY: allocated just above with `other`, not kept.
+        unsafe { std::alloc::dealloc(big, other) };
+        assert_eq!(kept.take(other), None);
+        assert_eq!(kept.take(layout), Some(bufs[2]));
+        assert_eq!(kept.take(layout), Some(bufs[1]));
+        assert_eq!((kept.take(layout), kept.bytes), (None, 0));
+        for b in [bufs[1], bufs[2]] {
+            // SAFETY: allocated with `layout` above and handed back by `take`, once each.
+            unsafe { std::alloc::dealloc(b, layout) };
+        }
+    }
 
     #[test]
     fn views_share_memory_and_match_ndarray_slicing() {
