@@ -224,7 +224,8 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             let s = unsafe { std::slice::from_raw_parts(ptr, n) };
             // The common case first: every index in [0, len), which one unsigned compare per
             // index tells (negative ones wrap to huge values). AVX2 has no 64-bit min/max, so
-            // this count vectorises where a min/max pass does not (about 4x faster here).
+            // this count vectorises where a min/max pass does not: a gather of 64M float32 by
+            // sorted indices went from about 175 to 105 ms here.
             let outside = |c: &[i64]| c.iter().filter(|&&v| v as u64 >= len as u64).count();
             let none_outside = if n < PARALLEL_INDICES {
                 outside(s) == 0

@@ -139,3 +139,18 @@ def test_local_partitions_are_scattered_with_a_client(client):
     # and back: the scattered chunks are the partitions of a new dict
     back = dlpart.from_partitioned(dd.partitioned_dict(y, client))
     np.testing.assert_array_equal(np.from_dlpack(back.assemble()), REF.astype(np.float32))
+
+
+def test_dask_and_ray_refuse_partitions_that_are_not_host_arrays():
+    from types import SimpleNamespace
+
+    from dlpart.adapters._host import host_array
+
+    with pytest.raises(ValueError, match=r"partition \(1, 0\) has no data in this process"):
+        host_array(None, (1, 0), "why")
+    gpu = SimpleNamespace(device=dlpart.Device("kDLCUDA:1"))  # a tensor's device, no data
+    with pytest.raises(dlpart.DeviceError, match=r"\(0, 2\) is on kDLCUDA:1: the reason; assemble"):
+        host_array(gpu, (0, 2), "the reason")
+    a = np.arange(6.0).reshape(2, 3)
+    view = host_array(dlpart.from_dlpack(a), (0, 0), "why")
+    assert np.shares_memory(view, a)

@@ -4,6 +4,7 @@ imported when a run asks for, or probes, kDLCUDA; every CUDA import lives here."
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -74,7 +75,9 @@ def datasheet_bandwidth(gpu_name: str) -> Optional[float]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _driver_version() -> Optional[str]:
+    """The NVIDIA driver version from nvidia-smi, asked once per process."""
     import subprocess
 
     try:

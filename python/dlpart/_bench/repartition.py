@@ -26,6 +26,20 @@ GPU_ROWS_TO_COLS_TARGETS = {
 }
 
 
+def _add_direct_and_memcpy(ctx: Ctx, res: Result, x, src_splits, dst_splits) -> int:
+    """Times the array library's direct per-block copy of the same repartition and memcpy of
+    the same bytes, after dlpart, and records dlpart's ratios to them. Returns the number of
+    block copies the direct reference makes."""
+    env = ctx.env
+    _, _, pairs = direct_setup(env, x, src_splits, dst_splits)
+    copies = len(pairs)
+    res.references[env.direct] = ctx.stats(partial(run_pairs, pairs), res.bytes)
+    del pairs
+    ctx.add_memcpy(res, _nbytes(x))
+    res.ratio(env.direct)
+    return copies
+
+
 # -- 1. row blocks -> column blocks ---------------------------------------------------------------
 def rows_to_cols_cases(ctx: Ctx) -> List[Case]:
     n = 1024 if ctx.quick else 8192
@@ -136,11 +150,7 @@ def _block_cyclic(ctx: Ctx, res: Result) -> None:
         res.bytes,
         check_repartition(env, x, dst_splits),
     )
-    _, _, pairs = direct_setup(env, x, src_splits, dst_splits)
-    res.references[env.direct] = ctx.stats(partial(run_pairs, pairs), res.bytes)
-    del pairs
-    ctx.add_memcpy(res, _nbytes(x))
-    res.ratio(env.direct)
+    _add_direct_and_memcpy(ctx, res, x, src_splits, dst_splits)
 
 
 # -- 3. run-length sweep --------------------------------------------------------------------------
@@ -176,11 +186,7 @@ def _run_length(ctx: Ctx, res: Result) -> None:
     res.stats = ctx.stats(
         lambda: pa.repartition(tiling=(1, ncols)), res.bytes, check_repartition(env, x, dst_splits)
     )
-    _, _, pairs = direct_setup(env, x, src_splits, dst_splits)
-    res.references[env.direct] = ctx.stats(partial(run_pairs, pairs), res.bytes)
-    del pairs
-    ctx.add_memcpy(res, _nbytes(x))
-    res.ratio(env.direct)
+    _add_direct_and_memcpy(ctx, res, x, src_splits, dst_splits)
 
 
 # -- 6. small arrays over a 64x64 grid, shifted by half a block -----------------------------------
@@ -216,12 +222,7 @@ def _small_grid(ctx: Ctx, res: Result) -> None:
     res.stats = ctx.stats(
         lambda: pa.repartition(splits=dst_splits), res.bytes, check_repartition(env, x, dst_splits)
     )
-    _, _, pairs = direct_setup(env, x, [src, src], dst_splits)
-    res.params["copies"] = len(pairs)
-    res.references[env.direct] = ctx.stats(partial(run_pairs, pairs), res.bytes)
-    del pairs
-    ctx.add_memcpy(res, _nbytes(x))
-    res.ratio(env.direct)
+    res.params["copies"] = _add_direct_and_memcpy(ctx, res, x, [src, src], dst_splits)
 
 
 # -- 7. planning alone vs the copy ----------------------------------------------------------------

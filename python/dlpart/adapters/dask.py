@@ -15,9 +15,10 @@ import distributed
 import numpy as np
 from distributed.comm import get_address_host
 
-from .._core import Device, DeviceError
+from .._core import Device
 from .._partitioned import PartitionedArray
 from .._partitioned import from_partitioned as _import
+from ._host import host_array
 
 __all__ = ["DaskPartitioned", "from_partitioned", "gather", "partitioned_dict"]
 
@@ -123,17 +124,6 @@ class DaskPartitioned:
         return self._dict
 
 
-def _host_view(t, position) -> np.ndarray:
-    if t is None:
-        raise ValueError(f"partition {position} has no data in this process")
-    if t.device.kind != "kDLCPU":
-        raise DeviceError(
-            f"partition {position} is on {t.device}: the dask adapter wraps host partitions as "
-            "numpy arrays; assemble or repartition onto kDLCPU first"
-        )
-    return np.from_dlpack(t)
-
-
 def from_partitioned(obj, client: Optional[distributed.Client] = None) -> da.Array:
     """A dask array with one chunk per partition of a `PartitionedArray` (or anything
     `dlpart.from_partitioned` takes).
@@ -151,7 +141,8 @@ def from_partitioned(obj, client: Optional[distributed.Client] = None) -> da.Arr
     }
     local = [pos for pos in positions if pos not in futures]
     pa.fetch(local)
-    arrays = {pos: _host_view(parts[pos].tensor, pos) for pos in local}
+    why = "the dask adapter wraps host partitions as numpy arrays"
+    arrays = {pos: host_array(parts[pos].tensor, pos, why) for pos in local}
     if client is not None and local:
         futures.update(zip(local, client.scatter([arrays.pop(pos) for pos in local])))
     dtype = pa.dtype

@@ -15,13 +15,12 @@ import itertools
 import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import ray
 
 from .. import _core
-from .._core import DeviceError
 from .._partitioned import PartitionedArray
 from .._partitioned import from_partitioned as _import
+from ._host import host_array
 
 __all__ = ["get", "partitioned_dict", "partitioned_dict_from_refs", "to_refs"]
 
@@ -158,15 +157,8 @@ def to_refs(obj) -> Dict[Position, "ray.ObjectRef"]:
             local.append(pos)
     pa.fetch(local)
     for pos in local:
-        t = parts[pos].tensor
-        if t is None:
-            raise ValueError(f"partition {pos} has no data in this process")
-        if t.device.kind != "kDLCPU":
-            raise DeviceError(
-                f"partition {pos} is on {t.device}: Ray's object store holds host memory; "
-                "assemble or repartition onto kDLCPU first"
-            )
-        out[pos] = ray.put(np.from_dlpack(t))
+        why = "Ray's object store holds host memory"
+        out[pos] = ray.put(host_array(parts[pos].tensor, pos, why))
     return dict(sorted(out.items()))
 
 

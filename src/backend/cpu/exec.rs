@@ -2,7 +2,7 @@
 
 use std::ptr::{read_unaligned, write_unaligned};
 
-use super::plan::{Dim, Kind, Plan, MAX_DIMS};
+use super::plan::{Cursor, Dim, Kind, Plan};
 use super::stream::{copy_row, Store};
 
 /// Calls `$f::<T>($args)` with `T` the unsigned integer of `$elem` bytes.
@@ -44,7 +44,7 @@ pub(crate) unsafe fn run(
     }
     let outer = plan.outer.as_slice();
     let iu = plan.inner_units;
-    let (mut so, mut dof) = (plan.src_off, plan.dst_off);
+    let (so, dof) = (plan.src_off, plan.dst_off);
     if let (Kind::Rows { bytes, .. }, [dim], 1) = (plan.kind, outer, iu) {
         // Rows along one outer dim, the most common box (tiny ones included): a plain loop.
         for r in lo..hi {
@@ -54,37 +54,17 @@ pub(crate) unsafe fn run(
         }
         return;
     }
-    let mut idx = [0usize; MAX_DIMS];
-    let mut k = 0;
-    if lo > 0 {
-        let mut rest = lo / iu;
-        for (j, dim) in outer.iter().enumerate().rev() {
-            idx[j] = rest % dim.n;
-            rest /= dim.n;
-            so += idx[j] as isize * dim.s;
-            dof += idx[j] as isize * dim.d;
-        }
-        k = lo % iu;
-    }
+    let mut at = Cursor::at(outer, lo / iu, so, dof);
+    let mut k = lo % iu;
     for _ in lo..hi {
-        let (s, d) = (src.wrapping_offset(so), dst.wrapping_offset(dof));
+        let (s, d) = (src.wrapping_offset(at.s), dst.wrapping_offset(at.d));
         // SAFETY: (s, d) address the element of the current outer index, inside the box;
         // `k < iu` names a unit inside it (caller contract).
         unsafe { unit(plan, s, d, k, store) };
         k += 1;
         if k == iu {
             k = 0;
-            for (j, dim) in outer.iter().enumerate().rev() {
-                idx[j] += 1;
-                so += dim.s;
-                dof += dim.d;
-                if idx[j] < dim.n {
-                    break;
-                }
-                idx[j] = 0;
-                so -= dim.n as isize * dim.s;
-                dof -= dim.n as isize * dim.d;
-            }
+            at.step(outer);
         }
     }
 }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use super::copy::{threads, Ptrs, Tuning};
 use super::exec::run;
 use super::index::IndexPlan;
-use super::plan::{Plan, MAX_DIMS};
+use super::plan::{Cursor, Plan};
 use super::stream::{copy_row, fence, prefetch, Store};
 
 /// How far ahead random accesses are prefetched (in indices); 0 disables prefetching.
@@ -179,19 +179,14 @@ unsafe fn units_range<U: Unit, const SCATTER: bool>(
 ) -> Result<(), usize> {
     let m = p.idx.len();
     let outer = p.outer.as_slice();
-    let mut idx = [0usize; MAX_DIMS];
-    let (mut so, mut dof) = (0isize, 0isize);
-    let mut rest = lo / m;
-    for (j, dim) in outer.iter().enumerate().rev() {
-        idx[j] = rest % dim.n;
-        rest /= dim.n;
-        so += idx[j] as isize * dim.s;
-        dof += idx[j] as isize * dim.d;
-    }
+    let mut at = Cursor::at(outer, lo / m, 0, 0);
     let (mut i, mut left) = (lo % m, hi - lo);
     while left > 0 {
         let end = (i + left).min(m);
-        let (s, d) = (ptrs.src.wrapping_offset(so), ptrs.dst.wrapping_offset(dof));
+        let (s, d) = (
+            ptrs.src.wrapping_offset(at.s),
+            ptrs.dst.wrapping_offset(at.d),
+        );
         // SAFETY: (s, d) is the outer slice of the current index (caller contract).
         unsafe {
             if win == (0, p.len) {
@@ -202,17 +197,7 @@ unsafe fn units_range<U: Unit, const SCATTER: bool>(
         };
         left -= end - i;
         i = 0;
-        for (j, dim) in outer.iter().enumerate().rev() {
-            idx[j] += 1;
-            so += dim.s;
-            dof += dim.d;
-            if idx[j] < dim.n {
-                break;
-            }
-            idx[j] = 0;
-            so -= dim.n as isize * dim.s;
-            dof -= dim.n as isize * dim.d;
-        }
+        at.step(outer);
     }
     Ok(())
 }

@@ -31,6 +31,45 @@ pub(crate) struct Dim {
     pub d: isize,
 }
 
+/// A position in a list of outer dims, walked in C order: the multi-index and the byte
+/// offsets it adds on the source (`s`) and destination (`d`) side.
+pub(crate) struct Cursor {
+    idx: [usize; MAX_DIMS],
+    pub s: isize,
+    pub d: isize,
+}
+
+impl Cursor {
+    /// At flat position `flat` of `outer` (C order), on top of the offsets `(s, d)`.
+    #[inline]
+    pub fn at(outer: &[Dim], mut flat: usize, mut s: isize, mut d: isize) -> Self {
+        let mut idx = [0usize; MAX_DIMS];
+        for (j, dim) in outer.iter().enumerate().rev() {
+            idx[j] = flat % dim.n;
+            flat /= dim.n;
+            s += idx[j] as isize * dim.s;
+            d += idx[j] as isize * dim.d;
+        }
+        Cursor { idx, s, d }
+    }
+
+    /// Moves to the next position in C order (back to the first after the last).
+    #[inline]
+    pub fn step(&mut self, outer: &[Dim]) {
+        for (j, dim) in outer.iter().enumerate().rev() {
+            self.idx[j] += 1;
+            self.s += dim.s;
+            self.d += dim.d;
+            if self.idx[j] < dim.n {
+                return;
+            }
+            self.idx[j] = 0;
+            self.s -= dim.n as isize * dim.s;
+            self.d -= dim.n as isize * dim.d;
+        }
+    }
+}
+
 /// A short inline list of dims (plans are built per job, so they must not allocate).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dims {
