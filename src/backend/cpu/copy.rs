@@ -1,8 +1,5 @@
 //! Box copies: `copy_box`, `pack`, `unpack`, and the batched, multi-threaded `copy_boxes`.
 
-#[cfg(not(miri))]
-use rayon::prelude::*;
-
 use super::exec::run;
 use super::plan::{Kind, Orig, Plan};
 use super::stream::{self, Store};
@@ -100,10 +97,10 @@ impl Tuning {
         total >= self.parallel_min && threads() > 1
     }
 
-    /// Calls `f(start)` for every `start` in `(0..n).step_by(step)` on rayon's threads,
-    /// stopping at an error. Under Miri the calls run in order on this thread: rayon's deques
-    /// trip Miri's Stacked Borrows checks inside crossbeam-epoch, and our kernels are what Miri
-    /// should check.
+    /// Calls `f(start)` for every `start` in `(0..n).step_by(step)`, on the calling thread and
+    /// rayon's, stopping at an error. Under Miri the calls run in order on this thread: rayon's
+    /// deques trip Miri's Stacked Borrows checks inside crossbeam-epoch, and our kernels are
+    /// what Miri should check.
     pub fn run<E: Send>(
         &self,
         n: usize,
@@ -114,9 +111,58 @@ impl Tuning {
             return (0..n).step_by(step).rev().try_for_each(f);
         }
         #[cfg(not(miri))]
-        return (0..n).into_par_iter().step_by(step).try_for_each(f);
+        return shared_loop(n, step, f);
         #[cfg(miri)]
         return (0..n).step_by(step).try_for_each(f);
+    }
+}
+
+/// `f(start)` for every `start` in `(0..n).step_by(step)`, the starts handed out one at a time
+/// from a shared counter to the calling thread and `threads() - 1` helpers from rayon's pool.
+///
+/// The caller works from the start instead of sleeping until rayon's workers are done. A
+/// thread that blocks as it wakes the pool lets the scheduler put the woken workers on the
+/// caller's CPU; measured here (2 vCPUs) the second worker then began 3-5 ms into a 16 ms
+/// copy of 8192² float32, and the copy ran about 15% slower than the same loop with the
+/// caller taking part. Handing out one piece at a time also keeps every thread busy to the
+/// end, where rayon's adaptive splitting can leave a run of pieces that no thread may steal.
+#[cfg(not(miri))]
+fn shared_loop<E: Send>(
+    n: usize,
+    step: usize,
+    f: impl Fn(usize) -> Result<(), E> + Sync + Send,
+) -> Result<(), E> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    use std::sync::Mutex;
+
+    let count = n.div_ceil(step);
+    let (next, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let first_error = Mutex::new(None);
+    let work = || {
+        while !stop.load(Relaxed) {
+            let k = next.fetch_add(1, Relaxed);
+            if k >= count {
+                break;
+            }
+            if let Err(e) = f(k * step) {
+                stop.store(true, Relaxed);
+                first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+            }
+        }
+    };
+    let helpers = threads().saturating_sub(1).min(count.saturating_sub(1));
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

@@ -326,3 +326,68 @@ fn a_destination_overlapping_itself_gets_one_of_the_values() {
         );
     }
 }
+
+#[test]
+fn run_visits_every_start_once() {
+    use std::sync::Mutex;
+    for (n, step) in [(0, 1), (1, 1), (5, 7), (7, 7), (8, 7), (100, 3), (1000, 1)] {
+        for pooled in [false, true] {
+            let seen = Mutex::new(Vec::new());
+            let go = || {
+                TUNING.run(n, step, |s| {
+                    seen.lock().unwrap().push(s);
+                    Ok::<(), ()>(())
+                })
+            };
+            let done = if pooled { in_pool(go) } else { go() };
+            assert_eq!(done, Ok(()));
+            let mut seen = seen.into_inner().unwrap();
+            seen.sort_unstable();
+            let want: Vec<usize> = (0..n).step_by(step).collect();
+            assert_eq!(seen, want, "n {n} step {step} pooled {pooled}");
+        }
+    }
+}
+
+#[test]
+fn run_stops_at_an_error_and_returns_it() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let calls = AtomicUsize::new(0);
+    let got = in_pool(|| {
+        TUNING.run(10_000, 1, |s| {
+            calls.fetch_add(1, Relaxed);
+            if s >= 10 {
+                Err(s)
+            } else {
+                Ok(())
+            }
+        })
+    });
+    let bad = got.expect_err("starts from 10 on fail");
+    assert!(bad >= 10, "returned the error of start {bad}");
+    // Each thread stops at the first failure it sees: at most one more call per thread.
+    assert!(calls.load(Relaxed) < 100, "{} calls", calls.load(Relaxed));
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn run_shares_the_work_between_the_caller_and_the_pool() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    // Every start waits (up to 10 s) until two threads have taken starts, so the test passes
+    // only if a second thread joins the caller while the caller is still working.
+    let threads = Mutex::new(HashSet::new());
+    in_pool(|| {
+        TUNING.run(4, 1, |_| {
+            threads.lock().unwrap().insert(std::thread::current().id());
+            let t0 = Instant::now();
+            while threads.lock().unwrap().len() < 2 && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok::<(), ()>(())
+        })
+    })
+    .unwrap();
+    assert!(threads.into_inner().unwrap().len() >= 2);
+}
