@@ -197,6 +197,21 @@ fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
 /// Index arrays shorter than this are checked on the calling thread.
 const PARALLEL_INDICES: usize = 1 << 20;
 
+/// `f` over `s` (non-empty), in parallel chunks joined by `join` when `s` is long.
+fn over_chunks<T: Send>(
+    s: &[i64],
+    f: impl Fn(&[i64]) -> T + Sync + Send,
+    join: impl Fn(T, T) -> T + Sync + Send,
+) -> T {
+    if s.len() < PARALLEL_INDICES {
+        return f(s);
+    }
+    s.par_chunks(1 << 16)
+        .map(f)
+        .reduce_with(join)
+        .expect("a long slice has chunks")
+}
+
 /// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
 /// length `len`; an index outside `[-len, len)` is an error before anything is written.
 /// Contiguous int64 indices that are all in `[0, len)` are returned as they are (no copy).
@@ -227,12 +242,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             // this count vectorises where a min/max pass does not: a gather of 64M float32 by
             // sorted indices went from about 175 to 105 ms here.
             let outside = |c: &[i64]| c.iter().filter(|&&v| v as u64 >= len as u64).count();
-            let none_outside = if n < PARALLEL_INDICES {
-                outside(s) == 0
-            } else {
-                s.par_chunks(1 << 16).map(outside).sum::<usize>() == 0
-            };
-            if none_outside {
+            if over_chunks(s, outside, |a, b| a + b) == 0 {
                 return Ok(indices.clone());
             }
             // Negative or bad indices: the min/max pass, and the slow search for the first bad
@@ -241,13 +251,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
                 c.iter()
                     .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
             };
-            let (min, max) = if n < PARALLEL_INDICES {
-                span(s)
-            } else {
-                s.par_chunks(1 << 16)
-                    .map(span)
-                    .reduce(|| (i64::MAX, i64::MIN), |x, y| (x.0.min(y.0), x.1.max(y.1)))
-            };
+            let (min, max) = over_chunks(s, span, |x, y| (x.0.min(y.0), x.1.max(y.1)));
             if min < lo || max >= hi {
                 let bad = s
                     .iter()

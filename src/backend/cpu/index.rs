@@ -99,14 +99,7 @@ unsafe fn gather_slabs(
     if !(1..=SLAB_INDICES).contains(&m) || numel / m < SLAB_MIN_ELEMENTS {
         return Ok(false);
     }
-    let len = src.shape[axis];
-    if let Some(i) = indices.iter().position(|&j| j as u64 >= len as u64) {
-        return Err(Error::IndexOutOfRange {
-            index: indices[i] as i128,
-            axis,
-            len,
-        });
-    }
+    check_indices(indices, axis, src.shape[axis])?;
     let mut slab = dst.shape.to_vec();
     slab[axis] = 1;
     let item = itemsize as isize;
@@ -146,6 +139,18 @@ unsafe fn gather_slabs(
     // (caller contract).
     unsafe { copy_boxes_tuned(&jobs, Stores::Auto, tuning) };
     Ok(true)
+}
+
+/// The first index outside `[0, len)` as [`Error::IndexOutOfRange`] on `axis`.
+fn check_indices(indices: &[i64], axis: usize, len: usize) -> Result<()> {
+    match indices.iter().find(|&&j| j as u64 >= len as u64) {
+        Some(&index) => Err(Error::IndexOutOfRange {
+            index: index as i128,
+            axis,
+            len,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `dst[.., indices[i], ..] = values[.., i, ..]` along `axis`; when indices repeat, the
@@ -273,10 +278,7 @@ unsafe fn index<const SCATTER: bool>(
     };
     let numel = |s: &[usize]| s.iter().product::<usize>();
     if numel(src.shape) == 0 || numel(dst.shape) == 0 || itemsize == 0 {
-        return match idx.iter().position(|&j| j as u64 >= len as u64) {
-            Some(i) => Err(bad(i)),
-            None => Ok(()),
-        };
+        return check_indices(idx, axis, len);
     }
     let item = itemsize as isize;
     if shape[..axis].iter().filter(|&&n| n > 1).count() > MAX_DIMS {
