@@ -101,6 +101,18 @@ pub enum Error {
         len: usize,
     },
 
+    /// Two dtypes that must agree and do not (sources and targets of a copy, the partitions of
+    /// one array, values and output of a scatter).
+    #[error("dtype {found} differs from {expected} of {of}")]
+    DTypeMismatch {
+        /// The dtype found.
+        found: crate::dtype::DType,
+        /// The dtype it must equal.
+        expected: crate::dtype::DType,
+        /// What holds the expected dtype (e.g. "partition (0, 1)").
+        of: String,
+    },
+
     /// Shapes, axes or other arguments that do not fit together.
     #[error("{what}: {found}")]
     Shape { what: String, found: String },

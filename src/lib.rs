@@ -31,6 +31,6 @@ pub use device::{Device, DeviceType};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use grid::{Grid, Region};
-pub use partitioned::{Location, Partition, PartitionedArray};
-pub use plan::{CopyOp, Layout, Plan};
+pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
+pub use plan::{CopyOp, Layout, Placement, Plan};
 pub use tensor::Tensor;

@@ -3,6 +3,7 @@
 //! Every operation validates first and writes second, so an error leaves every output
 //! untouched. Data never crosses devices unless the caller passes `transfer = true`.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -21,9 +22,9 @@ use crate::tensor::Tensor;
 /// `dst_devices[j]`. Each element is copied once, straight from its source partition into its
 /// target partition. Host targets under 2 MiB share one allocation per device (see
 /// [`Backend::empty_many`]), released when the last of them is dropped.
-pub fn repartition(
+pub fn repartition<S: Borrow<Tensor>>(
     plan: &Plan,
-    src: &[Tensor],
+    src: &[S],
     dst_devices: &[Device],
     transfer: bool,
 ) -> Result<Vec<Tensor>> {
@@ -69,22 +70,28 @@ pub fn repartition(
 /// Like [`repartition`], into existing target tensors `dst` (one per partition of the target
 /// grid, C order): the caller's buffers are reused. Read-only targets are refused; nothing is
 /// written unless every check passes.
-pub fn repartition_into(plan: &Plan, src: &[Tensor], dst: &[Tensor], transfer: bool) -> Result<()> {
+pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
+    plan: &Plan,
+    src: &[S],
+    dst: &[D],
+    transfer: bool,
+) -> Result<()> {
     let (sg, dg) = (plan.src_grid(), plan.dst_grid());
     let dtype = check_sources(sg, src)?;
     let dst_dtype = check_sources(dg, dst)?;
     if !dst.is_empty() && !src.is_empty() && dst_dtype != dtype {
-        return Err(Error::shape(
-            format!("targets must have the sources' dtype {dtype}"),
-            dst_dtype.name(),
-        ));
+        return Err(Error::DTypeMismatch {
+            found: dst_dtype,
+            expected: dtype,
+            of: "the source partitions".into(),
+        });
     }
-    if let Some(j) = dst.iter().position(Tensor::readonly) {
+    if let Some(j) = dst.iter().position(|t| t.borrow().readonly()) {
         return Err(Error::ReadOnly {
             what: format!("target partition {}", tuple_string(&dg.position(j))),
         });
     }
-    let devices: Vec<Device> = dst.iter().map(Tensor::device).collect();
+    let devices: Vec<Device> = dst.iter().map(|t| t.borrow().device()).collect();
     let backends = check_devices(plan, src, &devices, dtype, transfer)?;
     run_copies(plan, src, dst, &backends)
 }
@@ -93,15 +100,16 @@ type Backends = BTreeMap<Device, Arc<dyn Backend>>;
 
 /// Refuses device crossings without `transfer`, and resolves every backend needed, before
 /// anything is allocated or written.
-fn check_devices(
+fn check_devices<S: Borrow<Tensor>>(
     plan: &Plan,
-    src: &[Tensor],
+    src: &[S],
     dst_devices: &[Device],
     dtype: DType,
     transfer: bool,
 ) -> Result<Backends> {
-    let pairs =
-        plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].device(), &|j| dst_devices[j]);
+    let pairs = plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].borrow().device(), &|j| {
+        dst_devices[j]
+    });
     let crossing: Vec<String> = pairs
         .keys()
         .filter(|(s, d)| s != d)
@@ -133,15 +141,21 @@ fn check_devices(
 
 /// Runs the plan's copies: one batch per executing device. Same-device copies run on that
 /// device; host-to-host transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
-fn run_copies(plan: &Plan, src: &[Tensor], dst: &[Tensor], backends: &Backends) -> Result<()> {
+fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
+    plan: &Plan,
+    src: &[S],
+    dst: &[D],
+    backends: &Backends,
+) -> Result<()> {
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {
-        let (s, d) = (src[op.src].device(), dst[op.dst].device());
+        let (src, dst) = (src[op.src].borrow(), dst[op.dst].borrow());
+        let (s, d) = (src.device(), dst.device());
         let exec = if s == d { s } else { Device::CPU };
         batches.entry(exec).or_default().push(BoxCopy {
-            src: &src[op.src],
+            src,
             src_start: op.src_start.clone(),
-            dst: &dst[op.dst],
+            dst,
             dst_start: op.dst_start.clone(),
             shape: op.shape.clone(),
         });
@@ -157,7 +171,7 @@ fn run_copies(plan: &Plan, src: &[Tensor], dst: &[Tensor], backends: &Backends) 
     Ok(())
 }
 
-fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
+fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
     if src.len() != grid.num_partitions() {
         return Err(Error::shape(
             format!(
@@ -167,8 +181,9 @@ fn check_sources(grid: &Grid, src: &[Tensor]) -> Result<DType> {
             format!("{} tensors", src.len()),
         ));
     }
-    let dtype = src.first().map(Tensor::dtype).unwrap_or(DType::Float32);
+    let dtype = src.first().map_or(DType::Float32, |t| t.borrow().dtype());
     for (i, t) in src.iter().enumerate() {
+        let t = t.borrow();
         let region = grid.region_at(i);
         if t.shape() != region.shape.as_slice() {
             return Err(Error::protocol(

@@ -14,7 +14,7 @@ use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
 
 mod layout;
-pub use layout::{default_process_grid, Layout};
+pub use layout::{default_process_grid, Cut, Layout, Placement, Target};
 
 /// Where one source slab and one target slab overlap along an axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

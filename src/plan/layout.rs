@@ -1,5 +1,7 @@
-//! Target layouts: how a repartition names the grid it wants (and, for block-cyclic layouts,
-//! which device owns each block).
+//! Target layouts: how a repartition names the grid it wants and the device of every target
+//! partition. One [`Layout`] is a [`Cut`] (tiling, split points or fixed-size blocks) and a
+//! [`Placement`] (stay where the data is, one device, one device each, or dealt over a
+//! process grid ScaLAPACK-style); [`Layout::target`] resolves both against a source grid.
 
 use crate::device::Device;
 use crate::error::{tuple_string, Error, Result};
@@ -7,25 +9,65 @@ use crate::grid::Grid;
 
 use super::strides;
 
-/// A target layout for repartitioning, resolved against a global shape by [`Layout::resolve`].
+/// How the global shape is cut into target partitions.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum Cut {
     /// `numpy.array_split` along each axis into this many parts ([`Grid::even`]).
     Tiling(Vec<usize>),
     /// Explicit split points per axis ([`Grid::from_splits`]).
     Splits(Vec<Vec<usize>>),
-    /// ScaLAPACK-style block-cyclic: every axis is cut into blocks of `block[axis]` elements
-    /// (the last one shorter), and block `(i, j, ...)` goes to process-grid coordinate
-    /// `(i mod P0, j mod P1, ...)`, numbered in C order into `devices`. The process grid's
-    /// size must equal `devices.len()`; without one, [`default_process_grid`] is used.
-    BlockCyclic {
-        block: Vec<usize>,
+    /// Blocks of `block[axis]` elements along each axis, the last one shorter.
+    Blocks(Vec<usize>),
+}
+
+/// Which device each target partition is allocated on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Each target partition stays on the device of the source partition holding its first
+    /// element, so that a layout change alone never moves data across devices.
+    Stay,
+    /// Every target partition on this device.
+    On(Device),
+    /// One device per target partition, in C order of positions.
+    Each(Vec<Device>),
+    /// ScaLAPACK-style dealing: partition `(i, j, ...)` goes to process-grid coordinate
+    /// `(i mod P0, j mod P1, ...)`, numbered in C order into `devices`. The process grid's size
+    /// must equal `devices.len()`; without one, [`default_process_grid`] is used.
+    Dealt {
+        /// The devices the partitions are dealt to.
         devices: Vec<Device>,
+        /// The process grid `(P0, P1, ...)`, one entry per axis.
         process_grid: Option<Vec<usize>>,
     },
 }
 
-/// The process grid used when a block-cyclic layout names none: all `n` devices along axis 0
+/// A target layout for repartitioning: a [`Cut`] and a [`Placement`].
+///
+/// ```
+/// use dlpart::{Device, Layout};
+/// let rows = Layout::tiling(&[4, 1]); // 4 row blocks, each on its source's device
+/// let cyclic = Layout::block_cyclic(&[32, 32], vec![Device::CPU; 4]); // 2x2 process grid
+/// let here = Layout::splits(vec![vec![0, 3, 8]]).on(Device::CPU);
+/// # let _ = (rows, cyclic, here);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// How the shape is cut.
+    pub cut: Cut,
+    /// Where the target partitions go.
+    pub placement: Placement,
+}
+
+/// A layout resolved against a source: the target grid and every target partition's device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The target grid.
+    pub grid: Grid,
+    /// The device of every target partition, in C order of positions.
+    pub devices: Vec<Device>,
+}
+
+/// The process grid used when a dealt placement names none: all `n` devices along axis 0
 /// for a 1-d array; for 2-d and more, a near-square `P0 x P1` over the first two axes with
 /// `P0 <= P1` (`P0` the largest divisor of `n` not above its square root: 4 -> 2x2, 6 -> 2x3,
 /// 8 -> 2x4, 7 -> 1x7) and 1 along the other axes; `[]` for a 0-d array.
@@ -48,22 +90,79 @@ pub fn default_process_grid(ndim: usize, n: usize) -> Vec<usize> {
 }
 
 impl Layout {
-    /// The target grid over `shape` and, for block-cyclic layouts, the owner of every target
-    /// partition (C order) as an index into `devices`. Indices rather than devices, because
-    /// several ranks may each use a device called `kDLCUDA:0`.
-    pub fn resolve(&self, shape: &[usize]) -> Result<(Grid, Option<Vec<usize>>)> {
-        match self {
-            Layout::Tiling(t) => Ok((Grid::even(shape, t)?, None)),
-            Layout::Splits(s) => Ok((Grid::from_splits(shape, s.clone())?, None)),
-            Layout::BlockCyclic {
-                block,
+    /// Each axis split evenly into `tiling[axis]` parts, like `numpy.array_split`.
+    pub fn tiling(tiling: &[usize]) -> Self {
+        Layout {
+            cut: Cut::Tiling(tiling.to_vec()),
+            placement: Placement::Stay,
+        }
+    }
+
+    /// Explicit split points per axis: `splits[axis]` runs from 0 to the axis length.
+    pub fn splits(splits: Vec<Vec<usize>>) -> Self {
+        Layout {
+            cut: Cut::Splits(splits),
+            placement: Placement::Stay,
+        }
+    }
+
+    /// ScaLAPACK-style block-cyclic: blocks of `block[axis]` elements dealt round-robin over
+    /// `devices`, laid out on [`default_process_grid`] unless [`Layout::process_grid`] says
+    /// otherwise.
+    pub fn block_cyclic(block: &[usize], devices: Vec<Device>) -> Self {
+        Layout {
+            cut: Cut::Blocks(block.to_vec()),
+            placement: Placement::Dealt {
                 devices,
-                process_grid,
-            } => {
-                let pg = process_grid
-                    .clone()
-                    .unwrap_or_else(|| default_process_grid(shape.len(), devices.len()));
-                check_block_cyclic(shape, block, devices, &pg)?;
+                process_grid: None,
+            },
+        }
+    }
+
+    /// Every target partition on `device`.
+    pub fn on(mut self, device: Device) -> Self {
+        self.placement = Placement::On(device);
+        self
+    }
+
+    /// One device per target partition, in C order of positions.
+    pub fn devices(mut self, devices: Vec<Device>) -> Self {
+        self.placement = Placement::Each(devices);
+        self
+    }
+
+    /// Target partitions dealt over `devices` on a process grid (ScaLAPACK-style).
+    pub fn dealt(mut self, devices: Vec<Device>) -> Self {
+        self.placement = Placement::Dealt {
+            devices,
+            process_grid: None,
+        };
+        self
+    }
+
+    /// The process grid of a dealt placement; an error at resolution for other placements.
+    pub fn process_grid(mut self, grid: &[usize]) -> Self {
+        match &mut self.placement {
+            Placement::Dealt { process_grid, .. } => *process_grid = Some(grid.to_vec()),
+            _ => {
+                self.placement = Placement::Dealt {
+                    devices: Vec::new(),
+                    process_grid: Some(grid.to_vec()),
+                }
+            }
+        }
+        self
+    }
+
+    /// The target grid over `shape` and, for dealt placements, the owner of every target
+    /// partition (C order) as an index into the dealt devices. Indices rather than devices,
+    /// because several ranks may each use a device called `kDLCUDA:0`.
+    pub fn resolve(&self, shape: &[usize]) -> Result<(Grid, Option<Vec<usize>>)> {
+        let grid = match &self.cut {
+            Cut::Tiling(t) => Grid::even(shape, t)?,
+            Cut::Splits(s) => Grid::from_splits(shape, s.clone())?,
+            Cut::Blocks(block) => {
+                check_blocks(shape, block)?;
                 let splits = shape
                     .iter()
                     .zip(block)
@@ -72,30 +171,99 @@ impl Layout {
                         _ => (0..len).step_by(b).chain([len]).collect(),
                     })
                     .collect();
-                let grid = Grid::from_splits(shape, splits)?;
-                let pstrides = strides(&pg);
-                let owners = grid
-                    .positions()
-                    .map(|pos| {
-                        pos.iter()
-                            .zip(&pg)
-                            .zip(&pstrides)
-                            .map(|((&i, &p), &s)| (i % p) * s)
-                            .sum()
-                    })
-                    .collect();
-                Ok((grid, Some(owners)))
+                Grid::from_splits(shape, splits)?
             }
-        }
+        };
+        let owners = match &self.placement {
+            Placement::Dealt {
+                devices,
+                process_grid,
+            } => {
+                let pg = process_grid
+                    .clone()
+                    .unwrap_or_else(|| default_process_grid(shape.len(), devices.len()));
+                check_process_grid(shape, devices, &pg)?;
+                let pstrides = strides(&pg);
+                Some(
+                    grid.positions()
+                        .map(|pos| {
+                            pos.iter()
+                                .zip(&pg)
+                                .zip(&pstrides)
+                                .map(|((&i, &p), &s)| (i % p) * s)
+                                .sum()
+                        })
+                        .collect(),
+                )
+            }
+            _ => None,
+        };
+        Ok((grid, owners))
+    }
+
+    /// The target grid and the device of every target partition, for a source over `source`
+    /// whose partition `i` (C order) lives on `source_device(i)`.
+    pub fn target(&self, source: &Grid, source_device: &dyn Fn(usize) -> Device) -> Result<Target> {
+        let (grid, owners) = self.resolve(source.shape())?;
+        let n = grid.num_partitions();
+        let devices = match (&self.placement, owners) {
+            (Placement::Dealt { devices, .. }, Some(owners)) => {
+                owners.into_iter().map(|o| devices[o]).collect()
+            }
+            (Placement::On(d), _) => vec![*d; n],
+            (Placement::Each(ds), _) => {
+                if ds.len() != n {
+                    return Err(Error::shape(
+                        format!("one device for each of the {n} target partitions"),
+                        format!("{} devices", ds.len()),
+                    ));
+                }
+                ds.clone()
+            }
+            _ => stay(source, &grid, source_device),
+        };
+        Ok(Target { grid, devices })
     }
 }
 
-fn check_block_cyclic(
-    shape: &[usize],
-    block: &[usize],
-    devices: &[Device],
-    pg: &[usize],
-) -> Result<()> {
+/// Each target partition on the device of the source partition holding its first element
+/// (for an empty target partition: the source slab where it starts, or the last one).
+fn stay(source: &Grid, target: &Grid, source_device: &dyn Fn(usize) -> Device) -> Vec<Device> {
+    let n = target.num_partitions();
+    let m = source.num_partitions();
+    if m == 0 {
+        return vec![Device::CPU; n];
+    }
+    let first = source_device(0);
+    if (1..m).all(|i| source_device(i) == first) {
+        return vec![first; n];
+    }
+    let tiling = source.tiling();
+    let src_strides = strides(&tiling);
+    // Per axis, per target slab: the flat-index contribution of the source slab holding the
+    // target slab's first element.
+    let per_axis: Vec<Vec<usize>> = (0..source.ndim())
+        .map(|a| {
+            let s = &source.splits()[a];
+            target.splits()[a][..target.splits()[a].len() - 1]
+                .iter()
+                .map(|&start| {
+                    let j = s.partition_point(|&b| b <= start).saturating_sub(1);
+                    j.min(tiling[a] - 1) * src_strides[a]
+                })
+                .collect()
+        })
+        .collect();
+    target
+        .positions()
+        .map(|pos| {
+            let flat: usize = pos.iter().enumerate().map(|(a, &i)| per_axis[a][i]).sum();
+            source_device(flat)
+        })
+        .collect()
+}
+
+fn check_blocks(shape: &[usize], block: &[usize]) -> Result<()> {
     if block.len() != shape.len() || block.contains(&0) {
         return Err(Error::shape(
             format!(
@@ -103,16 +271,6 @@ fn check_block_cyclic(
                 tuple_string(shape)
             ),
             tuple_string(block),
-        ));
-    }
-    if pg.len() != shape.len() || pg.contains(&0) || pg.iter().product::<usize>() != devices.len() {
-        return Err(Error::shape(
-            format!(
-                "block-cyclic process grid with {} axes and {} devices in all",
-                shape.len(),
-                devices.len()
-            ),
-            tuple_string(pg),
         ));
     }
     // Count the blocks before allocating split points for them.
@@ -124,6 +282,20 @@ fn check_block_cyclic(
     crate::grid::check_count(&blocks)
 }
 
+fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Result<()> {
+    if pg.len() != shape.len() || pg.contains(&0) || pg.iter().product::<usize>() != devices.len() {
+        return Err(Error::shape(
+            format!(
+                "block-cyclic process grid with {} axes and {} devices in all",
+                shape.len(),
+                devices.len()
+            ),
+            tuple_string(pg),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,11 +303,7 @@ mod tests {
     #[test]
     fn block_cyclic_assigns_blocks_like_scalapack() {
         let devices: Vec<Device> = (0..4).map(Device::cuda).collect();
-        let layout = Layout::BlockCyclic {
-            block: vec![3, 2],
-            devices,
-            process_grid: None,
-        };
+        let layout = Layout::block_cyclic(&[3, 2], devices);
         let (grid, owners) = layout.resolve(&[10, 7]).unwrap();
         assert_eq!(grid.splits(), &[vec![0, 3, 6, 9, 10], vec![0, 2, 4, 6, 7]]);
         // 2x2 process grid: owner of block (i, j) is 2 * (i % 2) + j % 2.
@@ -148,20 +316,12 @@ mod tests {
         ];
         assert_eq!(owners.unwrap(), expect);
 
-        let layout = Layout::BlockCyclic {
-            block: vec![2, 2],
-            devices: vec![Device::CPU; 6],
-            process_grid: Some(vec![3, 2]),
-        };
+        let layout = Layout::block_cyclic(&[2, 2], vec![Device::CPU; 6]).process_grid(&[3, 2]);
         let (grid, owners) = layout.resolve(&[8, 4]).unwrap();
         assert_eq!(grid.tiling(), vec![4, 2]);
         assert_eq!(owners.unwrap(), vec![0, 1, 2, 3, 4, 5, 0, 1]);
 
-        let layout = Layout::BlockCyclic {
-            block: vec![4],
-            devices: vec![Device::CPU; 3],
-            process_grid: None,
-        };
+        let layout = Layout::block_cyclic(&[4], vec![Device::CPU; 3]);
         let (grid, owners) = layout.resolve(&[18]).unwrap();
         assert_eq!(grid.splits()[0], vec![0, 4, 8, 12, 16, 18]);
         assert_eq!(owners.unwrap(), vec![0, 1, 2, 0, 1]);
@@ -182,10 +342,9 @@ mod tests {
     fn block_cyclic_refuses_mismatched_process_grids() {
         let devices = vec![Device::CPU; 4];
         let bad = |block: Vec<usize>, pg: Option<Vec<usize>>| {
-            Layout::BlockCyclic {
-                block,
-                devices: devices.clone(),
-                process_grid: pg,
+            match pg {
+                Some(pg) => Layout::block_cyclic(&block, devices.clone()).process_grid(&pg),
+                None => Layout::block_cyclic(&block, devices.clone()),
             }
             .resolve(&[8, 8])
             .unwrap_err()
@@ -194,26 +353,53 @@ mod tests {
         assert!(bad(vec![2, 2], Some(vec![3, 1])).contains("(3, 1)"));
         assert!(bad(vec![2], None).contains("(2,)"));
         assert!(bad(vec![2, 0], None).contains("(2, 0)"));
-        assert!(Layout::Tiling(vec![2]).resolve(&[8, 8]).is_err());
-        let none = Layout::BlockCyclic {
-            block: vec![2, 2],
-            devices: vec![],
-            process_grid: None,
-        };
+        assert!(Layout::tiling(&[2]).resolve(&[8, 8]).is_err());
+        let none = Layout::block_cyclic(&[2, 2], vec![]);
         assert!(none
             .resolve(&[8, 8])
             .unwrap_err()
             .to_string()
             .contains("0 devices"));
-        let tiny = Layout::BlockCyclic {
-            block: vec![1],
-            devices: vec![Device::CPU],
-            process_grid: None,
-        };
+        let tiny = Layout::block_cyclic(&[1], vec![Device::CPU]);
         let e = tiny.resolve(&[1 << 40]).unwrap_err().to_string();
         assert!(e.contains("too many partitions"), "{e}");
-        assert!(Layout::Splits(vec![vec![0, 8], vec![0, 3, 8]])
+        assert!(Layout::splits(vec![vec![0, 8], vec![0, 3, 8]])
             .resolve(&[8, 8])
             .is_ok());
+    }
+
+    #[test]
+    fn stay_places_each_target_on_the_source_holding_its_first_element() {
+        // Source: rows [0, 2) on cuda:0, [2, 2) empty on cuda:1, [2, 6) on cuda:2.
+        let src = Grid::from_splits(&[6, 4], vec![vec![0, 2, 2, 6], vec![0, 4]]).unwrap();
+        let devs = [Device::cuda(0), Device::cuda(1), Device::cuda(2)];
+        let t = Layout::splits(vec![vec![0, 1, 2, 5, 6, 6], vec![0, 1, 4]])
+            .target(&src, &|i| devs[i])
+            .unwrap();
+        let rows = [0, 0, 2, 2, 2]; // the empty last target starts at 6: the last source slab
+        let expect: Vec<Device> = rows.iter().flat_map(|&r| [devs[r], devs[r]]).collect();
+        assert_eq!(t.devices, expect);
+        let on = Layout::tiling(&[2, 2])
+            .on(Device::CPU)
+            .target(&src, &|i| devs[i])
+            .unwrap();
+        assert_eq!(on.devices, vec![Device::CPU; 4]);
+        let each = Layout::tiling(&[1, 2]).devices(vec![Device::CPU]);
+        assert!(each
+            .target(&src, &|i| devs[i])
+            .unwrap_err()
+            .to_string()
+            .contains("1 devices"));
+        let dealt = Layout::tiling(&[2, 2])
+            .dealt(devs.to_vec())
+            .process_grid(&[1, 3]);
+        let expect = vec![devs[0], devs[1], devs[0], devs[1]];
+        assert_eq!(dealt.target(&src, &|i| devs[i]).unwrap().devices, expect);
+        let no_devices = Layout::tiling(&[2, 2]).process_grid(&[1, 1]);
+        assert!(no_devices
+            .target(&src, &|i| devs[i])
+            .unwrap_err()
+            .to_string()
+            .contains("0 devices"));
     }
 }

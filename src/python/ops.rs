@@ -83,11 +83,10 @@ fn _block_cyclic(
     n_devices: usize,
     process_grid: Option<Vec<usize>>,
 ) -> PyResult<(Vec<Vec<usize>>, Vec<usize>)> {
-    let layout = crate::plan::Layout::BlockCyclic {
-        block,
-        devices: vec![Device::CPU; n_devices],
-        process_grid,
-    };
+    let mut layout = crate::plan::Layout::block_cyclic(&block, vec![Device::CPU; n_devices]);
+    if let Some(pg) = process_grid {
+        layout = layout.process_grid(&pg);
+    }
     let (grid, owners) = layout.resolve(&shape).map_err(to_py)?;
     let n = grid.num_partitions();
     Ok((grid.splits().to_vec(), owners.unwrap_or_else(|| vec![0; n])))

@@ -1,0 +1,491 @@
+//! The partitioned array: one logical n-d array cut along a [`Grid`], each partition holding
+//! its data here (a [`Tensor`]), a [`Handle`] to data not fetched yet, or nothing (another
+//! rank's partition), with the [`Location`]s where it can be reached.
+//!
+//! [`PartitionedArray`] is dlpart's one model of a partitioned array: every way an array comes
+//! into being (cut from a tensor, imported from a `__partitioned__` dict, made by an operation)
+//! ends in it, and its methods are the operations (`repartition`, `assemble`, `gather`, ...).
+//! [`PartitionedArray::new`] checks invariants 6, 7, 9 and 10 of [`crate::grid`] (the grid
+//! itself guarantees 1-5; [`Location::parse_device`] checks 8):
+//! - 6: two partitions holding data with different dtypes.
+//! - 7: a partition's tensor whose shape differs from the partition's shape.
+//! - 9: a partition holding data here and listing a location in this process (its pid is
+//!   ours), where no such location names the tensor's device. dlpart plans transfers from these
+//!   devices, so a dict that misstates them is refused rather than trusted. Locations in other
+//!   processes describe where the original lives, which a copy fetched here need not share.
+//! - 10: a `locals` position outside the grid, or listed twice. A local partition need not hold
+//!   data yet (it may be fetched through a handle later).
+
+mod location;
+mod ops;
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+pub use location::Location;
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::validate::Violations;
+use crate::grid::{inv, Grid};
+use crate::tensor::Tensor;
+
+/// An opaque reference to a partition's data that lives elsewhere (a Dask future, a Ray
+/// ObjectRef): resolved only when the data is needed, through [`PartitionedArray::fetch`].
+#[derive(Clone)]
+pub struct Handle(Arc<dyn Any + Send + Sync>);
+
+impl Handle {
+    /// Wraps any value as a handle.
+    pub fn new<T: Any + Send + Sync>(value: T) -> Self {
+        Handle(Arc::new(value))
+    }
+
+    /// The wrapped value, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Handle(..)")
+    }
+}
+
+/// What a partition holds in this process.
+#[derive(Clone, Debug)]
+pub enum Data {
+    /// The data, as a tensor on some device.
+    Tensor(Tensor),
+    /// A handle to data not fetched yet.
+    Handle(Handle),
+    /// Nothing: another rank's partition (SPMD).
+    Remote,
+}
+
+impl Data {
+    /// The tensor, if the data is here.
+    pub fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Data::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The handle, if the data has not been fetched yet.
+    pub fn handle(&self) -> Option<&Handle> {
+        match self {
+            Data::Handle(h) => Some(h),
+            _ => None,
+        }
+    }
+}
+
+/// One partition of a [`PartitionedArray`], borrowed from it.
+#[derive(Clone, Debug)]
+pub struct Partition<'a> {
+    /// The grid position.
+    pub position: Vec<usize>,
+    /// The global index of the partition's first element.
+    pub start: Vec<usize>,
+    /// The partition's shape.
+    pub shape: Vec<usize>,
+    /// What the partition holds here.
+    pub data: &'a Data,
+    /// Where it can be reached (several mean replicas). Empty for data dlpart holds in this
+    /// process, whose tensor says where it is.
+    pub locations: &'a [Location],
+}
+
+impl Partition<'_> {
+    /// The tensor, if the data is here.
+    pub fn tensor(&self) -> Option<&Tensor> {
+        self.data.tensor()
+    }
+
+    /// The device the data lives on: the tensor's, else the first location's.
+    pub fn device(&self) -> Option<Device> {
+        match self.data {
+            Data::Tensor(t) => Some(t.device()),
+            _ => self.locations.first().map(|l| l.device),
+        }
+    }
+}
+
+/// A validated partitioned array: a grid, each partition's [`Data`] and [`Location`]s, the
+/// positions this rank owns (`locals`, SPMD producers only) and the dtype.
+#[derive(Clone, Debug)]
+pub struct PartitionedArray {
+    grid: Grid,
+    dtype: Option<DType>,
+    data: Vec<Data>,
+    locations: Vec<Vec<Location>>,
+    locals: Option<Vec<Vec<usize>>>,
+}
+
+impl PartitionedArray {
+    /// Checks `data` and `locations` (one entry per partition of `grid`, in C order of
+    /// positions) and `locals` against the grid and each other, reporting every violation.
+    /// The dtype is that of the partitions holding data (`None` when none does).
+    pub fn new(
+        grid: Grid,
+        data: Vec<Data>,
+        locations: Vec<Vec<Location>>,
+        locals: Option<Vec<Vec<usize>>>,
+    ) -> Result<Self> {
+        let n = grid.num_partitions();
+        for (key, len) in [("partitions", data.len()), ("location", locations.len())] {
+            if len != n {
+                return Err(Error::protocol(
+                    key,
+                    None,
+                    format!(
+                        "{len} entries for partition_tiling {}, which has {n} positions",
+                        tuple_string(&grid.tiling())
+                    ),
+                    Some(inv::POSITIONS),
+                ));
+            }
+        }
+        let mut v = Violations::default();
+        let mut dtype: Option<(DType, usize)> = None;
+        for (flat, (d, locs)) in data.iter().zip(&locations).enumerate() {
+            let Some(t) = d.tensor() else { continue };
+            let position = || grid.position(flat);
+            match dtype {
+                None => dtype = Some((t.dtype(), flat)),
+                Some((d, first)) if d != t.dtype() => {
+                    v.push("data", Some(&position()), inv::DTYPE, || {
+                        Error::DTypeMismatch {
+                            found: t.dtype(),
+                            expected: d,
+                            of: format!("partition {}", tuple_string(&grid.position(first))),
+                        }
+                        .to_string()
+                    })
+                }
+                Some(_) => {}
+            }
+            let region = grid.region_at(flat);
+            if t.shape() != region.shape.as_slice() {
+                v.push("data", Some(&position()), inv::TENSOR_SHAPE, || {
+                    format!(
+                        "tensor of shape {} for a partition of shape {}",
+                        tuple_string(t.shape()),
+                        tuple_string(&region.shape)
+                    )
+                });
+            }
+            let mine: Vec<&Location> = locs.iter().filter(|l| l.is_this_process()).collect();
+            if !mine.is_empty() && mine.iter().all(|l| l.device != t.device()) {
+                v.push("location", Some(&position()), inv::DEVICE, || {
+                    let named: Vec<String> = mine.iter().map(|l| l.device.to_string()).collect();
+                    format!(
+                        "data lives on {} but the locations in this process name {}",
+                        t.device(),
+                        named.join(", ")
+                    )
+                });
+            }
+        }
+        if let Some(locals) = &locals {
+            check_locals(&grid, locals, &mut v);
+        }
+        v.finish()?;
+        Ok(PartitionedArray {
+            grid,
+            dtype: dtype.map(|(d, _)| d),
+            data,
+            locations,
+            locals,
+        })
+    }
+
+    /// An array over `grid` whose partitions are `tensors` (C order), made by dlpart for exactly
+    /// these boxes: no check beyond debug assertions, and no locations (the tensors say where
+    /// they are).
+    pub(crate) fn from_tensors_unchecked(grid: Grid, tensors: Vec<Tensor>, dtype: DType) -> Self {
+        debug_assert_eq!(tensors.len(), grid.num_partitions());
+        debug_assert!(tensors
+            .iter()
+            .enumerate()
+            .all(|(j, t)| t.shape() == grid.region_at(j).shape.as_slice() && t.dtype() == dtype));
+        let n = tensors.len();
+        PartitionedArray {
+            grid,
+            dtype: Some(dtype),
+            data: tensors.into_iter().map(Data::Tensor).collect(),
+            locations: vec![Vec::new(); n],
+            locals: None,
+        }
+    }
+
+    /// States the dtype of an array whose data is not here yet (heat's `dtype` key); a dtype
+    /// that contradicts the data held is refused (invariant 6).
+    pub fn with_dtype(mut self, dtype: DType) -> Result<Self> {
+        match self.dtype {
+            Some(d) if d != dtype => Err(Error::protocol(
+                "dtype",
+                None,
+                Error::DTypeMismatch {
+                    found: dtype,
+                    expected: d,
+                    of: "the partitions' data".into(),
+                }
+                .to_string(),
+                Some(inv::DTYPE),
+            )),
+            _ => {
+                self.dtype = Some(dtype);
+                Ok(self)
+            }
+        }
+    }
+
+    /// The grid.
+    pub fn grid(&self) -> &Grid {
+        &self.grid
+    }
+
+    /// The global shape.
+    pub fn shape(&self) -> &[usize] {
+        self.grid.shape()
+    }
+
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.grid.ndim()
+    }
+
+    /// The element type (`None` until some data is here or stated).
+    pub fn dtype(&self) -> Option<DType> {
+        self.dtype
+    }
+
+    /// The number of partitions.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the grid has no partition (never: a tiling entry is at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Every partition's data, in C order of positions.
+    pub fn data(&self) -> &[Data] {
+        &self.data
+    }
+
+    /// The locations of partition `flat` (C order). Empty for data dlpart holds here.
+    pub fn locations(&self, flat: usize) -> &[Location] {
+        &self.locations[flat]
+    }
+
+    /// The partition with flat index `flat` (C order). Panics when out of range.
+    pub fn at_flat(&self, flat: usize) -> Partition<'_> {
+        let region = self.grid.region_at(flat);
+        Partition {
+            position: self.grid.position(flat),
+            start: region.start,
+            shape: region.shape,
+            data: &self.data[flat],
+            locations: &self.locations[flat],
+        }
+    }
+
+    /// The partition at grid `position`.
+    pub fn at(&self, position: &[usize]) -> Result<Partition<'_>> {
+        Ok(self.at_flat(self.grid.flat_index(position)?))
+    }
+
+    /// The partitions in C order of their positions.
+    pub fn partitions(&self) -> impl ExactSizeIterator<Item = Partition<'_>> + '_ {
+        (0..self.len()).map(|flat| self.at_flat(flat))
+    }
+
+    /// The positions owned by this process (SPMD producers only).
+    pub fn locals(&self) -> Option<&[Vec<usize>]> {
+        self.locals.as_deref()
+    }
+
+    /// The device partition `flat` lives on: its tensor's, else its first location's.
+    pub fn device_of(&self, flat: usize) -> Option<Device> {
+        match &self.data[flat] {
+            Data::Tensor(t) => Some(t.device()),
+            _ => self.locations[flat].first().map(|l| l.device),
+        }
+    }
+
+    /// The distinct devices in use, in order of first appearance: each held tensor's device,
+    /// and the first location's device of partitions that hold no data here.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        let mut last = None;
+        for flat in 0..self.len() {
+            let Some(d) = self.device_of(flat) else {
+                continue;
+            };
+            if last != Some(d) && !out.contains(&d) {
+                out.push(d);
+            }
+            last = Some(d);
+        }
+        out
+    }
+
+    /// Every partition's tensor in C order; an error naming the first partition whose data is
+    /// not here (a handle not fetched, or another rank's partition).
+    pub fn tensors(&self) -> Result<Vec<&Tensor>> {
+        self.data
+            .iter()
+            .enumerate()
+            .map(|(flat, d)| match d {
+                Data::Tensor(t) => Ok(t),
+                Data::Handle(_) => Err(self.missing(flat, "a handle not fetched yet")),
+                Data::Remote => Err(self.missing(flat, "another rank's partition in SPMD mode")),
+            })
+            .collect()
+    }
+
+    fn missing(&self, flat: usize, why: &str) -> Error {
+        Error::protocol(
+            "partitions",
+            Some(&self.grid.position(flat)),
+            format!("no data here ({why})"),
+            None,
+        )
+    }
+
+    /// The flat indices of the partitions at `positions` (all when `None`) that hold a handle.
+    pub fn pending(&self, positions: Option<&[Vec<usize>]>) -> Result<Vec<usize>> {
+        let flats: Vec<usize> = match positions {
+            None => (0..self.len()).collect(),
+            Some(ps) => ps
+                .iter()
+                .map(|p| self.grid.flat_index(p))
+                .collect::<Result<_>>()?,
+        };
+        let mut out: Vec<usize> = flats
+            .into_iter()
+            .filter(|&f| matches!(self.data[f], Data::Handle(_)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Resolves the handles of `positions` (all when `None`) through `get`, which receives the
+    /// pending handles in C order and returns one tensor for each. The fetched tensors are
+    /// checked (invariants 6 and 7) before any is kept: on an error the array is unchanged.
+    pub fn fetch(
+        &mut self,
+        positions: Option<&[Vec<usize>]>,
+        get: impl FnOnce(&[&Handle]) -> Result<Vec<Tensor>>,
+    ) -> Result<()> {
+        let pending = self.pending(positions)?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let handles: Vec<&Handle> = pending
+            .iter()
+            .filter_map(|&f| self.data[f].handle())
+            .collect();
+        let fetched = get(&handles)?;
+        self.set_fetched(&pending, fetched)
+    }
+
+    /// Puts `tensors` into the partitions `flats` (which held handles), after checking their
+    /// shapes and dtypes; nothing changes on an error.
+    pub fn set_fetched(&mut self, flats: &[usize], tensors: Vec<Tensor>) -> Result<()> {
+        if tensors.len() != flats.len() {
+            return Err(Error::shape(
+                format!("one fetched tensor for each of {} handles", flats.len()),
+                format!("{} tensors", tensors.len()),
+            ));
+        }
+        let mut dtype = self.dtype;
+        for (&flat, t) in flats.iter().zip(&tensors) {
+            if flat >= self.len() || self.data[flat].handle().is_none() {
+                return Err(Error::shape(
+                    "fetched data for a partition holding a handle",
+                    format!("partition {flat}"),
+                ));
+            }
+            let position = self.grid.position(flat);
+            let shape = self.grid.region_at(flat).shape;
+            if t.shape() != shape.as_slice() {
+                return Err(Error::protocol(
+                    "partitions",
+                    Some(&position),
+                    format!(
+                        "fetched data of shape {} for an entry of shape {}",
+                        tuple_string(t.shape()),
+                        tuple_string(&shape)
+                    ),
+                    Some(inv::TENSOR_SHAPE),
+                ));
+            }
+            match dtype {
+                None => dtype = Some(t.dtype()),
+                Some(d) if d != t.dtype() => {
+                    return Err(Error::protocol(
+                        "partitions",
+                        Some(&position),
+                        format!(
+                            "fetched {}",
+                            Error::DTypeMismatch {
+                                found: t.dtype(),
+                                expected: d,
+                                of: "the array".into(),
+                            }
+                        ),
+                        Some(inv::DTYPE),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        for (&flat, t) in flats.iter().zip(tensors) {
+            self.data[flat] = Data::Tensor(t);
+        }
+        self.dtype = dtype;
+        Ok(())
+    }
+}
+
+fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {
+    let mut seen = vec![false; grid.num_partitions()];
+    for pos in locals {
+        if pos.len() != grid.ndim() {
+            v.push("locals", None, inv::NDIM, || {
+                format!(
+                    "position {} has {} axes, expected {}",
+                    tuple_string(pos),
+                    pos.len(),
+                    grid.ndim()
+                )
+            });
+            continue;
+        }
+        match grid.flat_index(pos) {
+            Err(_) => v.push("locals", None, inv::LOCALS, || {
+                format!(
+                    "position {} is outside partition_tiling {}",
+                    tuple_string(pos),
+                    tuple_string(&grid.tiling())
+                )
+            }),
+            Ok(flat) if seen[flat] => v.push("locals", Some(pos), inv::LOCALS, || {
+                "listed twice".to_string()
+            }),
+            Ok(flat) => seen[flat] = true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

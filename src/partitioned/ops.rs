@@ -1,0 +1,402 @@
+//! The operations of [`PartitionedArray`]: partition, repartition, assemble, transfers, and
+//! gather/scatter with global indices. Each validates first and writes second, on the device
+//! where the data is; data crosses devices only with `transfer = true`.
+
+use std::borrow::Borrow;
+
+use crate::backend::backend_for;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::Grid;
+use crate::ops;
+use crate::plan::{Layout, Plan};
+use crate::tensor::Tensor;
+
+use super::PartitionedArray;
+
+impl PartitionedArray {
+    /// Cuts `t` along `layout`'s cut into zero-copy views that share its memory. The layout's
+    /// placement must keep the data where it is (the default).
+    ///
+    /// ```
+    /// use dlpart::{Layout, PartitionedArray, Tensor};
+    /// let t = Tensor::from(ndarray::Array2::<f32>::zeros((6, 4)));
+    /// let rows = PartitionedArray::partition(&t, &Layout::tiling(&[3, 1]))?;
+    /// assert_eq!(rows.grid().splits()[0], vec![0, 2, 4, 6]);
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn partition(t: &Tensor, layout: &Layout) -> Result<Self> {
+        let target = layout.target(&Grid::even(t.shape(), &vec![1; t.ndim()])?, &|_| t.device())?;
+        if let Some(d) = target.devices.iter().find(|&&d| d != t.device()) {
+            return Err(Error::DeviceMismatch {
+                op: "partition".into(),
+                devices: format!("{} -> {d}", t.device()),
+                reason: "partition makes views of the data where it is; use repartition with \
+                         transfer to move it"
+                    .into(),
+            });
+        }
+        Self::from_tensor(t, target.grid)
+    }
+
+    /// Cuts `t` along `grid` into zero-copy views that share its memory.
+    pub fn from_tensor(t: &Tensor, grid: Grid) -> Result<Self> {
+        if t.shape() != grid.shape() {
+            return Err(Error::shape(
+                format!("grid over {} for a tensor", tuple_string(grid.shape())),
+                format!("shape {}", tuple_string(t.shape())),
+            ));
+        }
+        let views = grid
+            .positions()
+            .map(|position| {
+                let r = grid.region(&position)?;
+                t.view(&r.start, &r.shape)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_tensors_unchecked(grid, views, t.dtype()))
+    }
+
+    /// The same array over `layout`: new partitions, each element copied once from its source
+    /// partition straight into its target partition, on the device where the data is. A layout
+    /// whose placement moves data across devices needs `transfer`.
+    ///
+    /// ```
+    /// use dlpart::{Layout, PartitionedArray, Tensor};
+    /// let a = ndarray::Array::from_shape_fn((4, 6), |(i, j)| (10 * i + j) as i32);
+    /// let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[2, 1]))?;
+    /// let cols = rows.repartition(&Layout::tiling(&[1, 3]), false)?;
+    /// let last = cols.at(&[0, 2])?;
+    /// assert_eq!(last.tensor().unwrap().as_array::<i32>()?, a.slice(ndarray::s![.., 4..]).into_dyn());
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn repartition(&self, layout: &Layout, transfer: bool) -> Result<Self> {
+        let src = self.tensors()?;
+        let target = layout.target(&self.grid, &|i| src[i].device())?;
+        let dtype = self.dtype.unwrap_or(DType::Float32);
+        let plan = Plan::new(&self.grid, &target.grid)?;
+        let out = ops::repartition(&plan, &src, &target.devices, transfer)?;
+        Ok(Self::from_tensors_unchecked(target.grid, out, dtype))
+    }
+
+    /// Copies this array into `out`'s existing partitions (its grid is the target layout),
+    /// reusing the caller's buffers. `out` must have the same shape and dtype and writable
+    /// partitions; nothing is written unless every check passes.
+    pub fn repartition_into(&self, out: &PartitionedArray, transfer: bool) -> Result<()> {
+        if out.shape() != self.shape() {
+            return Err(Error::shape(
+                format!(
+                    "repartition_into needs a target of this array's shape {}",
+                    tuple_string(self.shape())
+                ),
+                format!("shape {}", tuple_string(out.shape())),
+            ));
+        }
+        let plan = Plan::new(&self.grid, &out.grid)?;
+        ops::repartition_into(&plan, &self.tensors()?, &out.tensors()?, transfer)
+    }
+
+    /// The whole array as one new tensor, on `device` or else on the partitions' common device.
+    /// Partitions on other devices than the target need `transfer`.
+    pub fn assemble(&self, device: Option<Device>, transfer: bool) -> Result<Tensor> {
+        let tensors = self.tensors()?;
+        let devices = distinct_devices(&tensors);
+        let target = match device {
+            Some(d) => d,
+            None if devices.len() > 1 => {
+                return Err(Error::DeviceMismatch {
+                    op: "assemble".into(),
+                    devices: device_list(&devices),
+                    reason: "partitions live on several devices; pass a device and transfer=True"
+                        .into(),
+                })
+            }
+            None => devices.first().copied().unwrap_or(Device::CPU),
+        };
+        let whole = Grid::even(self.shape(), &vec![1; self.ndim()])?;
+        let plan = Plan::new(&self.grid, &whole)?;
+        let moved = self.moved_to(&tensors, target, transfer, "assemble")?;
+        let mut out = match &moved {
+            Some(m) => ops::repartition(&plan, m, &[target], transfer)?,
+            None => ops::repartition(&plan, &tensors, &[target], transfer)?,
+        };
+        Ok(out.pop().expect("one target partition"))
+    }
+
+    /// Every partition copied onto `device` (an explicit transfer), over the same grid.
+    /// Partitions already there are shared, not copied.
+    pub fn to(&self, device: Device) -> Result<Self> {
+        let tensors = self.tensors()?;
+        let moved = tensors
+            .iter()
+            .map(|t| {
+                if t.device() == device {
+                    Ok((*t).clone())
+                } else {
+                    ops::to_device(t, device)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = self.dtype.unwrap_or(DType::Float32);
+        Ok(Self::from_tensors_unchecked(
+            self.grid.clone(),
+            moved,
+            dtype,
+        ))
+    }
+
+    /// Copies of `tensors` on `target` where they live elsewhere (`None` when none does);
+    /// refused without `transfer`.
+    fn moved_to(
+        &self,
+        tensors: &[&Tensor],
+        target: Device,
+        transfer: bool,
+        op: &str,
+    ) -> Result<Option<Vec<Tensor>>> {
+        let away: Vec<Device> = distinct_devices(tensors)
+            .into_iter()
+            .filter(|&d| d != target)
+            .collect();
+        if away.is_empty() {
+            return Ok(None);
+        }
+        if !transfer {
+            return Err(Error::DeviceMismatch {
+                op: op.into(),
+                devices: format!("{} -> {target}", device_list(&away)),
+                reason: "partitions would be moved to another device; pass transfer=True".into(),
+            });
+        }
+        tensors
+            .iter()
+            .map(|t| {
+                if t.device() == target {
+                    Ok((*t).clone())
+                } else {
+                    ops::to_device(t, target)
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// `out[.., k, ..] = self[.., indices[k], ..]` along `axis`, like `numpy.take`, with global
+    /// indices (negative ones count from the end). Each index is served by the partition that
+    /// holds it, on its device. The result keeps this array's split points on the other axes
+    /// and has one slab of `indices.len()` along `axis`; each of its partitions lives on the
+    /// device of the source partition holding its first element. Serving partitions on other
+    /// devices need `transfer`. An out-of-range index is an error before anything is written.
+    pub fn gather(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
+        self.check_axis(axis)?;
+        let idx = host_indices(indices, axis, self.shape()[axis])?;
+        let groups = Groups::new(&self.grid, axis, &idx);
+        let src = self.tensors()?;
+        let mut splits = self.grid.splits().to_vec();
+        splits[axis] = vec![0, idx.len()];
+        let out_grid = Grid::from_splits(self.shape_with(axis, idx.len()).as_slice(), splits)?;
+        let first_slab = idx.first().map_or(0, |&i| groups.slab_of[i as usize]);
+        // Source partition serving slab `s` for output partition `j` (whose axis index is 0).
+        let source = |j: usize, s: usize| {
+            let mut pos = out_grid.position(j);
+            pos[axis] = s;
+            self.grid
+                .flat_index(&pos)
+                .expect("a position of the source grid")
+        };
+        let devices: Vec<Device> = (0..out_grid.num_partitions())
+            .map(|j| src[source(j, first_slab)].device())
+            .collect();
+        for (j, &dev) in devices.iter().enumerate() {
+            for s in groups.serving() {
+                check_crossing("gather", src[source(j, s)].device(), dev, transfer)?;
+            }
+        }
+        let dtype = self.dtype.unwrap_or(DType::Float32);
+        let mut out = Vec::with_capacity(devices.len());
+        for (j, &dev) in devices.iter().enumerate() {
+            let shape = out_grid.region_at(j).shape;
+            let o = backend_for(dev)?.empty(&shape, dtype)?;
+            for s in groups.serving() {
+                let part = src[source(j, s)];
+                if groups.is_all(s) && part.device() == dev {
+                    ops::gather(part, &groups.local[s], axis, Some(&o))?;
+                    continue;
+                }
+                let mut picked = ops::gather(part, &groups.local[s], axis, None)?;
+                if picked.device() != dev {
+                    picked = ops::to_device(&picked, dev)?;
+                }
+                ops::scatter(&picked, &groups.at[s], &o, axis)?;
+            }
+            out.push(o);
+        }
+        Ok(Self::from_tensors_unchecked(out_grid, out, dtype))
+    }
+
+    /// `self[.., indices[k], ..] = values[.., k, ..]` along `axis`, like numpy's fancy
+    /// assignment, with global indices (the last of duplicate indices wins). Each index is
+    /// written by the partition that holds it, on its device; `values` on another device needs
+    /// `transfer`. Nothing is written unless every check passes.
+    pub fn scatter(
+        &self,
+        values: &Tensor,
+        indices: &Tensor,
+        axis: usize,
+        transfer: bool,
+    ) -> Result<()> {
+        self.check_axis(axis)?;
+        let idx = host_indices(indices, axis, self.shape()[axis])?;
+        let want = self.shape_with(axis, idx.len());
+        if values.shape() != want.as_slice() {
+            return Err(Error::shape(
+                format!("scatter values of shape {}", tuple_string(&want)),
+                format!("shape {}", tuple_string(values.shape())),
+            ));
+        }
+        let targets = self.tensors()?;
+        let dtype = self.dtype.unwrap_or(values.dtype());
+        if values.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                found: values.dtype(),
+                expected: dtype,
+                of: "the partitioned array".into(),
+            });
+        }
+        let groups = Groups::new(&self.grid, axis, &idx);
+        let written: Vec<usize> = (0..targets.len())
+            .filter(|&f| groups.at[self.grid.position(f)[axis]].numel() > 0)
+            .collect();
+        for &f in &written {
+            let t = targets[f];
+            if t.readonly() {
+                return Err(Error::ReadOnly {
+                    what: format!("partition {}", tuple_string(&self.grid.position(f))),
+                });
+            }
+            check_crossing("scatter", values.device(), t.device(), transfer)?;
+        }
+        for f in written {
+            let t = targets[f];
+            let r = self.grid.region_at(f);
+            let s = self.grid.position(f)[axis];
+            let mut start = r.start.clone();
+            let mut shape = r.shape.clone();
+            start[axis] = 0;
+            shape[axis] = idx.len();
+            let rows = values.view(&start, &shape)?;
+            let mut picked = if groups.is_all(s) {
+                rows
+            } else {
+                ops::gather(&rows, &groups.at[s], axis, None)?
+            };
+            if picked.device() != t.device() {
+                picked = ops::to_device(&picked, t.device())?;
+            }
+            ops::scatter(&picked, &groups.local[s], t, axis)?;
+        }
+        Ok(())
+    }
+
+    fn check_axis(&self, axis: usize) -> Result<()> {
+        if axis >= self.ndim() {
+            return Err(Error::shape(
+                format!("axis {axis} is out of range for a {}-d array", self.ndim()),
+                format!("shape {}", tuple_string(self.shape())),
+            ));
+        }
+        Ok(())
+    }
+
+    fn shape_with(&self, axis: usize, len: usize) -> Vec<usize> {
+        let mut s = self.shape().to_vec();
+        s[axis] = len;
+        s
+    }
+}
+
+/// The indices of an axis grouped by the slab that holds them.
+struct Groups {
+    /// Per slab: the positions `k` in the index list whose index falls in the slab.
+    at: Vec<Tensor>,
+    /// Per slab: those indices relative to the slab's start.
+    local: Vec<Tensor>,
+    /// Per element of the axis: its slab.
+    slab_of: Vec<usize>,
+    /// The number of indices.
+    n: usize,
+}
+
+impl Groups {
+    fn new(grid: &Grid, axis: usize, idx: &[i64]) -> Self {
+        let splits = &grid.splits()[axis];
+        let slabs = splits.len() - 1;
+        let mut slab_of = vec![0usize; grid.shape()[axis]];
+        for s in 0..slabs {
+            slab_of[splits[s]..splits[s + 1]].fill(s);
+        }
+        let mut at: Vec<Vec<i64>> = vec![Vec::new(); slabs];
+        let mut local: Vec<Vec<i64>> = vec![Vec::new(); slabs];
+        for (k, &i) in idx.iter().enumerate() {
+            let s = slab_of[i as usize];
+            at[s].push(k as i64);
+            local[s].push(i - splits[s] as i64);
+        }
+        let tensor = |v: Vec<i64>| {
+            let n = v.len();
+            Tensor::from_slice(&v, &[n]).expect("a 1-d index list")
+        };
+        Groups {
+            at: at.into_iter().map(tensor).collect(),
+            local: local.into_iter().map(tensor).collect(),
+            slab_of,
+            n: idx.len(),
+        }
+    }
+
+    /// The slabs that serve at least one index.
+    fn serving(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.at.len()).filter(|&s| self.at[s].numel() > 0)
+    }
+
+    /// Whether slab `s` serves every index, in order.
+    fn is_all(&self, s: usize) -> bool {
+        self.at[s].numel() == self.n
+    }
+}
+
+/// The indices of `indices` (any integer dtype, host memory), each read once into memory of
+/// our own, normalised to `[0, len)`; an index outside `[-len, len)` is an error.
+fn host_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Vec<i64>> {
+    let owned = ops::to_device(indices, Device::CPU)?;
+    let normalised = ops::normalise_indices(&owned, axis, len)?;
+    Ok(normalised.as_array::<i64>()?.iter().copied().collect())
+}
+
+fn check_crossing(op: &str, from: Device, to: Device, transfer: bool) -> Result<()> {
+    if from != to && !transfer {
+        return Err(Error::DeviceMismatch {
+            op: op.into(),
+            devices: format!("{from} -> {to}"),
+            reason: "the data would move to another device; pass transfer=True".into(),
+        });
+    }
+    Ok(())
+}
+
+fn distinct_devices<T: Borrow<Tensor>>(tensors: &[T]) -> Vec<Device> {
+    let mut out: Vec<Device> = Vec::new();
+    for t in tensors {
+        let d = t.borrow().device();
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+fn device_list(devices: &[Device]) -> String {
+    let names: Vec<String> = devices.iter().map(Device::to_string).collect();
+    names.join(", ")
+}

@@ -1,0 +1,299 @@
+use super::*;
+use crate::device::DeviceType;
+use crate::plan::Layout;
+use ndarray::{s, ArrayD, IxDyn};
+
+fn invariants(e: &Error) -> Vec<(String, Option<Vec<usize>>, u8)> {
+    match e {
+        Error::ProtocolMany { errors } => errors.iter().flat_map(invariants).collect(),
+        Error::Protocol {
+            key,
+            position,
+            invariant,
+            ..
+        } => {
+            vec![(
+                key.clone(),
+                position.as_ref().map(|p| p.0.clone()),
+                invariant.unwrap_or(0),
+            )]
+        }
+        other => panic!("not a protocol error: {other}"),
+    }
+}
+
+fn global(shape: &[usize]) -> (Tensor, ArrayD<i32>) {
+    let n: usize = shape.iter().product();
+    let vals: Vec<i32> = (0..n as i32).collect();
+    let t = Tensor::from_slice(&vals, shape).unwrap();
+    let a = ArrayD::from_shape_vec(IxDyn(shape), vals).unwrap();
+    (t, a)
+}
+
+fn me() -> i64 {
+    i64::from(std::process::id())
+}
+
+#[test]
+fn from_tensor_makes_views_matching_ndarray_slices() {
+    let (t, a) = global(&[7, 5]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();
+    assert_eq!(pa.len(), 6);
+    // array_split(7, 3) = 3, 2, 2; array_split(5, 2) = 3, 2.
+    let rows = [0..3, 3..5, 5..7];
+    let cols = [0..3, 3..5];
+    for p in pa.partitions() {
+        let (r, c) = (rows[p.position[0]].clone(), cols[p.position[1]].clone());
+        let expect = a.slice(s![r, c]).into_dyn().to_owned();
+        let view = p.tensor().unwrap();
+        assert_eq!(view.to_array::<i32>().unwrap(), expect, "{:?}", p.position);
+        assert!(std::sync::Arc::ptr_eq(view.owner(), t.owner()));
+    }
+    assert_eq!(pa.devices(), vec![Device::CPU]);
+    assert_eq!(pa.dtype(), Some(DType::Int32));
+    let locs: Vec<Vec<Location>> = vec![Vec::new(); 6];
+    let data = pa.data().to_vec();
+    assert!(PartitionedArray::new(pa.grid().clone(), data, locs, None).is_ok());
+    assert!(PartitionedArray::from_tensor(&t, Grid::even(&[5, 7], &[1, 1]).unwrap()).is_err());
+    let moved = Layout::tiling(&[1, 1]).on(Device::cuda(0));
+    assert!(PartitionedArray::partition(&t, &moved).is_err());
+}
+
+#[test]
+fn new_reports_dtype_shape_device_and_locals_violations() {
+    let (t, _) = global(&[4, 4]);
+    let grid = Grid::even(&[4, 4], &[2, 2]).unwrap();
+    let pa = PartitionedArray::from_tensor(&t, grid.clone()).unwrap();
+    let mut data = pa.data().to_vec();
+    let mut locs: Vec<Vec<Location>> = vec![Vec::new(); 4];
+    data[1] = Data::Tensor(Tensor::zeros(&[2, 2], DType::Float32).unwrap());
+    data[2] = Data::Tensor(t.view(&[0, 0], &[2, 3]).unwrap());
+    locs[3] = vec![Location::new("1.1.1.1", me(), Device::cuda(0))];
+    // Another process's location may name another device: it describes the original.
+    locs[0] = vec![Location::new("1.1.1.1", me() + 1, Device::cuda(0))];
+    let locals = vec![vec![1, 1], vec![2, 0], vec![1, 1], vec![0]];
+    let e = PartitionedArray::new(grid, data, locs, Some(locals)).unwrap_err();
+    let expect: Vec<(String, Option<Vec<usize>>, u8)> = vec![
+        ("data".into(), Some(vec![0, 1]), 6),
+        ("data".into(), Some(vec![1, 0]), 7),
+        ("location".into(), Some(vec![1, 1]), 9),
+        ("locals".into(), None, 10),
+        ("locals".into(), Some(vec![1, 1]), 10),
+        ("locals".into(), None, 1),
+    ];
+    assert_eq!(invariants(&e), expect, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("float32 differs from int32"), "{msg}");
+    assert!(
+        msg.contains("kDLCPU but the locations in this process name kDLCUDA:0"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn new_refuses_wrong_counts() {
+    let grid = Grid::even(&[4], &[2]).unwrap();
+    let e = PartitionedArray::new(grid.clone(), vec![Data::Remote], vec![vec![]; 2], None);
+    assert_eq!(
+        invariants(&e.unwrap_err()),
+        vec![("partitions".into(), None, 2)]
+    );
+    let e = PartitionedArray::new(grid, vec![Data::Remote; 2], vec![vec![]; 3], None);
+    assert_eq!(
+        invariants(&e.unwrap_err()),
+        vec![("location".into(), None, 2)]
+    );
+}
+
+#[test]
+fn locations_print_like_python_tuples_and_parse_devices() {
+    let l = Location::new("1.1.1.1", 7755737, Device::cuda(0));
+    assert_eq!(l.to_string(), "('1.1.1.1', 7755737, 'kDLCUDA:0')");
+    assert_eq!(
+        Location::rank(3, Device::CPU).to_string(),
+        "(None, None, 'kDLCPU', rank=3)"
+    );
+    let odd = Location::new("it's\\", 1, Device::CPU);
+    assert_eq!(odd.to_string(), r"('it\'s\\', 1, 'kDLCPU')");
+    let one_api = Location::parse_device("kDLOneAPI:1", &[0]).unwrap();
+    assert_eq!(one_api.kind, DeviceType::OneApi);
+    let e = Location::parse_device("cuda:0", &[2, 1]).unwrap_err();
+    assert_eq!(
+        invariants(&e),
+        vec![("location".into(), Some(vec![2, 1]), 8)]
+    );
+    assert!(e.to_string().contains("\"cuda:0\""), "{e}");
+}
+
+fn remote_and_handle() -> PartitionedArray {
+    let grid = Grid::even(&[4], &[2]).unwrap();
+    let data = vec![Data::Handle(Handle::new(7u32)), Data::Remote];
+    let locs = vec![
+        vec![
+            Location::new("a", 1, Device::cuda(1)),
+            Location::new("b", 2, Device::cuda(0)),
+        ],
+        vec![Location::rank(1, Device::CPU)],
+    ];
+    PartitionedArray::new(grid, data, locs, Some(vec![vec![0]])).unwrap()
+}
+
+#[test]
+fn devices_list_tensors_then_locations_and_tensors_name_what_is_missing() {
+    let pa = remote_and_handle();
+    assert_eq!(pa.devices(), vec![Device::cuda(1), Device::CPU]);
+    assert_eq!(pa.dtype(), None);
+    assert_eq!(pa.locals(), Some(&[vec![0]][..]));
+    assert_eq!(pa.at(&[1]).unwrap().start, vec![2]);
+    let e = pa.tensors().unwrap_err().to_string();
+    assert!(e.contains("(0,)") && e.contains("handle"), "{e}");
+    let pa = pa.with_dtype(DType::Float64).unwrap();
+    assert_eq!(pa.dtype(), Some(DType::Float64));
+}
+
+#[test]
+fn fetch_resolves_handles_and_checks_what_comes_back() {
+    let mut pa = remote_and_handle();
+    let calls = std::cell::Cell::new(0);
+    let bad = pa.fetch(None, |hs| {
+        calls.set(calls.get() + 1);
+        assert_eq!(hs.len(), 1);
+        assert_eq!(hs[0].downcast_ref::<u32>(), Some(&7));
+        Ok(vec![Tensor::zeros(&[3], DType::Float32).unwrap()])
+    });
+    let e = bad.unwrap_err();
+    assert_eq!(
+        invariants(&e),
+        vec![("partitions".into(), Some(vec![0]), 7)]
+    );
+    assert!(pa.data()[0].handle().is_some(), "unchanged after an error");
+    pa.fetch(Some(&[vec![0]]), |_| {
+        Ok(vec![Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()])
+    })
+    .unwrap();
+    assert_eq!(pa.dtype(), Some(DType::Float32));
+    assert_eq!(pa.pending(None).unwrap(), Vec::<usize>::new());
+    pa.fetch(None, |_| panic!("nothing is pending")).unwrap();
+    assert_eq!(calls.get(), 1);
+}
+
+fn parts_of(pa: &PartitionedArray) -> Vec<(Vec<usize>, ArrayD<i32>)> {
+    pa.partitions()
+        .map(|p| {
+            (
+                p.start.clone(),
+                p.tensor().unwrap().to_array::<i32>().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn expect_blocks(pa: &PartitionedArray, a: &ArrayD<i32>) {
+    for (start, got) in parts_of(pa) {
+        let want = a.slice_each_axis(|ax| {
+            let i = ax.axis.index();
+            ndarray::Slice::from(start[i]..start[i] + got.shape()[i])
+        });
+        assert_eq!(got, want, "block at {start:?}");
+    }
+}
+
+#[test]
+fn repartition_assemble_and_to_match_ndarray() {
+    let (t, a) = global(&[9, 7]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[4, 1])).unwrap();
+    for layout in [
+        Layout::tiling(&[1, 3]),
+        Layout::splits(vec![vec![0, 0, 9], vec![0, 2, 2, 7]]),
+        Layout::block_cyclic(&[2, 3], vec![Device::CPU; 4]),
+    ] {
+        let out = pa.repartition(&layout, false).unwrap();
+        expect_blocks(&out, &a);
+        assert_eq!(
+            out.assemble(None, false)
+                .unwrap()
+                .to_array::<i32>()
+                .unwrap(),
+            a
+        );
+        let back = PartitionedArray::partition(&t, &Layout::tiling(&[2, 2])).unwrap();
+        let targets: Vec<Tensor> = back
+            .partitions()
+            .map(|p| Tensor::zeros(&p.shape, DType::Int32).unwrap())
+            .collect();
+        let fresh =
+            PartitionedArray::from_tensors_unchecked(back.grid().clone(), targets, DType::Int32);
+        out.repartition_into(&fresh, false).unwrap();
+        expect_blocks(&fresh, &a);
+    }
+    let host = Device::new(DeviceType::CudaHost, 0).unwrap();
+    let e = pa
+        .repartition(&Layout::tiling(&[1, 1]).on(host), false)
+        .unwrap_err();
+    assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    let moved = pa
+        .repartition(&Layout::tiling(&[2, 1]).on(host), true)
+        .unwrap();
+    assert_eq!(moved.devices(), vec![host]);
+    let back = moved.to(Device::CPU).unwrap();
+    assert_eq!(back.devices(), vec![Device::CPU]);
+    expect_blocks(&back, &a);
+    let e = moved.assemble(Some(Device::CPU), false).unwrap_err();
+    assert!(e.to_string().contains("kDLCUDAHost -> kDLCPU"), "{e}");
+    let whole = moved.assemble(Some(Device::CPU), true).unwrap();
+    assert_eq!(whole.to_array::<i32>().unwrap(), a);
+}
+
+#[test]
+fn gather_and_scatter_take_global_indices() {
+    let (t, a) = global(&[7, 5]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();
+    let idx = [6i64, -7, 3, 3, 4, 0];
+    let it = Tensor::from_slice(&idx, &[idx.len()]).unwrap();
+    let rows: Vec<usize> = idx.iter().map(|&i| i.rem_euclid(7) as usize).collect();
+    let got = pa.gather(&it, 0, false).unwrap();
+    assert_eq!(got.shape(), &[6, 5]);
+    assert_eq!(got.grid().splits()[1], vec![0, 3, 5]);
+    let want = a.select(ndarray::Axis(0), &rows);
+    assert_eq!(
+        got.assemble(None, false)
+            .unwrap()
+            .to_array::<i32>()
+            .unwrap(),
+        want
+    );
+    let cols = Tensor::from_slice(&[4u8, 1], &[2]).unwrap();
+    let got = pa.gather(&cols, 1, false).unwrap();
+    let want = a.select(ndarray::Axis(1), &[4, 1]);
+    assert_eq!(
+        got.assemble(None, false)
+            .unwrap()
+            .to_array::<i32>()
+            .unwrap(),
+        want
+    );
+    let e = pa
+        .gather(&Tensor::from_slice(&[7i64], &[1]).unwrap(), 0, false)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "index 7 is out of bounds for axis 0 with size 7"
+    );
+
+    // scatter: the last duplicate wins, as in numpy
+    let values: Vec<i32> = (0..30).map(|v| -v).collect();
+    let vt = Tensor::from_slice(&values, &[6, 5]).unwrap();
+    let (target, mut expect) = global(&[7, 5]);
+    let tpa = PartitionedArray::partition(&target, &Layout::tiling(&[3, 2])).unwrap();
+    tpa.scatter(&vt, &it, 0, false).unwrap();
+    let v = ArrayD::from_shape_vec(IxDyn(&[6, 5]), values).unwrap();
+    for (k, &r) in rows.iter().enumerate() {
+        expect.slice_mut(s![r, ..]).assign(&v.slice(s![k, ..]));
+    }
+    assert_eq!(target.to_array::<i32>().unwrap(), expect);
+    let bad = Tensor::from_slice(&[0i64, 9], &[2]).unwrap();
+    let before = target.to_array::<i32>().unwrap();
+    let two = Tensor::from_slice(&[0i32; 10], &[2, 5]).unwrap();
+    assert!(tpa.scatter(&two, &bad, 0, false).is_err());
+    assert_eq!(target.to_array::<i32>().unwrap(), before, "nothing written");
+}
