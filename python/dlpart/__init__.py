@@ -11,6 +11,7 @@ from ._core import (
     from_dlpack,
     gather,
     scatter,
+    split_points,
 )
 from . import adapters
 from ._location import Location
@@ -41,5 +42,6 @@ __all__ = [
     "get",
     "partition",
     "scatter",
+    "split_points",
     "validate",
 ]

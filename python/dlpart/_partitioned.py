@@ -1,11 +1,18 @@
-"""`PartitionedArray`: the `__partitioned__` protocol, produced and consumed."""
+"""`PartitionedArray`: the Python face of dlpart's Rust model, and the ``__partitioned__``
+protocol produced and consumed.
+
+The model (grid, data, locations, locals, dtype) and every operation live in Rust
+(``_core._PartitionedArray``). This layer keeps what needs Python: handles resolved through a
+dict's ``get`` (Dask futures, Ray ObjectRefs), the array-API namespace route for devices
+without dlpart kernels (kDLOneAPI), and `Partition` objects, made only when asked for.
+"""
 
 import itertools
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core
 from ._core import Device, DeviceError, ProtocolError, Tensor
-from ._location import Location, framework_device, here, normalise
+from ._location import Location, here, this_host
 
 Position = Tuple[int, ...]
 
@@ -39,7 +46,7 @@ def _resolve(h):
 class Partition:
     """One box of the grid: its position, start, shape, data (or a handle to it) and locations."""
 
-    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle", "_namespace")
+    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle")
 
     def __init__(self, position, start, shape, locations=(), tensor=None, handle=None):
         self.position: Position = tuple(position)
@@ -48,7 +55,6 @@ class Partition:
         self.locations: Tuple[Location, ...] = tuple(locations)
         self._tensor: Optional[Tensor] = tensor
         self._handle = handle
-        self._namespace = None  # the producer's array-API namespace, for non-native devices
 
     @property
     def tensor(self) -> Optional[Tensor]:
@@ -75,123 +81,105 @@ class Partition:
         )
 
 
+def _location_tuple(loc: Location):
+    return (loc.host, loc.pid, loc.device, loc.rank)
+
+
 class PartitionedArray:
     """A logical n-d array cut into a rectilinear grid of partitions, each a DLPack tensor on
-    some device (or a handle to one, or nothing for another rank's partition in SPMD mode)."""
+    some device (or a handle to one, or nothing for another rank's partition in SPMD mode).
+
+    ``PartitionedArray(shape, splits, partitions)`` builds one from `Partition` objects keyed
+    by position (every position of the grid once); the grid and the data are validated.
+    """
+
+    __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors")
 
     def __init__(self, shape, splits, partitions: Mapping[Position, Partition], *, dtype=None,
                  locals=None, get=None):
-        self._shape = tuple(int(n) for n in shape)
-        self._splits = tuple(tuple(s) for s in splits)
-        self._partitions: Optional[Dict[Position, Partition]] = dict(partitions)
-        self._lazy = None
-        self._locals = None if locals is None else [tuple(p) for p in locals]
-        self._get = get
-        self._dtype = dtype
-        try:
-            self._check_data()
-        except BaseException:
-            self._partitions = {}  # a traceback keeps `self` alive: let go of the tensors now
-            raise
+        parts = [(p.position, p.start, p.shape, p._tensor, p._handle,
+                  [_location_tuple(loc) for loc in p.locations]) for p in partitions.values()]
+        core = _core._PartitionedArray.from_parts(
+            [int(n) for n in shape], [list(s) for s in splits], parts,
+            None if dtype is None else str(dtype),
+            None if locals is None else [list(p) for p in locals])
+        self._init(core, get, None)
 
-    @classmethod
-    def _of_tensors(cls, shape, splits, tensors: List[Tensor], devices: Sequence[Device],
-                    dtype) -> "PartitionedArray":
-        """An array over ``splits`` whose partitions are ``tensors`` (C order) on ``devices``,
-        all made by dlpart for exactly these boxes, so unchecked. The `Partition` objects are
-        built on first use: for grids of tens of thousands of small partitions they would cost
-        more than the copy that made the tensors."""
-        self = cls.__new__(cls)
-        self._shape = tuple(shape)
-        self._splits = tuple(tuple(s) for s in splits)
-        self._partitions = None
-        self._lazy = (list(tensors), list(devices))
-        self._locals = None
-        self._get = None
-        self._dtype = dtype
+    def _init(self, core, get_fn, namespace) -> "PartitionedArray":
+        self._core = core
+        self._get = get_fn
+        self._namespace = namespace
+        self._partitions: Optional[Dict[Position, Partition]] = None
+        self._tensors: Optional[List[Tensor]] = None  # one Python object per tensor, kept
         return self
 
-    def _parts(self) -> Dict[Position, Partition]:
-        if self._partitions is None:
-            tensors, devices = self._lazy
-            self._partitions = _partitions_of(self._splits, tensors, devices)
-            self._lazy = None
-        return self._partitions
-
-    def _check_data(self):
-        """Invariants 6, 7 and 9 of the grid (see the Rust `grid` module) for the data held."""
-        # Raised here rather than in the loop: a traceback keeps the raising frame's locals
-        # (a tensor) alive for as long as the caller holds the error.
-        problem = self._data_problem()
-        if problem is not None:
-            raise ProtocolError(problem)
-
-    def _data_problem(self) -> Optional[str]:
-        for p in self._parts().values():
-            t = p._tensor
-            if t is None:
-                continue
-            if t.shape != p.shape:
-                return (
-                    f"__partitioned__['partitions'] at position {p.position}: data of shape "
-                    f"{t.shape} for an entry of shape {p.shape} (grid invariant 7)"
-                )
-            if self._dtype is None:
-                self._dtype = t.dtype
-            elif t.dtype != self._dtype:
-                return (
-                    f"__partitioned__['partitions'] at position {p.position}: dtype {t.dtype} "
-                    f"differs from {self._dtype} (grid invariant 6)"
-                )
-        return None
+    @classmethod
+    def _wrap(cls, core, get_fn=None, namespace=None) -> "PartitionedArray":
+        return cls.__new__(cls)._init(core, get_fn, namespace)
 
     # -- the model -----------------------------------------------------------------------------
     @property
     def shape(self) -> Tuple[int, ...]:
-        return self._shape
+        return self._core.shape
 
     @property
     def ndim(self) -> int:
-        return len(self._shape)
+        return len(self._core.shape)
 
     @property
     def dtype(self) -> Optional[str]:
         """The element type, as a name like ``'float32'`` (None until some data is here)."""
-        return self._dtype
+        return self._core.dtype
 
     @property
     def tiling(self) -> Tuple[int, ...]:
-        return tuple(len(s) - 1 for s in self._splits)
+        return tuple(len(s) - 1 for s in self._core.splits)
 
     @property
     def splits(self) -> Tuple[Tuple[int, ...], ...]:
         """Per axis, the split points ``0 = b0 <= b1 <= ... <= bk = shape[axis]``."""
-        return self._splits
+        return self._core.splits
 
     @property
     def partitions(self) -> Mapping[Position, Partition]:
-        return self._parts()
+        """Every partition by position. Made on first use: an array of tens of thousands of
+        small partitions never pays for these objects unless they are asked for."""
+        if self._partitions is None:
+            made = {}
+            homes: Dict[str, tuple] = {}
+            known = self._tensors
+            for flat, (pos, start, shape, data, locs) in enumerate(self._core.entries()):
+                if known is not None:
+                    data = known[flat]
+                tensor = data if isinstance(data, Tensor) else None
+                handle = data if tensor is None else None
+                if locs:
+                    locations = tuple(Location(h, p, d, rank=r) for h, p, d, r in locs)
+                elif tensor is not None:
+                    key = str(tensor.device)
+                    locations = homes.get(key)
+                    if locations is None:
+                        locations = homes[key] = (here(tensor.device),)
+                else:
+                    locations = ()
+                made[tuple(pos)] = Partition(pos, start, shape, locations, tensor, handle)
+            self._partitions = made
+        return self._partitions
 
     @property
     def locals(self) -> Optional[List[Position]]:
         """The positions this rank owns (SPMD), or None when not SPMD."""
-        return None if self._locals is None else list(self._locals)
+        loc = self._core.locals
+        return None if loc is None else [tuple(p) for p in loc]
 
     @property
     def devices(self) -> List[Device]:
         """The distinct devices the partitions live on, in order of first appearance."""
-        seen = []
-        if self._lazy is not None:
-            return list(dict.fromkeys(self._lazy[1]))
-        for p in self._parts().values():
-            d = p.device
-            if d is not None and d not in seen:
-                seen.append(d)
-        return seen
+        return self._core.devices
 
     def __repr__(self) -> str:
         return (
-            f"dlpart.PartitionedArray(shape={self._shape}, dtype={self._dtype!r}, "
+            f"dlpart.PartitionedArray(shape={self.shape}, dtype={self.dtype!r}, "
             f"tiling={self.tiling}, devices={[str(d) for d in self.devices]})"
         )
 
@@ -199,89 +187,52 @@ class PartitionedArray:
     @property
     def __partitioned__(self) -> dict:
         """The draft-2 ``__partitioned__`` dict. It pickles: tensors by value, handles as handles."""
-        parts = {}
-        for pos, p in self._parts().items():
-            data = p._tensor if p._tensor is not None else p._handle
-            locs = p.locations or ((here(p._tensor.device),) if p._tensor is not None else ())
-            parts[pos] = {
-                "start": p.start,
-                "shape": p.shape,
-                "data": data,
-                "location": [loc.to_tuple() for loc in locs],
-            }
-        d = {
-            "shape": self._shape,
-            "partition_tiling": self.tiling,
-            "partitions": parts,
-            "get": get,
-        }
-        if self._locals is not None:
-            d["locals"] = list(self._locals)
-        return d
+        return self._core.to_dict(get, this_host())
 
     # -- handles ---------------------------------------------------------------------------------
     def fetch(self, positions: Optional[Iterable[Position]] = None) -> "PartitionedArray":
         """Resolves the handles of ``positions`` (default: all) through ``get`` in one call and
         imports their data through DLPack. Returns self."""
-        if self._lazy is not None:
-            return self  # every partition holds a tensor
-        parts = self._parts()
-        wanted = [parts[tuple(p)] for p in positions] if positions is not None else list(
-            parts.values())
-        pending = [p for p in wanted if p._tensor is None and p._handle is not None]
+        wanted = None if positions is None else [list(p) for p in positions]
+        pending = self._core.pending(wanted)
         if not pending:
             return self
         getter = self._get or get
-        raw = getter([p._handle for p in pending])
+        handles = [h for _, h in pending]
+        raw = getter(handles)
         if not isinstance(raw, (list, tuple)) or len(raw) != len(pending):
-            raw = [getter(p._handle) for p in pending]
-        imported = []
+            raw = [getter(h) for h in handles]
+        tensors: List[Tensor] = []
         try:
-            for p, obj in zip(pending, raw):
-                imported.append(_import_data(obj, p.position, None, None))
-            new = dict(zip((p.position for p in pending), imported))
-            dtype = self._dtype  # with no data here yet, the first fetched tensor sets it
-            for pos, t in new.items():
-                if t.shape != parts[pos].shape:
-                    raise ProtocolError(
-                        f"__partitioned__['partitions'] at position {pos}: fetched data of shape "
-                        f"{t.shape} for an entry of shape {parts[pos].shape} "
-                        "(grid invariant 7)"
-                    )
-                if dtype is None:
-                    dtype = t.dtype
-                elif t.dtype != dtype:
-                    raise ProtocolError(
-                        f"__partitioned__['partitions'] at position {pos}: fetched dtype "
-                        f"{t.dtype} differs from {dtype} (grid invariant 6)"
-                    )
+            for (flat, _), obj in zip(pending, raw):
+                tensors.append(_import_data(obj, flat))
+            self._core.set_fetched([flat for flat, _ in pending], tensors)
         except BaseException:
-            # The traceback keeps this frame alive: let go of every tensor taken so far.
-            imported.clear()
-            new = t = None  # noqa: F841
+            # The traceback keeps this frame alive: let go of every tensor imported so far.
+            tensors.clear()
+            raw = obj = None  # noqa: F841
             raise
-        for p in pending:
-            t = new[p.position]
-            p._tensor, p._handle = t, None
-            if self._dtype is None:
-                self._dtype = t.dtype
+        if self._partitions is not None:  # Partition objects handed out see the data too
+            tiling = self.tiling
+            for (flat, _), t in zip(pending, tensors):
+                pos = []
+                for n in reversed(tiling):
+                    flat, i = divmod(flat, n)
+                    pos.append(i)
+                p = self._partitions[tuple(reversed(pos))]
+                p._tensor, p._handle = t, None
         return self
 
     def tensors(self) -> List[Tensor]:
         """Every partition's tensor in C order of positions (fetching handles first)."""
-        if self._lazy is not None:
-            return list(self._lazy[0])
         self.fetch()
-        parts, out = self._parts(), []
-        for pos in itertools.product(*(range(n) for n in self.tiling)):
-            t = parts[pos]._tensor
-            if t is None:
-                raise ProtocolError(
-                    f"__partitioned__['partitions'] at position {pos}: no data here (another "
-                    "rank's partition in SPMD mode)"
-                )
-            out.append(t)
-        return out
+        if self._tensors is None:
+            parts = self._partitions
+            if parts is not None and all(p._tensor is not None for p in parts.values()):
+                self._tensors = [p._tensor for p in parts.values()]
+            else:
+                self._tensors = self._core.tensors()
+        return list(self._tensors)
 
     # -- operations ----------------------------------------------------------------------------
     def repartition(self, tiling: Optional[Sequence[int]] = None, *, splits=None, block_cyclic=None,
@@ -302,29 +253,51 @@ class PartitionedArray:
         the last of them is dropped (a large array cut into small blocks then costs one
         allocation instead of thousands).
         """
-        return _repartition(self, tiling, splits, block_cyclic, devices, process_grid, transfer)
+        self.fetch()
+        layout = dict(tiling=_opt_list(tiling), splits=_opt_splits(splits),
+                      block_cyclic=_opt_block(block_cyclic), devices=_devices_arg(devices),
+                      process_grid=_opt_list(process_grid))
+        if self._core.native and _native_devices(layout["devices"]):
+            return PartitionedArray._wrap(self._core.repartition(**layout, transfer=transfer))
+        dst_splits, dst_devs = self._core.target(**layout)
+        out = _repartition_by_namespace(self, dst_splits, dst_devs, transfer)
+        return PartitionedArray(self.shape, dst_splits, {
+            pos: Partition(pos, start, shape, (), t)
+            for (pos, start, shape), t in zip(_boxes(dst_splits), out)})
 
     def repartition_into(self, out: "PartitionedArray", *, transfer: bool = False) -> "PartitionedArray":
         """Copies this array into ``out``'s existing partitions (its grid is the target layout),
         reusing the caller's buffers. ``out`` must have the same shape and dtype and writable
         partitions; nothing is written unless every check passes. Returns ``out``."""
-        if tuple(out.shape) != self._shape:
-            raise ValueError(f"repartition_into: out has shape {out.shape}, this array {self._shape}")
-        src, dst = self.tensors(), out.tensors()
-        kinds = {t.device.kind for t in src} | {t.device.kind for t in dst}
-        if not kinds <= _NATIVE:
+        if tuple(out.shape) != self.shape:
+            raise ValueError(f"repartition_into: out has shape {out.shape}, this array {self.shape}")
+        self.fetch()
+        out.fetch()
+        if not (self._core.native and out._core.native):
+            kinds = sorted({str(d) for d in self.devices} | {str(d) for d in out.devices})
             raise _core.BackendUnavailableError(
-                f"repartition_into on {sorted(kinds)}: needs dlpart kernels for every device")
-        _core._repartition_into(src, list(self._shape), [list(s) for s in self._splits], dst,
-                                [list(s) for s in out.splits], transfer)
+                f"repartition_into on {kinds}: needs dlpart kernels for every device")
+        self._core.repartition_into(out._core, transfer)
         return out
 
     def to(self, device) -> "PartitionedArray":
         """Every partition copied onto ``device`` (an explicit transfer), same grid."""
-        target = Device(device)
-        moved = [t if t.device == target else t.to(target) for t in self.tensors()]
-        return PartitionedArray._of_tensors(self._shape, self._splits, moved,
-                                            [target] * len(moved), self._dtype)
+        self.fetch()
+        return PartitionedArray._wrap(self._core.to(Device(device)))
+
+    def gather(self, indices, axis: int = 0, *, transfer: bool = False) -> "PartitionedArray":
+        """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
+        that holds it, on its device. The result keeps this array's split points on the other
+        axes and has one slab along ``axis``."""
+        self.fetch()
+        return PartitionedArray._wrap(self._core.gather(indices, axis, transfer))
+
+    def scatter(self, values, indices, axis: int = 0, *, transfer: bool = False) -> None:
+        """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
+        duplicate indices wins), written by the partitions that hold them; nothing is written
+        unless every index is in range."""
+        self.fetch()
+        self._core.scatter(values, indices, axis, transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
@@ -333,79 +306,52 @@ class PartitionedArray:
         Partitions on different devices need ``device=`` and ``transfer=True``; otherwise
         `dlpart.DeviceError` names the devices.
         """
-        tensors = self.tensors()
-        devices = sorted({str(t.device) for t in tensors})
+        self.fetch()
         target = Device(device) if device is not None else None
+        if self._core.native and (target is None or target.kind in _NATIVE):
+            return self._core.assemble(target, transfer)
+        tensors = self._core.tensors()
+        devices = sorted({str(t.device) for t in tensors})
         if target is None:
             if len(devices) > 1:
                 raise DeviceError(
                     f"assemble: partitions live on several devices {devices}; pass device= and "
                     "transfer=True to move them"
                 )
-            target = tensors[0].device if tensors else Device("kDLCPU")
-        moving = sorted({str(t.device) for t in tensors if t.device != target})
-        if moving and not transfer:
-            raise DeviceError(
-                f"assemble: partitions on {moving} would be moved to {target}; pass transfer=True"
-            )
-        if moving:
-            tensors = [t if t.device == target else t.to(target) for t in tensors]
-        # One target partition covering everything: the repartition path, on the target device.
-        whole = [[0, n] for n in self._shape]
-        if target.kind not in _NATIVE:
-            return _repartition_by_namespace(self, tensors, whole, [target], transfer)[0]
-        return _core._repartition(tensors, list(self._shape), [list(s) for s in self._splits],
-                                  whole, [target])[0]
+            target = tensors[0].device
+        whole = [[0, n] for n in self.shape]
+        return _repartition_by_namespace(self, whole, [target], transfer)[0]
 
 
 _NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
 
 
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
+def _native_devices(devices) -> bool:
+    if devices is None:
+        return True
+    items = devices if isinstance(devices, list) else [devices]
+    return all(Device(d).kind in _NATIVE for d in items)
 
 
-def _repartition(pa: "PartitionedArray", tiling, splits, block_cyclic, devices, process_grid,
-                 transfer) -> "PartitionedArray":
-    given = [name for name, v in (("tiling", tiling), ("splits", splits),
-                                   ("block_cyclic", block_cyclic)) if v is not None]
-    if len(given) != 1:
-        raise ValueError(f"repartition takes exactly one of tiling, splits, block_cyclic; got {given}")
-    shape = list(pa.shape)
-    if tiling is not None:
-        dst_splits = _core._even_splits(shape, list(tiling))
-        owners = None
-    elif splits is not None:
-        dst_splits = _core._check_splits(shape, [list(s) for s in splits])
-        owners = None
-    else:
-        if devices is None or isinstance(devices, (str, Device)):
-            raise ValueError("block_cyclic needs devices=[...], the devices the blocks are dealt to")
-        block = [block_cyclic] * len(shape) if isinstance(block_cyclic, int) else list(block_cyclic)
-        dst_splits, owners = _core._block_cyclic(shape, block, len(devices), process_grid)
-    n = _prod(len(s) - 1 for s in dst_splits)
-    src = pa.tensors()
-    if owners is not None:
-        dealt = [Device(d) for d in devices]
-        dst_devs = [dealt[o] for o in owners]
-    elif devices is None:
-        dst_devs = _default_devices(pa, src, dst_splits)
-    elif isinstance(devices, (str, Device, tuple)):
-        dst_devs = [Device(devices)] * n
-    else:
-        dst_devs = [Device(d) for d in devices]
-        if len(dst_devs) != n:
-            raise ValueError(f"devices has {len(dst_devs)} entries for {n} target partitions")
-    src_devs = {t.device.kind for t in src}
-    if src_devs | {d.kind for d in dst_devs} <= _NATIVE:
-        out = _core._repartition(src, shape, [list(s) for s in pa.splits], dst_splits, dst_devs,
-                                 transfer)
-    else:
-        out = _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer)
-    return PartitionedArray._of_tensors(pa.shape, dst_splits, out, dst_devs, pa.dtype)
+def _opt_list(x):
+    return None if x is None else [int(v) for v in x]
+
+
+def _opt_splits(x):
+    return None if x is None else [[int(v) for v in s] for s in x]
+
+
+def _opt_block(x):
+    if x is None or isinstance(x, int):
+        return x
+    return [int(v) for v in x]
+
+
+def _devices_arg(devices):
+    """One device (a name, a `Device`, a DLPack pair) or a list of them."""
+    if devices is None or isinstance(devices, (str, Device, tuple)):
+        return devices
+    return list(devices)
 
 
 def _boxes(splits):
@@ -416,53 +362,17 @@ def _boxes(splits):
     return zip(positions, starts, shapes)
 
 
-def _partitions_of(splits, tensors, devices) -> Dict[Position, Partition]:
-    """Partitions over ``splits`` holding ``tensors`` (C order), located here on ``devices``
-    (the tensors' devices, known to the caller: asking each tensor costs more than the copy
-    for small partitions)."""
-    locations: Dict[Device, tuple] = {}
-    parts = {}
-    for (pos, start, shape), t, dev in zip(_boxes(splits), tensors, devices):
-        loc = locations.get(dev)
-        if loc is None:
-            loc = locations[dev] = (here(dev),)
-        parts[pos] = Partition(pos, start, shape, loc, t)
-    return parts
-
-
-def _default_devices(pa, src, dst_splits) -> List[Device]:
-    """Each target partition stays on the device of the source partition holding its first
-    element, so a layout change alone never moves data."""
-    import bisect
-
-    n = _prod(len(s) - 1 for s in dst_splits)
-    if len({str(t.device) for t in src}) <= 1:
-        return [src[0].device if src else Device("kDLCPU")] * n
-    tiling = pa.tiling
-    strides = [_prod(tiling[a + 1:]) for a in range(len(tiling))]
-    out = []
-    for pos in itertools.product(*(range(len(s) - 1) for s in dst_splits)):
-        flat = 0
-        for a, i in enumerate(pos):
-            start = dst_splits[a][i]
-            j = max(0, min(bisect.bisect_right(pa.splits[a], start) - 1, tiling[a] - 1))
-            flat += j * strides[a]
-        out.append(src[flat].device if src else Device("kDLCPU"))
-    return out
-
-
-def _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer) -> List[Tensor]:
+def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor]:
     """Repartitions partitions on devices without dlpart kernels (kDLOneAPI) through the
     producer's array-API namespace, on the data's own device."""
+    src = pa.tensors()
     crossing = sorted({f"{t.device} -> {d}" for t in src for d in dst_devs if t.device != d})
     if crossing and not transfer:
         raise DeviceError(
             f"repartition: the target layout moves data between devices ({', '.join(crossing)}); "
             "pass transfer=True"
         )
-    xp = None
-    for p in pa.partitions.values():
-        xp = xp or p._namespace
+    xp = pa._namespace
     if xp is None:
         raise _core.BackendUnavailableError(
             f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
@@ -474,32 +384,30 @@ def _repartition_by_namespace(pa, src, dst_splits, dst_devs, transfer) -> List[T
         by_device.setdefault(str(t.device), arr.device)
     dtype = native[0].dtype if native else None
     outs = []
-    for k, pos in enumerate(itertools.product(*(range(len(s) - 1) for s in dst_splits))):
-        shape = tuple(dst_splits[a][i + 1] - dst_splits[a][i] for a, i in enumerate(pos))
+    for k, (pos, start, shape) in enumerate(_boxes(dst_splits)):
         dev = by_device.get(str(dst_devs[k]))
         if dev is None:
             raise DeviceError(f"repartition: no partition lives on {dst_devs[k]} to allocate there")
-        outs.append(xp.empty(shape, dtype=dtype, device=dev))
-    for s, s_start, d, d_start, shape in _core._plan_ops(
-            list(pa.shape), [list(x) for x in pa.splits], dst_splits):
+        outs.append(xp.empty(tuple(shape), dtype=dtype, device=dev))
+    for s, s_start, d, d_start, shape in pa._core.plan_ops([list(x) for x in dst_splits]):
         dst_box = tuple(slice(a, a + n) for a, n in zip(d_start, shape))
         src_box = tuple(slice(a, a + n) for a, n in zip(s_start, shape))
         outs[d][dst_box] = native[s][src_box]
     return [_core.from_dlpack(o) for o in outs]
 
 
-def _import_data(obj, position, device, copy) -> Tensor:
-    if isinstance(obj, Tensor) and device is None and not copy:
+def _import_data(obj, flat) -> Tensor:
+    if isinstance(obj, Tensor):
         return obj
     if not hasattr(obj, "__dlpack__"):
         raise ProtocolError(
-            f"__partitioned__['partitions'] at position {position}: 'data' of type "
-            f"{type(obj).__name__} is neither None, a DLPack array nor a handle that 'get' resolves"
+            f"__partitioned__['partitions']: 'get' returned {type(obj).__name__} for partition "
+            f"{flat} (C order), which is not a DLPack array"
         )
-    return _core.from_dlpack(obj, device=device, copy=copy)
+    return _core.from_dlpack(obj)
 
 
-def _as_dict(obj) -> dict:
+def _as_dict(obj) -> Mapping:
     if isinstance(obj, Mapping):
         return obj
     attr = getattr(obj, "__partitioned__", None)
@@ -513,68 +421,12 @@ def _as_dict(obj) -> dict:
     return d
 
 
-def _tuple_of_ints(value, key) -> Tuple[int, ...]:
-    import operator
-
-    try:
-        items = (value,) if isinstance(value, int) else tuple(value)
-        if any(isinstance(x, bool) for x in items):
-            raise TypeError
-        return tuple(operator.index(x) for x in items)
-    except TypeError:
-        raise ProtocolError(f"__partitioned__[{key!r}]: expected a tuple of ints, found {value!r}") from None
-
-
-class _Parsed:
-    __slots__ = ("shape", "tiling", "entries", "splits", "locals", "get")
-
-    def boxes(self):
-        """``(position, start, shape, entry)`` of every entry; start and shape come from the
-        validated split points, which they equal."""
-        sp = self.splits
-        for pos, entry in self.entries:
-            yield (pos, tuple(sp[a][i] for a, i in enumerate(pos)),
-                   tuple(sp[a][i + 1] - sp[a][i] for a, i in enumerate(pos)), entry)
-
-
-def _parse(d: Mapping) -> _Parsed:
-    """Checks the dict's structure and its grid (in Rust), importing no data."""
-    out = _Parsed()
-    shape, out.splits, out.entries = _core._grid_from_dict(d)
-    out.shape = tuple(shape)
-    out.tiling = tuple(len(s) - 1 for s in out.splits)
-    loc = d.get("locals")
-    if loc is not None:
-        if not isinstance(loc, (list, tuple)):
-            raise ProtocolError(f"__partitioned__['locals']: expected a list of positions, found {loc!r}")
-        locs = [_tuple_of_ints(p, "locals") for p in loc]
-        tiling = out.tiling
-        for p in locs:
-            if len(p) != len(tiling) or any(not 0 <= i < n for i, n in zip(p, tiling)):
-                raise ProtocolError(
-                    f"__partitioned__['locals']: position {p} is not in a grid of tiling {tiling} "
-                    "(grid invariant 10)"
-                )
-        if len(set(locs)) != len(locs):
-            raise ProtocolError(f"__partitioned__['locals']: a position is listed twice in {locs} (grid invariant 10)")
-        out.locals = locs
-    else:
-        out.locals = None
-    g = d.get("get")
-    if g is not None and not callable(g):
-        raise ProtocolError(f"__partitioned__['get']: expected a callable, found {g!r}")
-    out.get = g
-    return out
-
-
 def validate(d) -> None:
     """Checks a ``__partitioned__`` dict (or an object exposing one) without importing data.
 
     Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
     """
-    p = _parse(_as_dict(d))
-    for pos, entry in p.entries:
-        normalise(entry.get("location"), pos, framework_device(entry.get("device"), "device", pos))
+    _core._validate_dict(_as_dict(d))
 
 
 def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> PartitionedArray:
@@ -589,52 +441,8 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
     if isinstance(obj, PartitionedArray) and device is None and not copy:
         return obj
     d = _as_dict(obj)
-    parsed = _parse(d)
-    target = Device(device) if device is not None else None
-    parts = {}
-    taken = []
-    namespace = None
-    try:
-        for pos, start, shape, entry in parsed.boxes():
-            data = entry["data"]
-            extra = framework_device(entry.get("device"), "device", pos)
-            tensor = handle = None
-            if data is not None:
-                if hasattr(data, "__dlpack__"):
-                    tensor = _import_data(data, pos, target, copy)
-                    taken.append(tensor)
-                    namespace = getattr(data, "__array_namespace__", None)
-                else:
-                    handle = data
-            fallback = tensor.device if tensor is not None else extra
-            if target is not None and tensor is not None:
-                # the data was moved: its locality is here now
-                locations = (here(tensor.device),)
-            else:
-                locations = normalise(entry.get("location"), pos, fallback)
-            parts[pos] = Partition(pos, start, shape, locations, tensor, handle)
-            if tensor is not None and namespace is not None and tensor.device.kind not in _NATIVE:
-                parts[pos]._namespace = namespace()
-            namespace = None
-        dtype = _entry_dtype(d)
-        return PartitionedArray(parsed.shape, parsed.splits, parts, dtype=dtype,
-                                locals=parsed.locals, get=parsed.get)
-    except BaseException:
-        # The traceback keeps this frame alive: drop every reference to imported data.
-        taken.clear()
-        parts.clear()
-        tensor = None  # noqa: F841
-        raise
-
-
-def _entry_dtype(d) -> Optional[str]:
-    """A dtype stated by the producer without data (heat's extra ``dtype`` key), if any."""
-    for entry in d["partitions"].values():
-        dt = entry.get("dtype") if isinstance(entry, Mapping) else None
-        if dt is not None:
-            name = str(dt).replace("torch.", "")
-            return name
-    return None
+    core, namespace = _core._PartitionedArray.from_dict(d, device, copy)
+    return PartitionedArray._wrap(core, d.get("get"), namespace)
 
 
 def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> PartitionedArray:
@@ -643,19 +451,9 @@ def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> Part
     ``tiling`` splits each axis evenly like `numpy.array_split`; ``splits`` gives the split
     points per axis explicitly (``[[0, 3, 8], [0, 8]]``). Default: one partition.
     """
-    t = x if isinstance(x, Tensor) else _core.from_dlpack(x)
-    namespace = getattr(x, "__array_namespace__", None)
-    if splits is not None:
-        if tiling is not None:
-            raise ValueError("pass tiling or splits, not both")
-        sp = _core._check_splits(t.shape, [list(s) for s in splits])
-    else:
-        tiling = tuple(tiling) if tiling is not None else (1,) * t.ndim
-        sp = _core._even_splits(t.shape, list(tiling))
-    parts = {}
-    loc = (here(t.device),)
-    for pos, start, shape in _boxes(sp):
-        parts[pos] = Partition(pos, start, shape, loc, t.view(start, shape))
-        if namespace is not None and t.device.kind not in _NATIVE:
-            parts[pos]._namespace = namespace()
-    return PartitionedArray(t.shape, sp, parts, dtype=t.dtype)
+    core = _core._PartitionedArray.partition(x, _opt_list(tiling), _opt_splits(splits))
+    namespace = None
+    if not core.native:
+        ns = getattr(x, "__array_namespace__", None)
+        namespace = ns() if ns is not None else None
+    return PartitionedArray._wrap(core, None, namespace)

@@ -151,27 +151,23 @@ impl PartitionedArray {
             }
         }
         let mut v = Violations::default();
-        let mut dtype: Option<(DType, usize)> = None;
+        let dtype = majority_dtype(&data);
         for (flat, (d, locs)) in data.iter().zip(&locations).enumerate() {
             let Some(t) = d.tensor() else { continue };
             let position = || grid.position(flat);
-            match dtype {
-                None => dtype = Some((t.dtype(), flat)),
-                Some((d, first)) if d != t.dtype() => {
-                    v.push("data", Some(&position()), inv::DTYPE, || {
-                        Error::DTypeMismatch {
-                            found: t.dtype(),
-                            expected: d,
-                            of: format!("partition {}", tuple_string(&grid.position(first))),
-                        }
-                        .to_string()
-                    })
-                }
-                Some(_) => {}
+            if let Some((expected, others)) = dtype.filter(|(d, _)| *d != t.dtype()) {
+                v.push("partitions", Some(&position()), inv::DTYPE, || {
+                    Error::DTypeMismatch {
+                        found: t.dtype(),
+                        expected,
+                        of: format!("the other {others} partitions"),
+                    }
+                    .to_string()
+                });
             }
             let region = grid.region_at(flat);
             if t.shape() != region.shape.as_slice() {
-                v.push("data", Some(&position()), inv::TENSOR_SHAPE, || {
+                v.push("partitions", Some(&position()), inv::TENSOR_SHAPE, || {
                     format!(
                         "tensor of shape {} for a partition of shape {}",
                         tuple_string(t.shape()),
@@ -455,6 +451,25 @@ impl PartitionedArray {
         self.dtype = dtype;
         Ok(())
     }
+}
+
+/// The dtype most partitions holding data have (ties: the first in C order), and how many
+/// have it; the reference that invariant 6 blames the others against.
+fn majority_dtype(data: &[Data]) -> Option<(DType, usize)> {
+    let mut counts: Vec<(DType, usize)> = Vec::new();
+    for t in data.iter().filter_map(Data::tensor) {
+        match counts.iter_mut().find(|(d, _)| *d == t.dtype()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((t.dtype(), 1)),
+        }
+    }
+    let mut best: Option<(DType, usize)> = None;
+    for &(d, n) in &counts {
+        if best.is_none_or(|(_, m)| n > m) {
+            best = Some((d, n));
+        }
+    }
+    best
 }
 
 fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {

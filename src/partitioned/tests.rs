@@ -74,8 +74,8 @@ fn new_reports_dtype_shape_device_and_locals_violations() {
     let locals = vec![vec![1, 1], vec![2, 0], vec![1, 1], vec![0]];
     let e = PartitionedArray::new(grid, data, locs, Some(locals)).unwrap_err();
     let expect: Vec<(String, Option<Vec<usize>>, u8)> = vec![
-        ("data".into(), Some(vec![0, 1]), 6),
-        ("data".into(), Some(vec![1, 0]), 7),
+        ("partitions".into(), Some(vec![0, 1]), 6),
+        ("partitions".into(), Some(vec![1, 0]), 7),
         ("location".into(), Some(vec![1, 1]), 9),
         ("locals".into(), None, 10),
         ("locals".into(), Some(vec![1, 1]), 10),
@@ -83,7 +83,7 @@ fn new_reports_dtype_shape_device_and_locals_violations() {
     ];
     assert_eq!(invariants(&e), expect, "{e}");
     let msg = e.to_string();
-    assert!(msg.contains("float32 differs from int32"), "{msg}");
+    assert!(msg.contains("float32 differs from int32 of the other 3 partitions"), "{msg}");
     assert!(
         msg.contains("kDLCPU but the locations in this process name kDLCUDA:0"),
         "{msg}"

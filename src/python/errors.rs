@@ -37,7 +37,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => DeviceError::new_err(msg),
         Error::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
         Error::BackendUnavailable { .. } => BackendUnavailableError::new_err(msg),
-        Error::Shape { .. } => PyValueError::new_err(msg),
+        Error::Shape { .. } | Error::DTypeMismatch { .. } => PyValueError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
     }
 }

@@ -6,6 +6,7 @@
 mod capsule;
 mod device;
 mod errors;
+mod location;
 mod ops;
 mod partitioned;
 mod tensor;

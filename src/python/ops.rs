@@ -1,10 +1,9 @@
-//! Bindings for `ops`: repartition, gather and scatter.
+//! Bindings for `ops` on single tensors: gather, scatter, planning statistics, backends.
 
 use std::time::Instant;
 
 use pyo3::prelude::*;
 
-use crate::device::Device;
 use crate::grid::Grid;
 use crate::plan::Plan;
 
@@ -14,48 +13,6 @@ use super::tensor::{from_dlpack, PyTensor};
 
 fn grid(shape: &[usize], splits: Vec<Vec<usize>>) -> PyResult<Grid> {
     Grid::from_splits(shape, splits).map_err(to_py)
-}
-
-/// Repartitions `tensors` (C order over `src_splits`) into new tensors over `dst_splits`,
-/// target partition `j` on `devices[j]`.
-#[pyfunction]
-#[pyo3(signature = (tensors, shape, src_splits, dst_splits, devices, transfer=false))]
-fn _repartition(
-    py: Python<'_>,
-    tensors: Vec<PyTensor>,
-    shape: Vec<usize>,
-    src_splits: Vec<Vec<usize>>,
-    dst_splits: Vec<Vec<usize>>,
-    devices: Vec<Bound<'_, PyAny>>,
-    transfer: bool,
-) -> PyResult<Vec<PyTensor>> {
-    let devices: Vec<Device> = devices.iter().map(device_arg).collect::<PyResult<_>>()?;
-    let plan = Plan::new(&grid(&shape, src_splits)?, &grid(&shape, dst_splits)?).map_err(to_py)?;
-    let src: Vec<_> = tensors.into_iter().map(|t| t.inner).collect();
-    let out = py
-        .detach(|| crate::ops::repartition(&plan, &src, &devices, transfer))
-        .map_err(to_py)?;
-    Ok(out.into_iter().map(PyTensor::new).collect())
-}
-
-/// Copies `tensors` (C order over `src_splits`) into the existing `targets` (C order over
-/// `dst_splits`).
-#[pyfunction]
-#[pyo3(signature = (tensors, shape, src_splits, targets, dst_splits, transfer=false))]
-fn _repartition_into(
-    py: Python<'_>,
-    tensors: Vec<PyTensor>,
-    shape: Vec<usize>,
-    src_splits: Vec<Vec<usize>>,
-    targets: Vec<PyTensor>,
-    dst_splits: Vec<Vec<usize>>,
-    transfer: bool,
-) -> PyResult<()> {
-    let plan = Plan::new(&grid(&shape, src_splits)?, &grid(&shape, dst_splits)?).map_err(to_py)?;
-    let src: Vec<_> = tensors.into_iter().map(|t| t.inner).collect();
-    let dst: Vec<_> = targets.into_iter().map(|t| t.inner).collect();
-    py.detach(|| crate::ops::repartition_into(&plan, &src, &dst, transfer))
-        .map_err(to_py)
 }
 
 /// The number of box copies between two grids over `shape`, and the seconds planning took.
@@ -71,42 +28,6 @@ fn _plan_stats(
     let mut n = 0usize;
     plan.ops().visit(|_| n += 1);
     Ok((n, t0.elapsed().as_secs_f64()))
-}
-
-/// Block-cyclic split points over `shape` and the owner (index into the device list) of every
-/// block, C order.
-#[pyfunction]
-#[pyo3(signature = (shape, block, n_devices, process_grid=None))]
-fn _block_cyclic(
-    shape: Vec<usize>,
-    block: Vec<usize>,
-    n_devices: usize,
-    process_grid: Option<Vec<usize>>,
-) -> PyResult<(Vec<Vec<usize>>, Vec<usize>)> {
-    let mut layout = crate::plan::Layout::block_cyclic(&block, vec![Device::CPU; n_devices]);
-    if let Some(pg) = process_grid {
-        layout = layout.process_grid(&pg);
-    }
-    let (grid, owners) = layout.resolve(&shape).map_err(to_py)?;
-    let n = grid.num_partitions();
-    Ok((grid.splits().to_vec(), owners.unwrap_or_else(|| vec![0; n])))
-}
-
-/// Every box copy between two grids: `(src, src_start, dst, dst_start, shape)`, for backends
-/// driven from Python (array-API namespaces).
-type PyCopyOp = (usize, Vec<usize>, usize, Vec<usize>, Vec<usize>);
-
-#[pyfunction]
-fn _plan_ops(
-    shape: Vec<usize>,
-    src_splits: Vec<Vec<usize>>,
-    dst_splits: Vec<Vec<usize>>,
-) -> PyResult<Vec<PyCopyOp>> {
-    let plan = Plan::new(&grid(&shape, src_splits)?, &grid(&shape, dst_splits)?).map_err(to_py)?;
-    Ok(plan
-        .ops()
-        .map(|o| (o.src, o.src_start, o.dst, o.dst_start, o.shape))
-        .collect())
 }
 
 /// `None` when dlpart has working kernels for `device` here, else the reason it has none.
@@ -159,11 +80,7 @@ fn scatter(
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_repartition, m)?)?;
-    m.add_function(wrap_pyfunction!(_repartition_into, m)?)?;
     m.add_function(wrap_pyfunction!(_plan_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_block_cyclic, m)?)?;
-    m.add_function(wrap_pyfunction!(_plan_ops, m)?)?;
     m.add_function(wrap_pyfunction!(backend_status, m)?)?;
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(scatter, m)?)?;

@@ -1,34 +1,47 @@
-//! Bindings for the partitioned layer: grid validation and split points.
+//! `dlpart._core._PartitionedArray`: the Rust [`PartitionedArray`] for the Python layer, and
+//! the `__partitioned__` dict read into it and written from it.
 //!
-//! The `__partitioned__` dicts themselves are read and written in Python
-//! (`python/dlpart/_partitioned.py`); what must be fast or safe happens here.
+//! The Python class `dlpart.PartitionedArray` wraps this one and keeps only what needs Python:
+//! handles resolved through the dict's `get`, the array-API namespace route for devices
+//! without dlpart kernels, and the `Partition` objects made when `.partitions` is asked for.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 
-use crate::grid::{Entry, Grid};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error};
+use crate::grid::{inv, Entry, Grid};
+use crate::partitioned::{Data, Handle, Location, PartitionedArray};
+use crate::plan::{Layout, Plan};
 
+use super::device::{device_arg, PyDevice};
 use super::errors::{to_py, ProtocolError};
+use super::location::{framework_device, normalise};
+use super::tensor::{import as import_array, PyTensor};
 
-/// Validates `(position, start, shape)` entries (grid invariants 1-5) and returns the split
-/// points; for adapters that derive entries from a framework's own layout.
-#[pyfunction]
-fn _grid_from_entries(
-    py: Python<'_>,
-    shape: Vec<i64>,
-    tiling: Vec<i64>,
-    entries: Vec<Entry>,
-) -> PyResult<Vec<Vec<usize>>> {
-    let grid = py
-        .detach(|| Grid::from_entries(&shape, &tiling, &entries))
-        .map_err(to_py)?;
-    Ok(grid.splits().to_vec())
+/// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
+#[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
+pub struct PyPartitioned {
+    pub(crate) inner: PartitionedArray,
+}
+
+fn wrap(inner: PartitionedArray) -> PyPartitioned {
+    PyPartitioned { inner }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult<Vec<i64>> {
     let bad = || {
         let at = position
-            .map(|p| format!(" at position {}", crate::error::tuple_string(p)))
+            .map(|p| format!(" at position {}", tuple_string(p)))
             .unwrap_or_default();
         let found = obj.repr().map(|r| r.to_string()).unwrap_or_default();
         ProtocolError::new_err(format!(
@@ -54,54 +67,70 @@ fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult
     seq.map(|x| item(x?)).collect()
 }
 
-/// Reads the grid of a `__partitioned__` dict: checks every entry's keys, reads positions,
-/// starts and shapes, and validates them (grid invariants 1-5), reporting every violation.
-/// Returns the shape, the split points and the `(position, entry)` pairs.
-#[allow(clippy::type_complexity)]
-#[pyfunction]
-fn _grid_from_dict<'py>(
-    py: Python<'py>,
-    d: &Bound<'py, PyAny>,
-) -> PyResult<(
-    Vec<i64>,
-    Vec<Vec<usize>>,
-    Vec<(Bound<'py, PyTuple>, Bound<'py, PyAny>)>,
-)> {
-    let get = |key: &str| -> PyResult<Bound<'py, PyAny>> {
-        d.get_item(key).map_err(|_| {
-            ProtocolError::new_err(format!("__partitioned__ is missing the key {key:?}"))
-        })
-    };
+fn missing_key(key: &str) -> PyErr {
+    ProtocolError::new_err(format!("__partitioned__ is missing the key {key:?}"))
+}
+
+/// The optional key `key` of a mapping (`None` when absent or `None`).
+fn optional<'py>(d: &Bound<'py, PyAny>, key: &str) -> Option<Bound<'py, PyAny>> {
+    d.get_item(key).ok().filter(|v| !v.is_none())
+}
+
+/// What a dict consumer does with each partition's data.
+#[derive(Clone, Copy)]
+enum Import {
+    /// Check the dict only: data is not touched.
+    No,
+    /// Import arrays through DLPack (onto `device`, copying as `copy` says).
+    Yes {
+        device: Option<Device>,
+        copy: Option<bool>,
+    },
+}
+
+/// One dict entry, checked for its keys, with its position.
+struct RawEntry<'py> {
+    position: Vec<usize>,
+    entry: Bound<'py, PyDict>,
+}
+
+/// Reads the dict's grid (invariants 1-5), then every entry's data and locations, into the
+/// model (invariants 6-10). Returns the array and the array-API namespace of the first
+/// partition on a device without dlpart kernels, if any.
+fn read_dict(
+    py: Python<'_>,
+    d: &Bound<'_, PyAny>,
+    import: Import,
+) -> PyResult<(PartitionedArray, Option<Py<PyAny>>)> {
+    let get = |key: &str| d.get_item(key).map_err(|_| missing_key(key));
     let shape = ints(&get("shape")?, "shape", None)?;
     let tiling = ints(&get("partition_tiling")?, "partition_tiling", None)?;
     let parts = get("partitions")?;
     let parts = parts.cast::<PyDict>().map_err(|_| {
         ProtocolError::new_err(format!(
             "__partitioned__[\"partitions\"]: expected a dict, found {}",
-            parts
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            type_name(&parts)
         ))
     })?;
-    let mut entries = Vec::with_capacity(parts.len());
-    let mut items = Vec::with_capacity(parts.len());
-    for (key, entry) in parts.iter() {
+    // A snapshot: the mapping may change while its keys are read (a key's `__index__`).
+    let items = parts.items();
+    let mut entries: Vec<Entry> = Vec::with_capacity(items.len());
+    let mut dicts = Vec::with_capacity(items.len());
+    for item in items.iter() {
+        let (key, entry) = item.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
         let pos = ints(&key, "partitions", None)?;
-        let at = crate::error::tuple_string(&pos);
-        let entry_dict = entry.cast::<PyDict>().map_err(|_| {
-            ProtocolError::new_err(format!(
-                "__partitioned__[\"partitions\"] at position {at}: expected a dict, found {}",
-                entry
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
-        let field = |k: &str| -> PyResult<Bound<'py, PyAny>> {
-            entry_dict.get_item(k)?.ok_or_else(|| {
+        let at = tuple_string(&pos);
+        let entry = match entry.cast_into::<PyDict>() {
+            Ok(e) => e,
+            Err(e) => {
+                let found = type_name(&e.into_inner());
+                return Err(ProtocolError::new_err(format!(
+                    "__partitioned__[\"partitions\"] at position {at}: expected a dict, found {found}"
+                )));
+            }
+        };
+        let field = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+            entry.get_item(k)?.ok_or_else(|| {
                 ProtocolError::new_err(format!(
                     "__partitioned__[\"partitions\"] at position {at}: missing {k:?}"
                 ))
@@ -110,38 +139,629 @@ fn _grid_from_dict<'py>(
         let start = ints(&field("start")?, "start", Some(&pos))?;
         let pshape = ints(&field("shape")?, "shape", Some(&pos))?;
         field("data")?;
-        let key = PyTuple::new(py, &pos)?;
         entries.push((pos, start, pshape));
-        items.push((key, entry));
+        dicts.push(entry);
     }
     let grid = py
         .detach(|| Grid::from_entries(&shape, &tiling, &entries))
         .map_err(to_py)?;
-    Ok((shape, grid.splits().to_vec(), items))
+    let raw: Vec<RawEntry<'_>> = entries
+        .into_iter()
+        .zip(dicts)
+        .map(|((pos, _, _), entry)| RawEntry {
+            position: pos.into_iter().map(|i| i as usize).collect(),
+            entry,
+        })
+        .collect();
+    let n = grid.num_partitions();
+    let mut data: Vec<Data> = vec![Data::Remote; n];
+    let mut locations: Vec<Vec<Location>> = vec![Vec::new(); n];
+    let mut namespace = None;
+    let mut stated: Option<DType> = None;
+    for RawEntry { position, entry } in &raw {
+        let flat = grid.flat_index(position).map_err(to_py)?;
+        let extra = framework_device(entry.get_item("device")?.as_ref(), "device", position)?;
+        let obj = entry.get_item("data")?.expect("checked above");
+        let mut fallback = extra.unwrap_or(Device::CPU);
+        let mut moved = false;
+        if !obj.is_none() {
+            match import {
+                Import::Yes { device, copy } if obj.hasattr("__dlpack__")? => {
+                    let t = import_array(&obj, device, copy)?.inner;
+                    fallback = t.device();
+                    moved = device.is_some();
+                    if namespace.is_none() && crate::backend::backend_for(t.device()).is_err() {
+                        if let Ok(ns) = obj.getattr("__array_namespace__") {
+                            namespace = Some(ns.call0()?.unbind());
+                        }
+                    }
+                    data[flat] = Data::Tensor(t);
+                }
+                Import::Yes { .. } => data[flat] = Data::Handle(Handle::new(obj.unbind())),
+                Import::No => {}
+            }
+        }
+        if !moved {
+            // Data moved here by the import is located by its tensor.
+            locations[flat] = normalise(entry.get_item("location")?.as_ref(), position, fallback)?;
+        }
+        if stated.is_none() {
+            if let Some(dt) = entry.get_item("dtype")?.filter(|v| !v.is_none()) {
+                stated = dt.str()?.to_string().replace("torch.", "").parse().ok();
+            }
+        }
+    }
+    let locals = match optional(d, "locals") {
+        None => None,
+        Some(l) => Some(read_locals(&l)?),
+    };
+    if let Some(g) = optional(d, "get") {
+        if !g.is_callable() {
+            return Err(ProtocolError::new_err(format!(
+                "__partitioned__[\"get\"]: expected a callable, found {}",
+                g.repr()?
+            )));
+        }
+    }
+    let mut pa = PartitionedArray::new(grid, data, locations, locals).map_err(to_py)?;
+    if let Some(dt) = stated {
+        pa = pa.with_dtype(dt).map_err(to_py)?;
+    }
+    Ok((pa, namespace))
 }
 
-/// Split points cutting each axis like `numpy.array_split`.
-#[pyfunction]
-fn _even_splits(shape: Vec<usize>, tiling: Vec<usize>) -> PyResult<Vec<Vec<usize>>> {
-    Ok(Grid::even(&shape, &tiling)
-        .map_err(to_py)?
-        .splits()
-        .to_vec())
+fn read_locals(value: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
+    if !(value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>()) {
+        return Err(ProtocolError::new_err(format!(
+            "__partitioned__[\"locals\"]: expected a list of positions, found {}",
+            value.repr()?
+        )));
+    }
+    value
+        .try_iter()?
+        .map(|p| {
+            // A negative entry is outside every grid: reported as such (invariant 10).
+            Ok(ints(&p?, "locals", None)?
+                .into_iter()
+                .map(|i| usize::try_from(i).unwrap_or(usize::MAX))
+                .collect())
+        })
+        .collect()
 }
 
-/// Checks explicit split points against a shape.
+/// Checks a `__partitioned__` dict without importing its data.
 #[pyfunction]
-fn _check_splits(shape: Vec<usize>, splits: Vec<Vec<usize>>) -> PyResult<Vec<Vec<usize>>> {
-    Ok(Grid::from_splits(&shape, splits)
-        .map_err(to_py)?
-        .splits()
-        .to_vec())
+fn _validate_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<()> {
+    read_dict(py, d, Import::No).map(|_| ())
+}
+
+/// Split points per axis for `shape`: `tiling` cuts each axis like `numpy.array_split`,
+/// `splits` are checked as given. Exactly one of them.
+#[pyfunction]
+#[pyo3(signature = (shape, tiling=None, *, splits=None))]
+fn split_points(
+    shape: Vec<usize>,
+    tiling: Option<Vec<usize>>,
+    splits: Option<Vec<Vec<usize>>>,
+) -> PyResult<Vec<Vec<usize>>> {
+    let grid = match (tiling, splits) {
+        (Some(t), None) => Grid::even(&shape, &t),
+        (None, Some(s)) => Grid::from_splits(&shape, s),
+        _ => return Err(PyValueError::new_err("split_points takes tiling or splits, not both")),
+    };
+    Ok(grid.map_err(to_py)?.splits().to_vec())
+}
+
+/// The target layout named by the Python `repartition` arguments.
+fn layout_arg(
+    tiling: Option<Vec<usize>>,
+    splits: Option<Vec<Vec<usize>>>,
+    block_cyclic: Option<&Bound<'_, PyAny>>,
+    devices: Option<&Bound<'_, PyAny>>,
+    process_grid: Option<Vec<usize>>,
+    ndim: usize,
+) -> PyResult<Layout> {
+    let given: Vec<&str> = [
+        ("tiling", tiling.is_some()),
+        ("splits", splits.is_some()),
+        ("block_cyclic", block_cyclic.is_some()),
+    ]
+    .iter()
+    .filter(|(_, g)| *g)
+    .map(|(n, _)| *n)
+    .collect();
+    if given.len() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "repartition takes exactly one of tiling, splits, block_cyclic; got {given:?}"
+        )));
+    }
+    let list = devices
+        .filter(|d| d.is_instance_of::<PyList>())
+        .map(|d| {
+            d.try_iter()?
+                .map(|x| device_arg(&x?))
+                .collect::<PyResult<Vec<Device>>>()
+        })
+        .transpose()?;
+    let one = match (devices, &list) {
+        (Some(d), None) => Some(device_arg(d)?),
+        _ => None,
+    };
+    let layout = if let Some(b) = block_cyclic {
+        let Some(list) = list else {
+            return Err(PyValueError::new_err(
+                "block_cyclic needs devices=[...], the devices the blocks are dealt to",
+            ));
+        };
+        let block: Vec<usize> = match b.extract::<usize>() {
+            Ok(n) => vec![n; ndim],
+            Err(_) => b.extract()?,
+        };
+        Layout::block_cyclic(&block, list)
+    } else {
+        let base = match (tiling, splits) {
+            (Some(t), _) => Layout::tiling(&t),
+            (_, Some(s)) => Layout::splits(s),
+            _ => unreachable!("exactly one layout was given"),
+        };
+        match (one, list) {
+            (Some(d), _) => base.on(d),
+            (_, Some(l)) if process_grid.is_some() => base.dealt(l),
+            (_, Some(l)) => base.devices(l),
+            _ => base,
+        }
+    };
+    Ok(match process_grid {
+        Some(pg) => layout.process_grid(&pg),
+        None => layout,
+    })
+}
+
+#[pymethods]
+impl PyPartitioned {
+    /// Reads a `__partitioned__` dict, importing arrays through DLPack (onto `device`, as
+    /// `copy` says) and keeping handles as handles. Returns the array and the array-API
+    /// namespace of partitions on devices without dlpart kernels (or None).
+    #[staticmethod]
+    #[pyo3(signature = (d, device=None, copy=None))]
+    fn from_dict(
+        py: Python<'_>,
+        d: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<(Self, Option<Py<PyAny>>)> {
+        let device = device.filter(|d| !d.is_none()).map(device_arg).transpose()?;
+        let (pa, ns) = read_dict(py, d, Import::Yes { device, copy })?;
+        Ok((wrap(pa), ns))
+    }
+
+    /// An array from its parts: `shape`, `splits` and one `(position, start, shape, tensor,
+    /// handle, locations)` per partition, locations as `(host, pid, device, rank)`.
+    #[staticmethod]
+    #[pyo3(signature = (shape, splits, parts, dtype=None, locals=None))]
+    #[allow(clippy::type_complexity)]
+    fn from_parts(
+        shape: Vec<usize>,
+        splits: Vec<Vec<usize>>,
+        parts: Vec<(
+            Vec<usize>,
+            Vec<usize>,
+            Vec<usize>,
+            Option<PyTensor>,
+            Option<Py<PyAny>>,
+            Vec<(Option<String>, Option<i64>, Bound<'_, PyAny>, Option<i64>)>,
+        )>,
+        dtype: Option<String>,
+        locals: Option<Vec<Vec<usize>>>,
+    ) -> PyResult<Self> {
+        let grid = Grid::from_splits(&shape, splits).map_err(to_py)?;
+        let n = grid.num_partitions();
+        let mut data: Vec<Option<Data>> = vec![None; n];
+        let mut locations: Vec<Vec<Location>> = vec![Vec::new(); n];
+        for (position, start, pshape, tensor, handle, locs) in parts {
+            let flat = grid.flat_index(&position).map_err(to_py)?;
+            let region = grid.region_at(flat);
+            if region.start != start || region.shape != pshape {
+                return Err(to_py(Error::protocol(
+                    "partitions",
+                    Some(&position),
+                    format!(
+                        "start {} shape {}, but the split points give start {} shape {}",
+                        tuple_string(&start),
+                        tuple_string(&pshape),
+                        tuple_string(&region.start),
+                        tuple_string(&region.shape)
+                    ),
+                    Some(inv::RECTILINEAR),
+                )));
+            }
+            if data[flat].is_some() {
+                return Err(to_py(Error::protocol(
+                    "partitions",
+                    Some(&position),
+                    "listed twice",
+                    Some(inv::POSITIONS),
+                )));
+            }
+            data[flat] = Some(match (tensor, handle) {
+                (Some(t), _) => Data::Tensor(t.inner),
+                (None, Some(h)) => Data::Handle(Handle::new(h)),
+                (None, None) => Data::Remote,
+            });
+            locations[flat] = locs
+                .into_iter()
+                .map(|(host, pid, device, rank)| {
+                    Ok(Location {
+                        host,
+                        pid,
+                        device: device_arg(&device)?,
+                        rank,
+                    })
+                })
+                .collect::<PyResult<_>>()?;
+        }
+        if let Some(flat) = data.iter().position(Option::is_none) {
+            return Err(to_py(Error::protocol(
+                "partitions",
+                Some(&grid.position(flat)),
+                "missing; every position of the tiling needs a partition",
+                Some(inv::POSITIONS),
+            )));
+        }
+        let data = data.into_iter().map(|d| d.expect("checked")).collect();
+        let mut pa = PartitionedArray::new(grid, data, locations, locals).map_err(to_py)?;
+        if let Some(dt) = dtype.and_then(|s| s.replace("torch.", "").parse().ok()) {
+            pa = pa.with_dtype(dt).map_err(to_py)?;
+        }
+        Ok(wrap(pa))
+    }
+
+    /// Zero-copy views of `x` (any DLPack array) along `tiling` or `splits`.
+    #[staticmethod]
+    #[pyo3(signature = (x, tiling=None, splits=None))]
+    fn partition(
+        x: &Bound<'_, PyAny>,
+        tiling: Option<Vec<usize>>,
+        splits: Option<Vec<Vec<usize>>>,
+    ) -> PyResult<Self> {
+        let t = match x.cast::<PyTensor>() {
+            Ok(t) => t.get().inner.clone(),
+            Err(_) => import_array(x, None, None)?.inner,
+        };
+        let layout = match (tiling, splits) {
+            (Some(_), Some(_)) => return Err(PyValueError::new_err("pass tiling or splits, not both")),
+            (_, Some(s)) => Layout::splits(s),
+            (Some(t), None) => Layout::tiling(&t),
+            (None, None) => Layout::tiling(&vec![1; t.ndim()]),
+        };
+        PartitionedArray::partition(&t, &layout)
+            .map(wrap)
+            .map_err(to_py)
+    }
+
+    /// The global shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.shape())
+    }
+
+    /// Per axis, the split points.
+    #[getter]
+    fn splits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let axes: Vec<Bound<'py, PyTuple>> = self
+            .inner
+            .grid()
+            .splits()
+            .iter()
+            .map(|s| PyTuple::new(py, s))
+            .collect::<PyResult<_>>()?;
+        PyTuple::new(py, axes)
+    }
+
+    /// The element type's name, or None.
+    #[getter]
+    fn dtype(&self) -> Option<&'static str> {
+        self.inner.dtype().map(DType::name)
+    }
+
+    /// The positions this rank owns, or None.
+    #[getter]
+    fn locals(&self) -> Option<Vec<Vec<usize>>> {
+        self.inner.locals().map(<[Vec<usize>]>::to_vec)
+    }
+
+    /// The distinct devices, in order of first appearance.
+    #[getter]
+    fn devices(&self) -> Vec<PyDevice> {
+        self.inner.devices().into_iter().map(PyDevice).collect()
+    }
+
+    /// Whether every device in use has dlpart kernels (else the array-API route applies).
+    #[getter]
+    fn native(&self) -> bool {
+        self.inner
+            .devices()
+            .into_iter()
+            .all(|d| crate::backend::backend_for(d).is_ok() || d.kind == crate::DeviceType::Cuda)
+    }
+
+    /// `(position, start, shape, data, locations)` of every partition, C order; data is the
+    /// tensor, the handle or None; locations are `(host, pid, device, rank)`.
+    #[allow(clippy::type_complexity)]
+    fn entries<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<
+        Vec<(
+            Vec<usize>,
+            Vec<usize>,
+            Vec<usize>,
+            Py<PyAny>,
+            Vec<(Option<String>, Option<i64>, PyDevice, Option<i64>)>,
+        )>,
+    > {
+        self.inner
+            .partitions()
+            .map(|p| {
+                let data = match p.data {
+                    Data::Tensor(t) => PyTensor::new(t.clone()).into_pyobject(py)?.into_any().unbind(),
+                    Data::Handle(h) => h
+                        .downcast_ref::<Py<PyAny>>()
+                        .map(|o| o.clone_ref(py))
+                        .unwrap_or_else(|| py.None()),
+                    Data::Remote => py.None(),
+                };
+                let locs = p
+                    .locations
+                    .iter()
+                    .map(|l| (l.host.clone(), l.pid, PyDevice(l.device), l.rank))
+                    .collect();
+                Ok((p.position, p.start, p.shape, data, locs))
+            })
+            .collect()
+    }
+
+    /// Every partition's tensor in C order (an error naming a partition whose data is not here).
+    fn tensors(&self) -> PyResult<Vec<PyTensor>> {
+        Ok(self
+            .inner
+            .tensors()
+            .map_err(to_py)?
+            .into_iter()
+            .map(|t| PyTensor::new(t.clone()))
+            .collect())
+    }
+
+    /// `(flat index, handle)` of the partitions at `positions` (all when None) that hold one.
+    #[pyo3(signature = (positions=None))]
+    fn pending(
+        &self,
+        py: Python<'_>,
+        positions: Option<Vec<Vec<usize>>>,
+    ) -> PyResult<Vec<(usize, Py<PyAny>)>> {
+        let flats = self
+            .inner
+            .pending(positions.as_deref())
+            .map_err(to_py)?;
+        Ok(flats
+            .into_iter()
+            .map(|f| {
+                let h = self.inner.data()[f].handle().expect("pending partitions hold handles");
+                let obj = h
+                    .downcast_ref::<Py<PyAny>>()
+                    .map(|o| o.clone_ref(py))
+                    .unwrap_or_else(|| py.None());
+                (f, obj)
+            })
+            .collect())
+    }
+
+    /// Puts fetched `tensors` into partitions `flats`, after checking them.
+    fn set_fetched(&mut self, flats: Vec<usize>, tensors: Vec<PyTensor>) -> PyResult<()> {
+        let tensors = tensors.into_iter().map(|t| t.inner).collect();
+        self.inner.set_fetched(&flats, tensors).map_err(to_py)
+    }
+
+    /// The target grid's split points and every target partition's device for a layout.
+    #[pyo3(signature = (tiling=None, splits=None, block_cyclic=None, devices=None, process_grid=None))]
+    #[allow(clippy::type_complexity)]
+    fn target(
+        &self,
+        tiling: Option<Vec<usize>>,
+        splits: Option<Vec<Vec<usize>>>,
+        block_cyclic: Option<&Bound<'_, PyAny>>,
+        devices: Option<&Bound<'_, PyAny>>,
+        process_grid: Option<Vec<usize>>,
+    ) -> PyResult<(Vec<Vec<usize>>, Vec<PyDevice>)> {
+        let layout = layout_arg(tiling, splits, block_cyclic, devices, process_grid, self.inner.ndim())?;
+        let src = &self.inner;
+        let t = layout
+            .target(src.grid(), &|i| src.device_of(i).unwrap_or(Device::CPU))
+            .map_err(to_py)?;
+        Ok((
+            t.grid.splits().to_vec(),
+            t.devices.into_iter().map(PyDevice).collect(),
+        ))
+    }
+
+    /// The same array over another layout (see `dlpart.PartitionedArray.repartition`).
+    #[pyo3(signature = (tiling=None, splits=None, block_cyclic=None, devices=None, process_grid=None, transfer=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn repartition(
+        &self,
+        py: Python<'_>,
+        tiling: Option<Vec<usize>>,
+        splits: Option<Vec<Vec<usize>>>,
+        block_cyclic: Option<&Bound<'_, PyAny>>,
+        devices: Option<&Bound<'_, PyAny>>,
+        process_grid: Option<Vec<usize>>,
+        transfer: bool,
+    ) -> PyResult<Self> {
+        let layout = layout_arg(tiling, splits, block_cyclic, devices, process_grid, self.inner.ndim())?;
+        py.detach(|| self.inner.repartition(&layout, transfer))
+            .map(wrap)
+            .map_err(to_py)
+    }
+
+    /// Copies this array into `out`'s partitions.
+    #[pyo3(signature = (out, transfer=false))]
+    fn repartition_into(&self, py: Python<'_>, out: PyRef<'_, Self>, transfer: bool) -> PyResult<()> {
+        let out = &out.inner;
+        py.detach(|| self.inner.repartition_into(out, transfer))
+            .map_err(to_py)
+    }
+
+    /// The whole array as one tensor.
+    #[pyo3(signature = (device=None, transfer=false))]
+    fn assemble(
+        &self,
+        py: Python<'_>,
+        device: Option<&Bound<'_, PyAny>>,
+        transfer: bool,
+    ) -> PyResult<PyTensor> {
+        let device = device.filter(|d| !d.is_none()).map(device_arg).transpose()?;
+        py.detach(|| self.inner.assemble(device, transfer))
+            .map(PyTensor::new)
+            .map_err(to_py)
+    }
+
+    /// Every partition copied onto `device`.
+    fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let device = device_arg(device)?;
+        py.detach(|| self.inner.to(device))
+            .map(wrap)
+            .map_err(to_py)
+    }
+
+    /// `numpy.take` along `axis` with global indices.
+    #[pyo3(signature = (indices, axis=0, transfer=false))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        indices: &Bound<'_, PyAny>,
+        axis: usize,
+        transfer: bool,
+    ) -> PyResult<Self> {
+        let idx = tensor_arg(indices)?;
+        py.detach(|| self.inner.gather(&idx, axis, transfer))
+            .map(wrap)
+            .map_err(to_py)
+    }
+
+    /// Fancy assignment along `axis` with global indices.
+    #[pyo3(signature = (values, indices, axis=0, transfer=false))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        values: &Bound<'_, PyAny>,
+        indices: &Bound<'_, PyAny>,
+        axis: usize,
+        transfer: bool,
+    ) -> PyResult<()> {
+        let (v, idx) = (tensor_arg(values)?, tensor_arg(indices)?);
+        py.detach(|| self.inner.scatter(&v, &idx, axis, transfer))
+            .map_err(to_py)
+    }
+
+    /// Every box copy to `dst_splits`: `(src, src_start, dst, dst_start, shape)`, for the
+    /// array-API route.
+    #[allow(clippy::type_complexity)]
+    fn plan_ops(
+        &self,
+        dst_splits: Vec<Vec<usize>>,
+    ) -> PyResult<Vec<(usize, Vec<usize>, usize, Vec<usize>, Vec<usize>)>> {
+        let dst = Grid::from_splits(self.inner.shape(), dst_splits).map_err(to_py)?;
+        let plan = Plan::new(self.inner.grid(), &dst).map_err(to_py)?;
+        Ok(plan
+            .ops()
+            .map(|o| (o.src, o.src_start, o.dst, o.dst_start, o.shape))
+            .collect())
+    }
+
+    /// The draft-2 `__partitioned__` dict: `get` is the given function; data held here is
+    /// located at `(host, this pid, its device)`.
+    fn to_dict<'py>(
+        &self,
+        py: Python<'py>,
+        get: &Bound<'py, PyAny>,
+        host: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let pid = std::process::id();
+        let parts = PyDict::new(py);
+        let mut here: Vec<(Device, Bound<'py, PyTuple>)> = Vec::new();
+        for p in self.inner.partitions() {
+            let entry = PyDict::new(py);
+            entry.set_item("start", PyTuple::new(py, &p.start)?)?;
+            entry.set_item("shape", PyTuple::new(py, &p.shape)?)?;
+            let data: Py<PyAny> = match p.data {
+                Data::Tensor(t) => PyTensor::new(t.clone()).into_pyobject(py)?.into_any().unbind(),
+                Data::Handle(h) => h
+                    .downcast_ref::<Py<PyAny>>()
+                    .map(|o| o.clone_ref(py))
+                    .unwrap_or_else(|| py.None()),
+                Data::Remote => py.None(),
+            };
+            entry.set_item("data", data)?;
+            let location = if p.locations.is_empty() {
+                match p.tensor() {
+                    Some(t) => {
+                        let d = t.device();
+                        let tuple = match here.iter().find(|(x, _)| *x == d) {
+                            Some((_, t)) => t.clone(),
+                            None => {
+                                let t = (host, pid, d.to_string()).into_pyobject(py)?;
+                                here.push((d, t.clone()));
+                                t
+                            }
+                        };
+                        PyList::new(py, [tuple])?
+                    }
+                    None => PyList::empty(py),
+                }
+            } else {
+                let tuples: Vec<(String, i64, String)> = p
+                    .locations
+                    .iter()
+                    .map(|l| {
+                        let host = match (&l.host, l.rank) {
+                            (Some(h), _) => h.clone(),
+                            (None, Some(r)) => format!("rank:{r}"),
+                            (None, None) => String::new(),
+                        };
+                        (host, l.pid.unwrap_or(-1), l.device.to_string())
+                    })
+                    .collect();
+                PyList::new(py, tuples)?
+            };
+            entry.set_item("location", location)?;
+            parts.set_item(PyTuple::new(py, &p.position)?, entry)?;
+        }
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, self.inner.shape())?)?;
+        d.set_item("partition_tiling", PyTuple::new(py, self.inner.grid().tiling())?)?;
+        d.set_item("partitions", parts)?;
+        d.set_item("get", get)?;
+        if let Some(locals) = self.inner.locals() {
+            let l: Vec<Bound<'py, PyTuple>> = locals
+                .iter()
+                .map(|p| PyTuple::new(py, p))
+                .collect::<PyResult<_>>()?;
+            d.set_item("locals", l)?;
+        }
+        Ok(d)
+    }
+}
+
+fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<crate::tensor::Tensor> {
+    match x.cast::<PyTensor>() {
+        Ok(t) => Ok(t.get().inner.clone()),
+        Err(_) => Ok(import_array(x, None, None)?.inner),
+    }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_grid_from_dict, m)?)?;
-    m.add_function(wrap_pyfunction!(_grid_from_entries, m)?)?;
-    m.add_function(wrap_pyfunction!(_even_splits, m)?)?;
-    m.add_function(wrap_pyfunction!(_check_splits, m)?)?;
+    m.add_class::<PyPartitioned>()?;
+    m.add_function(wrap_pyfunction!(_validate_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(split_points, m)?)?;
     Ok(())
 }

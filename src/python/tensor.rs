@@ -351,6 +351,15 @@ pub fn from_dlpack(
         Some(d) if !d.is_none() => Some(device_arg(d)?),
         _ => None,
     };
+    import(x, target, copy)
+}
+
+/// `from_dlpack` with the device already read.
+pub(crate) fn import(
+    x: &Bound<'_, PyAny>,
+    target: Option<Device>,
+    copy: Option<bool>,
+) -> PyResult<PyTensor> {
     if let Ok(t) = x.cast::<PyTensor>() {
         let (t, _) = place(t.get().inner.clone(), target, copy)?;
         return Ok(PyTensor::new(t));

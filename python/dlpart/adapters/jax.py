@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from .. import _core
-from .._core import Device, DeviceError, ProtocolError, Tensor
+from .._core import Device, DeviceError, ProtocolError, Tensor, from_dlpack, split_points
 from .._location import Location, here
 from .._partitioned import Partition, PartitionedArray
 from .._partitioned import from_partitioned as _import
@@ -68,8 +67,9 @@ def to_partitioned(arr) -> PartitionedArray:
     for start, size in holders:
         pos = tuple(splits[a].index(start[a]) for a in range(len(shape)))
         entries.append((pos, start, size))
-    tiling = [len(s) - 1 for s in splits]
-    splits = _core._grid_from_entries(shape, tiling, entries)  # checks gaps and overlaps
+    # Checked again with every box by the constructor below: a gap or an overlap between
+    # shards makes a box that differs from what these split points give.
+    splits = split_points(shape, splits=splits)
     shards = {s.device: s for s in arr.addressable_shards}
     me = here("kDLCPU")
     parts = {}
@@ -78,7 +78,7 @@ def to_partitioned(arr) -> PartitionedArray:
             devices = sorted(holders[(start, size)], key=lambda d: d.id)
             local = sorted((shards[d] for d in devices if d in shards),
                            key=lambda s: (s.replica_id != 0, s.device.id))
-            tensor = _core.from_dlpack(local[0].data) if local else None
+            tensor = from_dlpack(local[0].data) if local else None
             locations = []
             for d in devices:
                 dev = tensor.device if local and d == local[0].device else _dl_device(d)

@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import ray
 
-from .. import _core
+from .._core import split_points
 from .._partitioned import PartitionedArray
 from .._partitioned import from_partitioned as _import
 from ._host import host_array
@@ -110,11 +110,11 @@ def partitioned_dict_from_refs(refs, shape, *, tiling=None, splits=None,
     shape = tuple(int(n) for n in shape)
     by_pos = _positions(refs, tiling)
     if splits is not None:
-        splits = _core._check_splits(list(shape), [list(s) for s in splits])
+        splits = split_points(list(shape), splits=[list(s) for s in splits])
     else:
         if tiling is None:
             tiling = [max(p[a] for p in by_pos) + 1 for a in range(len(shape))]
-        splits = _core._even_splits(list(shape), list(tiling))
+        splits = split_points(list(shape), list(tiling))
     grid = list(itertools.product(*(range(len(s) - 1) for s in splits)))
     if sorted(by_pos) != grid:
         raise ValueError(
