@@ -1,11 +1,11 @@
 //! Criterion benches of the CPU kernels (Throughput = bytes read + bytes written). Kept short:
-//! `cargo bench --bench kernels`; `examples/cpu_copy_bench.rs` prints the same workloads as
+//! `cargo bench --features bench-internals --bench kernels`; `examples/cpu_copy_bench.rs` prints the same workloads as
 //! GB/s next to a memcpy / plain-loop reference.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dlpart::backend::cpu::{self, DstView, RawCopy, SrcView, Stores};
+use dlpart::__bench::{self as cpu, DstView, RawCopy, SrcView, Stores};
 
 const SIDE: usize = 8192;
 

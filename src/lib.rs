@@ -34,3 +34,7 @@ pub use grid::{Grid, Region};
 pub use partitioned::{Location, Partition, PartitionedArray};
 pub use plan::{CopyOp, Layout, Plan};
 pub use tensor::Tensor;
+
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub use backend::cpu::__bench;

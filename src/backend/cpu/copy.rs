@@ -42,8 +42,10 @@ pub struct RawCopy<'a> {
     pub itemsize: usize,
 }
 
-/// Which stores large copies use.
+/// Which stores large copies use. dlpart itself always uses `Auto`; the benchmarks and tests
+/// force the others to compare them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
 pub enum Stores {
     /// Streaming stores for copies of [`STREAM_MIN_BYTES`] or more, plain stores otherwise.
     #[default]
@@ -234,6 +236,7 @@ pub unsafe fn pack(src: SrcView<'_>, dst: *mut u8, itemsize: usize) {
 ///
 /// # Safety
 /// As for [`copy_box`], with `src` readable for `numel * itemsize` bytes.
+#[cfg(test)]
 pub unsafe fn unpack(src: *const u8, dst: DstView<'_>, itemsize: usize) {
     let strides = contiguous_strides(dst.shape);
     let src = SrcView {
