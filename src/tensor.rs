@@ -2,7 +2,8 @@
 //!
 //! A tensor is a view: a pointer to element `[0, ..., 0]`, a shape, strides in elements (any
 //! sign, zero allowed), a dtype, a device and a read-only flag. The memory belongs to `owner`,
-//! an `Arc` that releases it when the last view goes: a Rust allocation ([`HostBuffer`]), a
+//! an `Arc` that releases it when the last view goes: a Rust allocation ([`HostBuffer`]), the
+//! buffer of an ndarray array ([`Tensor::from_ndarray`], [`Tensor::from_arc_array`]), a
 //! foreign DLPack tensor whose deleter runs on drop ([`crate::dlpack::ForeignTensor`]), or a
 //! device allocation of a backend. Views of views share the one owner.
 
@@ -128,6 +129,18 @@ impl Tensor {
     /// A writable host tensor over the buffer of `a`, without copying: the tensor takes the
     /// array's allocation and keeps it alive, and its shape and strides (in elements, of any
     /// sign) are the array's own, so Fortran-order, sliced and reversed arrays stay zero-copy.
+    ///
+    /// ```
+    /// use dlpart::Tensor;
+    ///
+    /// let a = ndarray::array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]].reversed_axes();
+    /// let first = a.as_ptr();
+    /// let t = Tensor::from_ndarray(a);
+    /// assert_eq!(t.data_ptr().cast_const(), first.cast::<u8>());
+    /// assert_eq!((t.shape(), t.strides()), (&[3, 2][..], &[1, 3][..]));
+    /// assert_eq!(t.as_array::<f32>()?[[2, 1]], 6.0);
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
     pub fn from_ndarray<T: Element, D: Dimension>(a: Array<T, D>) -> Tensor {
         let shape = a.shape().to_vec();
         let strides = a.strides().to_vec();
@@ -166,6 +179,7 @@ impl Tensor {
         unsafe { Tensor::from_raw_parts(data, shape, strides, T::DTYPE, Device::CPU, true, owner) }
     }
 
+    /// Extent per axis; empty for a 0-d tensor.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -173,18 +187,23 @@ impl Tensor {
     pub fn strides(&self) -> &[isize] {
         &self.strides
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The device whose memory holds the elements.
     pub fn device(&self) -> Device {
         self.device
     }
+    /// Whether the elements must not be written (by dlpart or through an export).
     pub fn readonly(&self) -> bool {
         self.readonly
     }
+    /// The number of axes.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
+    /// The number of elements (1 for a 0-d tensor).
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -480,6 +499,8 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
+    /// Alignment in bytes of allocations below [`HostBuffer::HUGE`]: a cache line, and
+    /// enough for any SIMD load.
     pub const ALIGN: usize = 64;
     /// Allocations of at least this many bytes get huge-page alignment and advice.
     pub const HUGE: usize = 2 << 20;
@@ -518,6 +539,7 @@ impl HostBuffer {
         HostBuffer { ptr, layout }
     }
 
+    /// The first byte (dangling but aligned for an empty buffer).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }

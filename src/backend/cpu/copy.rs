@@ -9,8 +9,11 @@ use crate::tensor::contiguous_strides;
 /// the extent and the stride in elements (any sign, zero allowed).
 #[derive(Clone, Copy, Debug)]
 pub struct SrcView<'a> {
+    /// Address of element `[0, ..., 0]` (any alignment).
     pub ptr: *const u8,
+    /// Extent per dimension.
     pub shape: &'a [usize],
+    /// Stride per dimension, in elements.
     pub strides: &'a [isize],
 }
 
@@ -18,8 +21,11 @@ pub struct SrcView<'a> {
 /// (if they do not, the kernels still run, on one thread, leaving unspecified values).
 #[derive(Clone, Copy, Debug)]
 pub struct DstView<'a> {
+    /// Address of element `[0, ..., 0]` (any alignment).
     pub ptr: *mut u8,
+    /// Extent per dimension.
     pub shape: &'a [usize],
+    /// Stride per dimension, in elements.
     pub strides: &'a [isize],
 }
 
@@ -37,8 +43,11 @@ unsafe impl Sync for DstView<'_> {}
 /// One box copy for [`copy_boxes`]: `src` and `dst` have the same shape.
 #[derive(Clone, Copy, Debug)]
 pub struct RawCopy<'a> {
+    /// Where the elements are read.
     pub src: SrcView<'a>,
+    /// Where they are written.
     pub dst: DstView<'a>,
+    /// Bytes per element, on both sides.
     pub itemsize: usize,
 }
 

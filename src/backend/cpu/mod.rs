@@ -30,7 +30,7 @@ pub(crate) use index::{gather, scatter};
 #[doc(hidden)]
 pub mod __bench {
     pub use super::copy::{
-        copy_boxes, copy_boxes_with, DstView, RawCopy, SrcView, Stores, STREAM_MIN_BYTES,
+        copy_box, copy_boxes, copy_boxes_with, DstView, RawCopy, SrcView, Stores, STREAM_MIN_BYTES,
     };
     pub use super::index::{gather, scatter};
 }
@@ -47,6 +47,8 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// A backend for the host-accessible `device` (the kernels are the same for every such
+    /// device; the device is what new tensors report).
     pub fn shared(device: Device) -> Arc<dyn Backend> {
         Arc::new(CpuBackend { device })
     }
