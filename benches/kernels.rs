@@ -1,11 +1,11 @@
 //! Criterion benches of the CPU kernels (Throughput = bytes read + bytes written). Kept short:
-//! `cargo bench --bench kernels`; `examples/cpu_copy_bench.rs` prints the same workloads as
+//! `cargo bench --features bench-internals --bench kernels`; `examples/cpu_copy_bench.rs` prints the same workloads as
 //! GB/s next to a memcpy / plain-loop reference.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dlpart::backend::cpu::{self, DstView, RawCopy, SrcView, Stores};
+use dlpart::__bench::{self as cpu, DstView, RawCopy, SrcView, Stores};
 
 const SIDE: usize = 8192;
 
@@ -78,8 +78,8 @@ fn copies(c: &mut Criterion) {
         },
         itemsize: 4,
     };
-    // SAFETY: both boxes lie inside separate live buffers.
     g.bench_function("8192^2 f32 transpose", |b| {
+        // SAFETY: both boxes lie inside separate live buffers.
         b.iter(|| unsafe { cpu::copy_boxes(&[t]) })
     });
     g.finish();
@@ -115,8 +115,8 @@ fn tiny_boxes(c: &mut Criterion) {
         })
         .collect();
     g.throughput(Throughput::Bytes(2 * (side * side * 4) as u64));
-    // SAFETY: the jobs read separate live partitions and tile the live `dst`.
     g.bench_function("assemble 64x64 grid, 4 MiB f32", |b| {
+        // SAFETY: the jobs read separate live partitions and tile the live `dst`.
         b.iter(|| unsafe { cpu::copy_boxes(&jobs) })
     });
     g.finish();
@@ -162,12 +162,12 @@ fn index_ops(c: &mut Criterion) {
         ("sorted", &sorted),
         ("blocks of 256", &blocks),
     ] {
-        // SAFETY: separate live buffers of `n` elements; indices are in range.
         g.bench_function(BenchmarkId::new("gather", name), |b| {
+            // SAFETY: separate live buffers of `n` elements; indices are in range.
             b.iter(|| unsafe { cpu::gather(s, idx, 0, d, 4).unwrap() })
         });
-        // SAFETY: as above.
         g.bench_function(BenchmarkId::new("scatter", name), |b| {
+            // SAFETY: separate live buffers of `n` elements; indices are in range.
             b.iter(|| unsafe { cpu::scatter(s, idx, 0, d, 4).unwrap() })
         });
     }

@@ -1,6 +1,6 @@
 //! Effective bandwidth of the CPU kernels next to references measured in the same run.
 //!
-//! `cargo run --release --example cpu_copy_bench [runs] [what...]`, with `what` among
+//! `cargo run --release --features bench-internals --example cpu_copy_bench [runs] [what...]`, with `what` among
 //! `memcpy rowcol rowcol-f64 rowcol-u8 stores transpose gather scatter tiny` (default: all
 //! but `stores` and the f64/u8 row-column cases). Bandwidth = (bytes read + bytes written by
 //! the minimal algorithm) / time; time = median of `runs` (default 11) after one warm-up run,
@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use dlpart::backend::cpu::{self, DstView, RawCopy, SrcView, Stores};
+use dlpart::__bench::{self as cpu, DstView, RawCopy, SrcView, Stores};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

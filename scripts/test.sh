@@ -24,7 +24,11 @@ results=()
 failed=0
 
 step_fmt() { cargo fmt --all --check; }
-step_clippy() { cargo clippy --all-targets -- -D warnings; }
+# The kernel bench and example need `bench-internals`: lint them with it too.
+step_clippy() {
+    cargo clippy --all-targets -- -D warnings &&
+        cargo clippy --all-targets --features bench-internals -- -D warnings
+}
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
 step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
 step_cargo-test() { cargo test; }

@@ -9,23 +9,41 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(i32)]
 pub enum DeviceType {
+    /// `kDLCPU`: host memory.
     Cpu = 1,
+    /// `kDLCUDA`: CUDA device memory.
     Cuda = 2,
+    /// `kDLCUDAHost`: page-locked host memory allocated through CUDA.
     CudaHost = 3,
+    /// `kDLOpenCL`: an OpenCL buffer.
     OpenCl = 4,
+    /// `kDLVulkan`: Vulkan buffer memory.
     Vulkan = 7,
+    /// `kDLMetal`: a Metal buffer (Apple GPUs).
     Metal = 8,
+    /// `kDLVPI`: memory of NVIDIA's Vision Programming Interface.
     Vpi = 9,
+    /// `kDLROCM`: ROCm (AMD GPU) device memory.
     Rocm = 10,
+    /// `kDLROCMHost`: page-locked host memory allocated through ROCm.
     RocmHost = 11,
+    /// `kDLExtDev`: reserved for devices defined outside DLPack.
     ExtDev = 12,
+    /// `kDLCUDAManaged`: CUDA unified (managed) memory, reachable from host and device.
     CudaManaged = 13,
+    /// `kDLOneAPI`: a SYCL/oneAPI unified shared memory allocation.
     OneApi = 14,
+    /// `kDLWebGPU`: a WebGPU buffer.
     WebGpu = 15,
+    /// `kDLHexagon`: Qualcomm Hexagon DSP memory.
     Hexagon = 16,
+    /// `kDLMAIA`: Microsoft MAIA accelerator memory.
     Maia = 17,
+    /// `kDLTrn`: AWS Trainium memory.
     Trn = 18,
+    /// `kDLTPU`: TPU device memory.
     Tpu = 19,
+    /// `kDLTPUHost`: host memory of a TPU host.
     TpuHost = 20,
 }
 
@@ -110,7 +128,9 @@ impl DeviceType {
 /// `kDLROCMHost`, `kDLTPUHost`) when it is 0, the protocol's default; parsing accepts both forms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Device {
+    /// The device type.
     pub kind: DeviceType,
+    /// The ordinal among devices of that type (`>= 0`; 0 for the host).
     pub id: i32,
 }
 

@@ -11,28 +11,53 @@ use crate::error::{Error, Result};
 /// item size like every other type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// `bool`: one byte, 0 or 1.
     Bool,
+    /// `int8`: signed 8-bit integer.
     Int8,
+    /// `int16`: signed 16-bit integer.
     Int16,
+    /// `int32`: signed 32-bit integer.
     Int32,
+    /// `int64`: signed 64-bit integer.
     Int64,
+    /// `uint8`: unsigned 8-bit integer.
     UInt8,
+    /// `uint16`: unsigned 16-bit integer.
     UInt16,
+    /// `uint32`: unsigned 32-bit integer.
     UInt32,
+    /// `uint64`: unsigned 64-bit integer.
     UInt64,
+    /// `float16`: IEEE 754 half precision.
     Float16,
+    /// `float32`: IEEE 754 single precision.
     Float32,
+    /// `float64`: IEEE 754 double precision.
     Float64,
+    /// `bfloat16`: the upper 16 bits of a `float32`.
     BFloat16,
+    /// `complex64`: two `float32` (real, imaginary).
     Complex64,
+    /// `complex128`: two `float64` (real, imaginary).
     Complex128,
+    /// `float8_e3m4`: 3 exponent and 4 mantissa bits, IEEE-style infinities and NaN.
     Float8E3M4,
+    /// `float8_e4m3`: 4 exponent and 3 mantissa bits, IEEE-style infinities and NaN.
     Float8E4M3,
+    /// `float8_e4m3b11fnuz`: as `float8_e4m3fnuz` with exponent bias 11.
     Float8E4M3B11Fnuz,
+    /// `float8_e4m3fn`: 4 exponent and 3 mantissa bits, finite, NaN only at all-ones.
     Float8E4M3Fn,
+    /// `float8_e4m3fnuz`: 4 exponent and 3 mantissa bits, finite, no negative zero (its
+    /// pattern is NaN).
     Float8E4M3Fnuz,
+    /// `float8_e5m2`: 5 exponent and 2 mantissa bits, IEEE-style infinities and NaN.
     Float8E5M2,
+    /// `float8_e5m2fnuz`: 5 exponent and 2 mantissa bits, finite, no negative zero.
     Float8E5M2Fnuz,
+    /// `float8_e8m0fnu`: an unsigned power of two (8 exponent bits), as used for block
+    /// scales.
     Float8E8M0Fnu,
 }
 

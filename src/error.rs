@@ -12,7 +12,10 @@ use std::fmt;
 
 /// A grid position, printed like a Python tuple: `(0, 1)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Position(pub Vec<usize>);
+pub struct Position(
+    /// The index along each axis of the grid.
+    pub Vec<usize>,
+);
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -52,30 +55,50 @@ pub fn tuple_string<T: fmt::Display>(items: &[T]) -> String {
 pub enum Error {
     /// A tensor cannot be exchanged as asked (DLPack rules, read-only data, copy refused, ...).
     #[error("{reason}")]
-    Buffer { reason: String },
+    Buffer {
+        /// What was asked and why it cannot be done.
+        reason: String,
+    },
 
     /// A DLPack data type dlpart does not handle.
     #[error("unsupported DLPack dtype (code={code}, bits={bits}, lanes={lanes}): {reason}")]
     UnsupportedDType {
+        /// The `DLDataTypeCode`.
         code: u8,
+        /// Bits per lane.
         bits: u8,
+        /// Vector lanes (dlpart takes only 1).
         lanes: u16,
+        /// Why it is refused.
         reason: &'static str,
     },
 
     /// An operation that the device cannot do (in this build or at all).
     #[error("{op} is not supported on device {device}")]
-    UnsupportedDevice { device: String, op: String },
+    UnsupportedDevice {
+        /// The device (or device pair, `a -> b`), as printed by [`crate::Device`].
+        device: String,
+        /// What was asked of it.
+        op: String,
+    },
 
     /// A device string or `(type, id)` pair that does not name a DLPack device.
     #[error("invalid device {text:?}: {reason}")]
-    InvalidDevice { text: String, reason: String },
+    InvalidDevice {
+        /// The text (or code) as given.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 
     /// Data would have to cross devices and the caller did not ask for it.
     #[error("{op}: {reason} (devices: {devices})")]
     DeviceMismatch {
+        /// The operation.
         op: String,
+        /// The crossings, `src -> dst`, comma-separated.
         devices: String,
+        /// Why it is refused, and how to allow it.
         reason: String,
     },
 
@@ -83,21 +106,31 @@ pub enum Error {
     /// `invariant` is the number of the [`crate::grid`] invariant that was violated, if any.
     #[error("{}", protocol_message(key, position.as_ref(), found, *invariant))]
     Protocol {
+        /// The dict key at fault (`"shape"`, `"partitions"`, `"locals"`, ...).
         key: String,
+        /// The grid position of the partition at fault, when one is.
         position: Option<Position>,
+        /// The values found, and what was expected.
         found: String,
+        /// The number of the violated [`crate::grid`] invariant (see [`crate::grid::inv`]).
         invariant: Option<u8>,
     },
 
     /// Several protocol violations, reported together.
     #[error("{} protocol violations:\n{}", errors.len(), join_lines(errors))]
-    ProtocolMany { errors: Vec<Error> },
+    ProtocolMany {
+        /// Each violation, in the order found.
+        errors: Vec<Error>,
+    },
 
     /// An index outside `[-len, len)`.
     #[error("index {index} is out of bounds for axis {axis} with size {len}")]
     IndexOutOfRange {
+        /// The first offending index, as given.
         index: i128,
+        /// The axis indexed.
         axis: usize,
+        /// The length of that axis.
         len: usize,
     },
 
@@ -115,24 +148,37 @@ pub enum Error {
 
     /// Shapes, axes or other arguments that do not fit together.
     #[error("{what}: {found}")]
-    Shape { what: String, found: String },
+    Shape {
+        /// What was expected.
+        what: String,
+        /// The values found.
+        found: String,
+    },
 
     /// A write into data that is read-only.
     #[error("{what} is read-only")]
-    ReadOnly { what: String },
+    ReadOnly {
+        /// The data written to (usually a tensor's `Debug` form).
+        what: String,
+    },
 
     /// A backend that is not compiled in or cannot be loaded on this machine.
     #[error("the {backend} backend is unavailable: {reason}")]
     BackendUnavailable {
+        /// The backend's name (`"cuda"`).
         backend: &'static str,
+        /// Why: compiled out, library not found, no device, ...
         reason: String,
     },
 
     /// A failure reported by a device runtime (CUDA driver, NVRTC, ...).
     #[error("{backend} error in {op}: {message}")]
     Backend {
+        /// The backend's name (`"cuda"`).
         backend: &'static str,
+        /// The runtime call or step that failed.
         op: String,
+        /// The runtime's message.
         message: String,
     },
 }

@@ -41,15 +41,25 @@ pub(crate) mod validate;
 
 /// The invariant numbers of the module documentation.
 pub mod inv {
+    /// 1: one number of axes everywhere.
     pub const NDIM: u8 = 1;
+    /// 2: each position of the tiling exactly once.
     pub const POSITIONS: u8 = 2;
+    /// 3: non-negative extents that do not overflow.
     pub const EXTENTS: u8 = 3;
+    /// 4: one start and length per slab.
     pub const RECTILINEAR: u8 = 4;
+    /// 5: the slabs tile each axis in order.
     pub const COVER: u8 = 5;
+    /// 6: one dtype for all data.
     pub const DTYPE: u8 = 6;
+    /// 7: data of exactly the entry's shape.
     pub const TENSOR_SHAPE: u8 = 7;
+    /// 8: well-formed locations naming DLPack devices.
     pub const LOCATION: u8 = 8;
+    /// 9: data on a device its locations name.
     pub const DEVICE: u8 = 9;
+    /// 10: `locals` names grid positions, each once.
     pub const LOCALS: u8 = 10;
 }
 
@@ -60,11 +70,14 @@ pub type Entry = (Vec<i64>, Vec<i64>, Vec<i64>);
 /// A box of the global index space: `start .. start + shape` along each axis.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Region {
+    /// The global index of the box's first element, per axis.
     pub start: Vec<usize>,
+    /// The box's extent per axis (0 allowed: an empty box).
     pub shape: Vec<usize>,
 }
 
 impl Region {
+    /// The number of axes.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
@@ -78,10 +91,12 @@ impl Region {
             .collect()
     }
 
+    /// The number of elements in the box.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether the box has no elements (some extent is 0).
     pub fn is_empty(&self) -> bool {
         self.shape.contains(&0)
     }
@@ -257,6 +272,7 @@ impl Grid {
         Grid { shape, splits }
     }
 
+    /// The number of axes.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
@@ -276,6 +292,7 @@ impl Grid {
         self.splits.iter().map(|s| s.len() - 1).collect()
     }
 
+    /// The number of partitions (empty ones included).
     pub fn num_partitions(&self) -> usize {
         self.splits.iter().map(|s| s.len() - 1).product()
     }

@@ -2,13 +2,14 @@
 //!
 //! A tensor is a view: a pointer to element `[0, ..., 0]`, a shape, strides in elements (any
 //! sign, zero allowed), a dtype, a device and a read-only flag. The memory belongs to `owner`,
-//! an `Arc` that releases it when the last view goes: a Rust allocation ([`HostBuffer`]), a
+//! an `Arc` that releases it when the last view goes: a Rust allocation ([`HostBuffer`]), the
+//! buffer of an ndarray array ([`Tensor::from_ndarray`], [`Tensor::from_arc_array`]), a
 //! foreign DLPack tensor whose deleter runs on drop ([`crate::dlpack::ForeignTensor`]), or a
 //! device allocation of a backend. Views of views share the one owner.
 
 use std::any::Any;
 
-use ndarray::ShapeBuilder;
+use ndarray::{ArcArray, Array, Dimension, ShapeBuilder};
 use std::fmt;
 use std::sync::Arc;
 
@@ -125,6 +126,60 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A writable host tensor over the buffer of `a`, without copying: the tensor takes the
+    /// array's allocation and keeps it alive, and its shape and strides (in elements, of any
+    /// sign) are the array's own, so Fortran-order, sliced and reversed arrays stay zero-copy.
+    ///
+    /// ```
+    /// use dlpart::Tensor;
+    ///
+    /// let a = ndarray::array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]].reversed_axes();
+    /// let first = a.as_ptr();
+    /// let t = Tensor::from_ndarray(a);
+    /// assert_eq!(t.data_ptr().cast_const(), first.cast::<u8>());
+    /// assert_eq!((t.shape(), t.strides()), (&[3, 2][..], &[1, 3][..]));
+    /// assert_eq!(t.as_array::<f32>()?[[2, 1]], 6.0);
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn from_ndarray<T: Element, D: Dimension>(a: Array<T, D>) -> Tensor {
+        let shape = a.shape().to_vec();
+        let strides = a.strides().to_vec();
+        let (mut vec, offset) = a.into_raw_vec_and_offset();
+        // `offset` is `None` only for an empty array, whose pointer is never dereferenced.
+        let data = vec
+            .as_mut_ptr()
+            .wrapping_add(offset.unwrap_or(0))
+            .cast::<u8>();
+        // Moving the Vec into the Arc leaves its heap buffer, and so `data`, where it is.
+        let owner: Owner = Arc::new(VecOwner { _vec: vec });
+        // SAFETY: ndarray's invariants for `a` (which held this Vec) say that every index
+        // within `shape` addresses, from element `offset` with these strides, an element of
+        // the Vec; the Vec is owned by `owner` and nothing else can reach it (`VecOwner` is
+        // private and exposes nothing), so writing through the tensor is exclusive to it.
+        unsafe { Tensor::from_raw_parts(data, shape, strides, T::DTYPE, Device::CPU, false, owner) }
+    }
+
+    /// A read-only host tensor over the buffer of `a`, without copying; the tensor keeps a
+    /// clone of `a` as its owner.
+    ///
+    /// Read-only because the buffer is shared: any clone of `a` may be mutated, which
+    /// copies-on-write only while the buffer is shared, so dlpart must never write into it.
+    /// For a writable tensor use `Tensor::from_ndarray(a.into_owned())`, which copies only
+    /// if another `ArcArray` still shares the buffer.
+    pub fn from_arc_array<T: Element, D: Dimension + 'static>(a: ArcArray<T, D>) -> Tensor {
+        let data = a.as_ptr().cast_mut().cast::<u8>();
+        let shape = a.shape().to_vec();
+        let strides = a.strides().to_vec();
+        let owner: Owner = Arc::new(ArcOwner { _array: a });
+        // SAFETY: ndarray's invariants for `a` say that every index within `shape` addresses,
+        // from `a.as_ptr()` with these strides, an element of its buffer; `owner` holds a
+        // handle to that buffer, so it lives as long as the tensor, and a mutation through
+        // another handle copies-on-write (the buffer is shared with `owner`) rather than
+        // touching it. The tensor is read-only, so dlpart never writes it either.
+        unsafe { Tensor::from_raw_parts(data, shape, strides, T::DTYPE, Device::CPU, true, owner) }
+    }
+
+    /// Extent per axis; empty for a 0-d tensor.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -132,18 +187,23 @@ impl Tensor {
     pub fn strides(&self) -> &[isize] {
         &self.strides
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The device whose memory holds the elements.
     pub fn device(&self) -> Device {
         self.device
     }
+    /// Whether the elements must not be written (by dlpart or through an export).
     pub fn readonly(&self) -> bool {
         self.readonly
     }
+    /// The number of axes.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
+    /// The number of elements (1 for a 0-d tensor).
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -248,25 +308,59 @@ impl Tensor {
         Ok(t)
     }
 
-    /// A read-only `ndarray` view of host data of element type `T`.
+    /// A read-only `ndarray` view of host data of element type `T`, borrowing the tensor.
+    ///
+    /// Zero-copy; axes with negative strides come out inverted, so the view indexes like the
+    /// tensor. The view is read-only because a tensor's memory may be shared with other
+    /// tensors, other frameworks or read-only DLPack producers. A `bool` tensor is checked
+    /// first to hold only bytes 0 and 1 (foreign producers may hand out any byte).
     pub fn as_array<T: Element>(&self) -> Result<ndarray::ArrayViewD<'_, T>> {
         self.check_host_element::<T>("as_array")?;
+        // Every element sits a whole number of `T`s away from `data`, so one check covers all.
+        if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
+            return Err(Error::buffer(format!(
+                "as_array: data at {:p} is not aligned for {}; to_array copies it",
+                self.data,
+                T::DTYPE
+            )));
+        }
+        if T::DTYPE == DType::Bool {
+            // SAFETY: the tensor is host memory (checked above); `u8` has the size and
+            // alignment of `bool`, and every byte is a valid `u8`.
+            let bytes = unsafe { self.host_view::<u8>() };
+            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
+                return Err(Error::buffer(format!(
+                    "as_array: bool tensor holds byte {b}, which is not a bool"
+                )));
+            }
+        }
+        // SAFETY: the tensor is host memory and `T` is the dtype's type (both checked above),
+        // whose every bit pattern is a valid `T` (`Element`'s contract), bools checked above.
+        Ok(unsafe { self.host_view::<T>() })
+    }
+
+    /// The elements as an `ndarray` view of `U`.
+    ///
+    /// # Safety
+    /// The tensor must be host accessible, `U` must have the dtype's item size, and every
+    /// element must be a valid `U`.
+    unsafe fn host_view<U>(&self) -> ndarray::ArrayViewD<'_, U> {
         let shape = ndarray::IxDyn(&self.shape);
         if self.numel() == 0 {
-            return Ok(ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view"));
+            return ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view");
         }
         // ndarray wants non-negative strides: start at the lowest address, then flip the axes
         // whose stride is negative.
         let (lo, _) = self.byte_span();
         let base = self.data.wrapping_offset(lo);
         let strides: Vec<usize> = self.strides.iter().map(|&s| s.unsigned_abs()).collect();
-        // SAFETY: the element type matches the dtype (checked above), the memory is host
-        // accessible, and with `base` at the lowest byte the elements touched with absolute
-        // strides are exactly those of the tensor, kept alive by `self.owner` for the borrow.
+        // SAFETY: with `base` at the lowest byte the elements touched with absolute strides
+        // are exactly those of the tensor, valid `U`s in host memory (the caller's contract),
+        // kept alive by `self.owner` for the borrow.
         let mut view = unsafe {
             ndarray::ArrayViewD::from_shape_ptr(
                 shape.strides(ndarray::IxDyn(&strides)),
-                base as *const T,
+                base as *const U,
             )
         };
         for (axis, &s) in self.strides.iter().enumerate() {
@@ -274,12 +368,35 @@ impl Tensor {
                 view.invert_axis(ndarray::Axis(axis));
             }
         }
-        Ok(view)
+        view
     }
 
-    /// A copy of host data into a new C-order `ndarray`.
+    /// A copy of host data into a new C-order `ndarray`; unlike [`Tensor::as_array`] it also
+    /// takes data that is not aligned for `T` (DLPack producers may hand such data out).
     pub fn to_array<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
-        Ok(self.as_array::<T>()?.as_standard_layout().into_owned())
+        self.check_host_element::<T>("to_array")?;
+        if self.numel() == 0 || self.data.cast::<T>().is_aligned() {
+            return Ok(self.as_array::<T>()?.as_standard_layout().into_owned());
+        }
+        // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
+        let values = ndarray::indices(self.shape.as_slice())
+            .into_iter()
+            .map(|index| {
+                let offset: isize = (0..self.ndim())
+                    .map(|d| index[d] as isize * self.strides[d])
+                    .sum();
+                // SAFETY: `index` is within the shape, so the element lies in the tensor's
+                // host memory (checked above), kept alive by `self.owner`; the read is
+                // unaligned, and any bit pattern is a valid `T` (`Element`'s contract).
+                unsafe {
+                    self.data
+                        .cast::<T>()
+                        .wrapping_offset(offset)
+                        .read_unaligned()
+                }
+            })
+            .collect();
+        Ok(ndarray::ArrayD::from_shape_vec(self.shape.as_slice(), values).expect("C order"))
     }
 
     fn check_host_element<T: Element>(&self, op: &str) -> Result<()> {
@@ -318,13 +435,46 @@ impl fmt::Debug for Tensor {
     }
 }
 
-/// Rust element types with a dlpart dtype.
-pub trait Element: Copy + Send + Sync + 'static {
+/// The owner of a tensor made by [`Tensor::from_ndarray`]: private and opaque, so that no
+/// one can reach the elements through the owner while the tensor is written.
+struct VecOwner<T> {
+    _vec: Vec<T>,
+}
+
+/// The owner of a tensor made by [`Tensor::from_arc_array`].
+struct ArcOwner<T, D: Dimension> {
+    _array: ArcArray<T, D>,
+}
+
+impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
+    /// Zero-copy: see [`Tensor::from_ndarray`].
+    fn from(a: Array<T, D>) -> Tensor {
+        Tensor::from_ndarray(a)
+    }
+}
+
+/// Rust element types with a dlpart dtype: `bool`, the fixed-width integers and `f32`/`f64`.
+///
+/// Sealed: [`Tensor::as_array`] reinterprets a tensor's bytes as `T` on the strength of
+/// `T::DTYPE` alone, so an implementation for a type whose size, alignment or valid bit
+/// patterns do not match its dtype would be undefined behaviour. Every bit pattern of the
+/// dtype's item size is a valid `T` for all implementors except `bool`, whose bytes
+/// `as_array` checks.
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// The dtype whose items are exactly the values of this type.
     const DTYPE: DType;
 }
 
+mod sealed {
+    /// Implemented only here, so that no type outside dlpart can be an [`super::Element`].
+    pub trait Sealed {}
+}
+
 macro_rules! element {
-    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+    ($($t:ty => $d:ident),*) => { $(
+        impl sealed::Sealed for $t {}
+        impl Element for $t { const DTYPE: DType = DType::$d; }
+    )* };
 }
 element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 => UInt8,
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
@@ -349,6 +499,8 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
+    /// Alignment in bytes of allocations below [`HostBuffer::HUGE`]: a cache line, and
+    /// enough for any SIMD load.
     pub const ALIGN: usize = 64;
     /// Allocations of at least this many bytes get huge-page alignment and advice.
     pub const HUGE: usize = 2 << 20;
@@ -387,6 +539,7 @@ impl HostBuffer {
         HostBuffer { ptr, layout }
     }
 
+    /// The first byte (dangling but aligned for an empty buffer).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -581,6 +734,75 @@ mod tests {
         assert_eq!(r.byte_span(), (-32, 16));
         assert!(!r.is_contiguous());
         assert!(t.is_contiguous());
+    }
+
+    #[test]
+    fn element_types_match_their_dtypes() {
+        fn check<T: Element>() {
+            assert_eq!(
+                std::mem::size_of::<T>(),
+                T::DTYPE.itemsize(),
+                "{}",
+                T::DTYPE
+            );
+            assert!(std::mem::align_of::<T>() <= std::mem::size_of::<T>());
+        }
+        check::<bool>();
+        check::<i8>();
+        check::<i16>();
+        check::<i32>();
+        check::<i64>();
+        check::<u8>();
+        check::<u16>();
+        check::<u32>();
+        check::<u64>();
+        check::<f32>();
+        check::<f64>();
+    }
+
+    #[test]
+    fn bool_views_refuse_bytes_other_than_0_and_1() {
+        let mut t = Tensor::from_slice(&[0u8, 1, 1], &[3]).unwrap();
+        t.dtype = DType::Bool;
+        assert_eq!(
+            t.as_array::<bool>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            [false, true, true]
+        );
+        let mut bad = Tensor::from_slice(&[0u8, 2, 1], &[3]).unwrap();
+        bad.dtype = DType::Bool;
+        let err = bad.as_array::<bool>().unwrap_err().to_string();
+        assert!(err.contains("byte 2"), "{err}");
+        assert!(bad.to_array::<bool>().is_err());
+    }
+
+    #[test]
+    fn unaligned_data_is_copied_not_viewed() {
+        let bytes: Vec<u8> = [1.5f32, -2.0, 3.25]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        let mut padded = vec![0u8];
+        padded.extend(&bytes);
+        let buf = Tensor::from_slice(&padded, &[13]).unwrap();
+        let mut t = buf.view(&[1], &[12]).unwrap();
+        assert!(!t.data_ptr().cast::<f32>().is_aligned());
+        t.dtype = DType::Float32;
+        t.shape = vec![3];
+        t.strides = vec![-1];
+        t.data = t.data.wrapping_add(8);
+        assert!(t.as_array::<f32>().is_err());
+        assert_eq!(
+            t.to_array::<f32>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            [3.25, -2.0, 1.5]
+        );
     }
 
     #[test]

@@ -9,8 +9,11 @@ use crate::tensor::contiguous_strides;
 /// the extent and the stride in elements (any sign, zero allowed).
 #[derive(Clone, Copy, Debug)]
 pub struct SrcView<'a> {
+    /// Address of element `[0, ..., 0]` (any alignment).
     pub ptr: *const u8,
+    /// Extent per dimension.
     pub shape: &'a [usize],
+    /// Stride per dimension, in elements.
     pub strides: &'a [isize],
 }
 
@@ -18,8 +21,11 @@ pub struct SrcView<'a> {
 /// (if they do not, the kernels still run, on one thread, leaving unspecified values).
 #[derive(Clone, Copy, Debug)]
 pub struct DstView<'a> {
+    /// Address of element `[0, ..., 0]` (any alignment).
     pub ptr: *mut u8,
+    /// Extent per dimension.
     pub shape: &'a [usize],
+    /// Stride per dimension, in elements.
     pub strides: &'a [isize],
 }
 
@@ -37,13 +43,18 @@ unsafe impl Sync for DstView<'_> {}
 /// One box copy for [`copy_boxes`]: `src` and `dst` have the same shape.
 #[derive(Clone, Copy, Debug)]
 pub struct RawCopy<'a> {
+    /// Where the elements are read.
     pub src: SrcView<'a>,
+    /// Where they are written.
     pub dst: DstView<'a>,
+    /// Bytes per element, on both sides.
     pub itemsize: usize,
 }
 
-/// Which stores large copies use.
+/// Which stores large copies use. dlpart itself always uses `Auto`; the benchmarks and tests
+/// force the others to compare them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
 pub enum Stores {
     /// Streaming stores for copies of [`STREAM_MIN_BYTES`] or more, plain stores otherwise.
     #[default]
@@ -234,6 +245,7 @@ pub unsafe fn pack(src: SrcView<'_>, dst: *mut u8, itemsize: usize) {
 ///
 /// # Safety
 /// As for [`copy_box`], with `src` readable for `numel * itemsize` bytes.
+#[cfg(test)]
 pub unsafe fn unpack(src: *const u8, dst: DstView<'_>, itemsize: usize) {
     let strides = contiguous_strides(dst.shape);
     let src = SrcView {

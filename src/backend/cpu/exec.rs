@@ -75,11 +75,13 @@ pub(crate) unsafe fn run(
 /// As for [`run`], with `src`/`dst` at the outer index and `k < plan.inner_units`.
 #[inline]
 unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: Store) {
-    // SAFETY (all arms): the unit's elements lie inside the box (caller contract); every
-    // offset below is within the inner extents the plan was built from.
+    // The unit's elements lie inside the box (caller contract); every offset below is within
+    // the inner extents the plan was built from.
     match plan.kind {
         Kind::Rows { bytes, seg } => {
             let off = k * seg;
+            // SAFETY: bytes `off .. off + seg` (clipped to the row) of one row inside the box;
+            // `k < inner_units` keeps `off < bytes`.
             unsafe { copy_row(dst.add(off), src.add(off), seg.min(bytes - off), store) }
         }
         Kind::Elems { run, seg } => {

@@ -1,11 +1,11 @@
 //! The CPU backend: host-memory kernels.
 //!
-//! The raw kernels ([`copy_box`], [`pack`], [`unpack`], [`copy_boxes`], [`gather`],
-//! [`scatter`]) take pointers, shapes and strides in elements and move elements as 1-, 2-, 4-,
-//! 8- or 16-byte words by item size (float8, bfloat16 and complex are just bytes; other item
-//! sizes are moved as byte runs). They plan each box into long loops (`plan.rs`), run them in
-//! one rayon pass over pieces of similar size, and store large copies with streaming stores
-//! (`stream.rs`). [`CpuBackend`] is the safe layer: it validates tensors, then calls them.
+//! [`CpuBackend`] is the safe layer: it validates tensors, then calls the raw kernels of
+//! this module (crate-private, `unsafe`). Those take pointers, shapes and strides in elements
+//! and move elements as 1-, 2-, 4-, 8- or 16-byte words by item size (float8, bfloat16 and
+//! complex are just bytes; other item sizes are moved as byte runs). They plan each box into
+//! long loops (`plan.rs`), run them in one rayon pass over pieces of similar size, and store
+//! large copies with streaming stores (`stream.rs`).
 
 mod copy;
 mod exec;
@@ -20,11 +20,20 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-pub use copy::{
-    copy_box, copy_boxes, copy_boxes_with, pack, unpack, DstView, RawCopy, SrcView, Stores,
-    STREAM_MIN_BYTES,
-};
-pub use index::{gather, scatter};
+pub(crate) use copy::{copy_boxes, pack, DstView, RawCopy, SrcView};
+pub(crate) use index::{gather, scatter};
+
+/// The raw kernels, for dlpart's own benchmarks and examples (feature `bench-internals`).
+/// Not part of the API: no stability, and every kernel is `unsafe` with the contract in its
+/// source.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod __bench {
+    pub use super::copy::{
+        copy_box, copy_boxes, copy_boxes_with, DstView, RawCopy, SrcView, Stores, STREAM_MIN_BYTES,
+    };
+    pub use super::index::{gather, scatter};
+}
 
 use crate::backend::{Backend, BoxCopy};
 use crate::device::Device;
@@ -38,6 +47,8 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// A backend for the host-accessible `device` (the kernels are the same for every such
+    /// device; the device is what new tensors report).
     pub fn shared(device: Device) -> Arc<dyn Backend> {
         Arc::new(CpuBackend { device })
     }
@@ -49,7 +60,7 @@ impl CpuBackend {
 /// # Safety
 /// Every index within `shape` must address `itemsize` readable bytes from `src` and writable
 /// bytes from `dst` (strides in elements), and the two boxes must not overlap.
-pub unsafe fn copy_strided(
+pub(crate) unsafe fn copy_strided(
     src: *const u8,
     src_strides: &[isize],
     dst: *mut u8,

@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::backend::cpu::copy::{
-    copy_boxes_tuned, unit_groups, RawCopy, Stores, SEQUENTIAL, TUNING,
+    copy_box, copy_boxes_tuned, pack, unit_groups, unpack, RawCopy, Stores, SEQUENTIAL, TUNING,
 };
-use crate::backend::cpu::{copy_box, copy_strided, pack, unpack};
+use crate::backend::cpu::copy_strided;
 
 const SHAPES: &[&[usize]] = &[
     &[],
