@@ -7,6 +7,13 @@
 //! normalised to `[0, len)`, and the destination is writable.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+// Without the feature, a stub with the same API (every entry point BackendUnavailable): the
+// one `cfg` on the backend seam, so that `ops` and the bindings need none.
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
 
 use std::sync::Arc;
 
@@ -62,26 +69,10 @@ pub trait Backend: Send + Sync {
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     match device.kind {
         k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
-        DeviceType::Cuda => cuda_backend(device),
+        DeviceType::Cuda => cuda::CudaBackend::shared(device),
         _ => Err(Error::UnsupportedDevice {
             device: device.to_string(),
             op: "native kernels".into(),
         }),
     }
 }
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend(_device: Device) -> Result<Arc<dyn Backend>> {
-    Err(Error::BackendUnavailable {
-        backend: "cuda",
-        reason: "dlpart was built without the `cuda` feature".into(),
-    })
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_backend(device: Device) -> Result<Arc<dyn Backend>> {
-    cuda::CudaBackend::shared(device)
-}
-
-#[cfg(feature = "cuda")]
-pub mod cuda;
