@@ -392,9 +392,10 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
     backend.synchronize()
 }
 
-/// A copy of `t` on `device`: the one way data crosses devices. Host memory moves with the CPU
-/// kernels; anything touching `kDLCUDA` needs the `cuda` feature. The same device gives a
-/// contiguous copy.
+/// A copy of `t` on `device`: the one way data crosses devices. The same device (or host
+/// memory to `kDLCPU`) gives a contiguous copy; otherwise the backend of the side that is not
+/// host memory runs [`Backend::transfer`] (the target's, when neither side is), so anything
+/// touching `kDLCUDA` needs dlpart built with the `cuda` feature.
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     let here = t.device();
     if here == device || (here.is_host_accessible() && device == Device::CPU) {
@@ -411,39 +412,26 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         backend.synchronize()?;
         return Ok(out);
     }
-    transfer(t, device)
-}
-
-#[cfg(feature = "cuda")]
-fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
-    use crate::device::DeviceType;
-    if device.kind != DeviceType::Cuda && device != Device::CPU {
-        return Err(Error::UnsupportedDevice {
-            device: format!("{} -> {device}", t.device()),
-            op: "transfer".into(),
-        });
-    }
-    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
-    crate::backend::cuda::copy_tensor(t, &out)?;
-    Ok(out)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
-    use crate::device::DeviceType;
-    if t.device().kind == DeviceType::Cuda || device.kind == DeviceType::Cuda {
-        return Err(Error::BackendUnavailable {
-            backend: "cuda",
-            reason: format!(
-                "moving data {} -> {device} needs dlpart built with the `cuda` feature",
-                t.device()
-            ),
-        });
-    }
-    Err(Error::UnsupportedDevice {
-        device: format!("{} -> {device}", t.device()),
+    let refused = || Error::UnsupportedDevice {
+        device: format!("{here} -> {device}"),
         op: "transfer".into(),
-    })
+    };
+    // dlpart allocates host memory only as kDLCPU (pinned kDLCUDAHost is the producer's).
+    if device.is_host_accessible() && device != Device::CPU {
+        return Err(refused());
+    }
+    let runner = if device.is_host_accessible() {
+        here
+    } else {
+        device
+    };
+    let backend = backend_for(runner).map_err(|e| match e {
+        Error::UnsupportedDevice { .. } => refused(),
+        e => e,
+    })?;
+    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    backend.transfer(t, &out)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -484,6 +472,34 @@ mod tests {
         let host = "kDLCUDAHost".parse().unwrap();
         let e = repartition(&plan, &[t], &[host], false).unwrap_err();
         assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    }
+
+    #[test]
+    fn to_device_picks_the_backend_of_the_device_side() {
+        let t = arange(&[2, 3]);
+        // kDLCUDA goes to the cuda backend: the stub without the `cuda` feature.
+        match to_device(&t, Device::cuda(0)) {
+            Ok(c) => assert_eq!(c.device(), Device::cuda(0)),
+            Err(Error::BackendUnavailable {
+                backend: "cuda", ..
+            }) => {}
+            other => panic!("expected a copy on kDLCUDA:0 or no cuda backend: {other:?}"),
+        }
+        let one_api: Device = "kDLOneAPI:0".parse().unwrap();
+        let e = to_device(&t, one_api).unwrap_err().to_string();
+        assert!(
+            e.contains("kDLCPU -> kDLOneAPI:0") && e.contains("transfer"),
+            "{e}"
+        );
+        let pinned: Device = "kDLCUDAHost".parse().unwrap();
+        let e = to_device(&t, pinned).unwrap_err().to_string();
+        assert!(e.contains("kDLCPU -> kDLCUDAHost"), "{e}");
+        let same = to_device(&t.view(&[0, 1], &[2, 2]).unwrap(), Device::CPU).unwrap();
+        assert!(same.is_contiguous());
+        assert_eq!(
+            same.to_array::<i32>().unwrap().into_raw_vec_and_offset().0,
+            vec![1, 2, 4, 5]
+        );
     }
 
     #[test]

@@ -354,7 +354,7 @@ fn stream_waits_queue_on_the_device() {
     let Some(be) = backend("stream_waits_queue_on_the_device") else {
         return;
     };
-    let ours = be.dlpack_stream();
+    let ours = be.dlpack_stream().expect("a CUDA backend has a stream");
     assert!(ours > 2);
     wait_on(Device::cuda(0), Some(1), Some(ours)).unwrap();
     wait_on(Device::cuda(0), Some(2), Some(ours)).unwrap();

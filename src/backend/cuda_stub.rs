@@ -82,6 +82,18 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         match *self {}
     }
+
+    fn transfer(&self, _src: &Tensor, _dst: &Tensor) -> Result<()> {
+        match *self {}
+    }
+
+    fn dlpack_stream(&self) -> Option<i64> {
+        match *self {}
+    }
+
+    fn make_consumer_wait(&self, _stream: Option<i64>) -> Result<()> {
+        match *self {}
+    }
 }
 
 /// Always [`Error::BackendUnavailable`].

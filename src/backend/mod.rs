@@ -26,10 +26,15 @@ use crate::tensor::Tensor;
 /// Both tensors have the same dtype and live on the backend's device.
 #[derive(Clone, Debug)]
 pub struct BoxCopy<'a> {
+    /// The tensor read.
     pub src: &'a Tensor,
+    /// The box's first element in `src`.
     pub src_start: Vec<usize>,
+    /// The tensor written.
     pub dst: &'a Tensor,
+    /// The box's first element in `dst`.
     pub dst_start: Vec<usize>,
+    /// The box's extent, the same on both sides.
     pub shape: Vec<usize>,
 }
 
@@ -63,6 +68,25 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Copies all of `src` into `dst` (same shape and dtype, `dst` writable), one of them on
+    /// this backend's device and the other on a device it reaches: host memory for every
+    /// backend, other CUDA devices for CUDA. Returns once the data has arrived. This is how
+    /// data crosses devices; [`crate::ops::to_device`] picks the backend.
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
+
+    /// The DLPack `stream` value to hand a producer when importing onto this device, so that
+    /// it makes our queue wait for its work; `None` where the device has no streams.
+    fn dlpack_stream(&self) -> Option<i64> {
+        None
+    }
+
+    /// Export side of DLPack's `stream` argument: makes the consumer's `stream` wait for the
+    /// work this backend has queued. A no-op where work is never left queued (the CPU).
+    fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
 }
 
 /// The backend for `device`.
@@ -74,5 +98,36 @@ pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
             device: device.to_string(),
             op: "native kernels".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_backend_transfers_through_the_trait() {
+        let b = backend_for(Device::CPU).unwrap();
+        let vals: Vec<i32> = (0..12).collect();
+        let src = Tensor::from_slice(&vals, &[3, 4]).unwrap();
+        let cols = src.view(&[0, 1], &[3, 2]).unwrap(); // strided: every row, columns 1..3
+        let dst = b.empty(&[3, 2], DType::Int32).unwrap();
+        b.transfer(&cols, &dst).unwrap();
+        let got = dst.to_array::<i32>().unwrap().into_raw_vec_and_offset().0;
+        assert_eq!(got, vec![1, 2, 5, 6, 9, 10]);
+        // Shapes must match.
+        let e = b.transfer(&src, &dst).unwrap_err().to_string();
+        assert!(
+            e.contains("shapes differ") && e.contains("(3, 4) -> (3, 2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_cpu_backend_has_no_stream_to_wait_on() {
+        let b = backend_for(Device::CPU).unwrap();
+        assert_eq!(b.dlpack_stream(), None);
+        b.make_consumer_wait(None).unwrap();
+        b.make_consumer_wait(Some(-1)).unwrap();
     }
 }

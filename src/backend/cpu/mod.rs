@@ -387,6 +387,29 @@ impl Backend for CpuBackend {
         // SAFETY: as for `gather`.
         unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }
     }
+
+    /// Between host-accessible devices only (`kDLCPU`, `kDLCUDAHost`, ...): one box copy.
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_pair(&"transfer", src, dst)?;
+        if src.shape() != dst.shape() {
+            return Err(Error::shape(
+                "transfer: source and destination shapes differ",
+                format!(
+                    "{} -> {}",
+                    tuple_string(src.shape()),
+                    tuple_string(dst.shape())
+                ),
+            ));
+        }
+        let zero = vec![0; src.ndim()];
+        self.copy_boxes(&[BoxCopy {
+            src,
+            src_start: zero.clone(),
+            dst,
+            dst_start: zero,
+            shape: src.shape().to_vec(),
+        }])
+    }
 }
 
 /// A C-order copy of the box `src` and its strides.

@@ -332,4 +332,27 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))
     }
+
+    /// Host <-> this device, or between this device and another CUDA device (see
+    /// [`copy_tensor`]).
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        if src.device() != self.device && dst.device() != self.device {
+            return Err(Error::DeviceMismatch {
+                op: "transfer".into(),
+                devices: format!("{} -> {}", src.device(), dst.device()),
+                reason: format!("neither side is on the backend's device {}", self.device),
+            });
+        }
+        copy_tensor(src, dst)
+    }
+
+    /// This backend's stream, which all its work is queued on.
+    fn dlpack_stream(&self) -> Option<i64> {
+        Some(self.stream.cu_stream() as usize as i64)
+    }
+
+    /// Queues an event wait on the consumer's stream; nothing blocks the host.
+    fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
+        wait_on(self.device, stream, self.dlpack_stream())
+    }
 }
