@@ -1,9 +1,11 @@
 //! The CUDA backend's stand-in when dlpart is built without the `cuda` feature.
 //!
-//! It has the public API of `backend::cuda` that does not name cudarc types, so `ops`, the
-//! bindings and [`super::backend_for`] are written once, with no `cfg`. Every entry point
-//! returns [`Error::BackendUnavailable`]; [`CudaBackend`] has no values (it cannot be
-//! created), so its methods can never run.
+//! It has the entry points of `backend::cuda` that the rest of the crate and the CUDA tests
+//! call, so `ops`, the bindings and [`super::backend_for`] are written once, with no `cfg`.
+//! Every entry point returns [`Error::BackendUnavailable`]; [`CudaBackend`] has no values (it
+//! cannot be created), so its methods can never run. The driver-level parts (`nvrtc`,
+//! `DeviceBuffer`, `DlpackStream`, the stream and context accessors) exist only in the real
+//! module.
 
 use std::sync::Arc;
 
@@ -66,6 +68,10 @@ impl Backend for CudaBackend {
     }
 
     fn copy_boxes(&self, _jobs: &[BoxCopy<'_>]) -> Result<()> {
+        match *self {}
+    }
+
+    fn normalise_indices(&self, _indices: &Tensor, _axis: usize, _len: usize) -> Result<Tensor> {
         match *self {}
     }
 

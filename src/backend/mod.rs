@@ -4,7 +4,8 @@
 //! backend for host-accessible memory, the CUDA backend for `kDLCUDA` (feature `cuda`; without
 //! it a stub with the same API returns [`Error::BackendUnavailable`]). Callers (the `ops` layer)
 //! validate arguments first; backends may assume shapes fit, boxes are in bounds, indices are
-//! normalised to `[0, len)`, and the destination is writable.
+//! normalised to `[0, len)` (by the backend's own [`Backend::normalise_indices`], on its
+//! device), and the destination is writable.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -57,8 +58,18 @@ pub trait Backend: Send + Sync {
     /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
 
+    /// Checks `indices` (1-d, any integer dtype) against an axis `axis` of length `len`, on
+    /// this backend's device, and returns them as [`Backend::gather`] and [`Backend::scatter`]
+    /// take them: a 1-d int64 tensor on this device with every value in `[0, len)`. Negative
+    /// values count from the end, as in numpy; a value outside `[-len, len)` is
+    /// [`Error::IndexOutOfRange`] naming the first such one, before anything is written. The
+    /// result may be `indices` itself. Host indices are accepted by every backend (a device
+    /// backend copies them over first); indices on another device are refused.
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor>;
+
     /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor
-    /// on this device with every value in `[0, src.shape[axis])`.
+    /// on this device with every value in `[0, src.shape[axis])`, as
+    /// [`Backend::normalise_indices`] returns them.
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
 
     /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`; later duplicates win.
@@ -121,6 +132,65 @@ mod tests {
             e.contains("shapes differ") && e.contains("(3, 4) -> (3, 2)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cpu_backend_checks_host_indices_naming_the_bad_one() {
+        let b = backend_for(Device::CPU).unwrap();
+        // Every other int16 of [-1, 7, 2, 7, -9, 7]: the first bad one is -9, not 7.
+        let raw = Tensor::from_slice(&[-1i16, 7, 2, 7, -9, 7], &[6]).unwrap();
+        // SAFETY: three int16 two elements apart lie inside `raw`, kept alive by its owner.
+        let strided = unsafe {
+            Tensor::from_raw_parts(
+                raw.data_ptr(),
+                vec![3],
+                vec![2],
+                DType::Int16,
+                Device::CPU,
+                true,
+                raw.owner().clone(),
+            )
+        };
+        match b.normalise_indices(&strided, 1, 5) {
+            Err(Error::IndexOutOfRange {
+                index: -9,
+                axis: 1,
+                len: 5,
+            }) => {}
+            other => panic!("expected index -9 out of range, got {other:?}"),
+        }
+        let ok = b.normalise_indices(&strided, 1, 10).unwrap();
+        assert_eq!(ok.dtype(), DType::Int64);
+        assert_eq!(
+            ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+            vec![9, 2, 1]
+        );
+        // In range contiguous int64 indices come back as they are.
+        let plain = Tensor::from_slice(&[0i64, 4], &[2]).unwrap();
+        assert_eq!(
+            b.normalise_indices(&plain, 0, 5).unwrap().data_ptr(),
+            plain.data_ptr()
+        );
+    }
+
+    #[test]
+    fn the_cpu_backend_refuses_indices_on_a_device() {
+        let b = backend_for(Device::CPU).unwrap();
+        let host = Tensor::from_slice(&[0i64], &[1]).unwrap();
+        // SAFETY: only the descriptor is inspected; the refusal comes before any read.
+        let on_gpu = unsafe {
+            Tensor::from_raw_parts(
+                host.data_ptr(),
+                vec![1],
+                vec![1],
+                DType::Int64,
+                Device::cuda(0),
+                true,
+                host.owner().clone(),
+            )
+        };
+        let e = b.normalise_indices(&on_gpu, 0, 3).unwrap_err().to_string();
+        assert!(e.contains("kDLCUDA:0") && e.contains("CPU backend"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod copy;
 mod exec;
 mod index;
 mod index_loop;
+mod normalise;
 mod plan;
 mod stream;
 #[cfg(test)]
@@ -371,6 +372,11 @@ impl Backend for CpuBackend {
         // trait's contract keeps destinations apart from each other and from other sources.
         unsafe { copy_boxes(&raw) };
         Ok(())
+    }
+
+    /// Host indices only, checked on the calling thread (in parallel when there are many).
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+        normalise::normalise_indices(indices, axis, len)
     }
 
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {

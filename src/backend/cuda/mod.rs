@@ -12,7 +12,8 @@
 //! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
 //! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
 //! | `context.rs` | driver loading, kernel modules, device/pinned buffers, scratch |
-//! | `index.rs` | gather and scatter launches, index validation |
+//! | `index_check.rs` | where indices must be and what the index check found (pure host code) |
+//! | `index.rs` | the index check, gather and scatter launches |
 //! | `stream.rs` | DLPack stream values and event-based waits |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 
@@ -21,6 +22,7 @@ pub mod nvrtc;
 
 mod context;
 mod index;
+mod index_check;
 mod stream;
 mod transfer;
 
@@ -313,6 +315,13 @@ impl Backend for CudaBackend {
             });
         }
         self.copy_transfers(&transfers)
+    }
+
+    /// Host indices are copied to this device, then every index is checked there (see
+    /// `index.rs`); indices on another CUDA device are refused.
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+        self.bind()?;
+        self.normalise_on_device(indices, axis, len)
     }
 
     /// Checks every index on the device; an out-of-range one is reported as
