@@ -7,8 +7,6 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -209,120 +207,12 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
     Ok(dtype)
 }
 
-/// Index arrays shorter than this are checked on the calling thread.
-const PARALLEL_INDICES: usize = 1 << 20;
-
-/// `f` over `s` (non-empty), in parallel chunks joined by `join` when `s` is long.
-fn over_chunks<T: Send>(
-    s: &[i64],
-    f: impl Fn(&[i64]) -> T + Sync + Send,
-    join: impl Fn(T, T) -> T + Sync + Send,
-) -> T {
-    if s.len() < PARALLEL_INDICES {
-        return f(s);
-    }
-    s.par_chunks(1 << 16)
-        .map(f)
-        .reduce_with(join)
-        .expect("a long slice has chunks")
-}
-
-/// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
-/// length `len`; an index outside `[-len, len)` is an error before anything is written.
-/// Contiguous int64 indices that are all in `[0, len)` are returned as they are (no copy).
+/// Normalises `indices` against an axis of length `len` on the backend of the indices' own
+/// device ([`Backend::normalise_indices`]): negative ones count from the end, as in numpy, and
+/// an index outside `[-len, len)` is [`Error::IndexOutOfRange`] naming it. Host indices come
+/// back as a host int64 tensor (themselves when they already are contiguous int64 in range).
 pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
-    if indices.ndim() != 1 {
-        return Err(Error::shape(
-            "indices must be 1-d",
-            format!("shape {}", tuple_string(indices.shape())),
-        ));
-    }
-    if !indices.device().is_host_accessible() {
-        return Err(Error::UnsupportedDevice {
-            device: indices.device().to_string(),
-            op: "indices (host memory only in this build)".into(),
-        });
-    }
-    let n = indices.shape()[0];
-    let (lo, hi) = (-(len as i64), len as i64);
-    let out_of_range = |index: i128| Error::IndexOutOfRange { index, axis, len };
-    if indices.dtype() == DType::Int64 && (indices.strides()[0] == 1 || n <= 1) && n > 0 {
-        let ptr = indices.data_ptr().cast::<i64>();
-        if ptr.is_aligned() {
-            // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
-            // `indices` while `s` is used, and aligned (checked just above).
-            let s = unsafe { std::slice::from_raw_parts(ptr, n) };
-            // The common case first: every index in [0, len), which one unsigned compare per
-            // index tells (negative ones wrap to huge values). AVX2 has no 64-bit min/max, so
-            // this count vectorises where a min/max pass does not: a gather of 64M float32 by
-            // sorted indices went from about 175 to 105 ms here.
-            let outside = |c: &[i64]| c.iter().filter(|&&v| v as u64 >= len as u64).count();
-            if over_chunks(s, outside, |a, b| a + b) == 0 {
-                return Ok(indices.clone());
-            }
-            // Negative or bad indices: the min/max pass, and the slow search for the first bad
-            // index only when there is one.
-            let span = |c: &[i64]| {
-                c.iter()
-                    .fold((i64::MAX, i64::MIN), |(a, b), &v| (a.min(v), b.max(v)))
-            };
-            let (min, max) = over_chunks(s, span, |x, y| (x.0.min(y.0), x.1.max(y.1)));
-            if min < lo || max >= hi {
-                let bad = s
-                    .iter()
-                    .find(|&&v| v < lo || v >= hi)
-                    .copied()
-                    .unwrap_or(min);
-                return Err(out_of_range(bad as i128));
-            }
-            if min >= 0 {
-                return Ok(indices.clone());
-            }
-            let fixed: Vec<i64> = s
-                .par_iter()
-                .map(|&v| if v < 0 { v + hi } else { v })
-                .collect();
-            return Tensor::from_slice(&fixed, &[n]);
-        }
-    }
-    let stride = indices.strides()[0];
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let v = read_index(indices, i as isize * stride)?;
-        if v < lo as i128 || v >= hi as i128 {
-            return Err(out_of_range(v));
-        }
-        let v = v as i64; // in range, so it fits
-        out.push(if v < 0 { v + hi } else { v });
-    }
-    Tensor::from_slice(&out, &[n])
-}
-
-fn read_index(t: &Tensor, offset: isize) -> Result<i128> {
-    let p = t
-        .data_ptr()
-        .wrapping_offset(offset * t.dtype().itemsize() as isize);
-    // SAFETY: `offset` addresses an in-bounds element of the host-accessible 1-d tensor `t`
-    // (callers iterate `i < shape[0]` with the tensor's own stride); unaligned reads are used
-    // because DLPack producers may hand out unaligned data.
-    unsafe {
-        Ok(match t.dtype() {
-            DType::Int8 => p.cast::<i8>().read_unaligned() as i128,
-            DType::Int16 => p.cast::<i16>().read_unaligned() as i128,
-            DType::Int32 => p.cast::<i32>().read_unaligned() as i128,
-            DType::Int64 => p.cast::<i64>().read_unaligned() as i128,
-            DType::UInt8 => p.cast::<u8>().read_unaligned() as i128,
-            DType::UInt16 => p.cast::<u16>().read_unaligned() as i128,
-            DType::UInt32 => p.cast::<u32>().read_unaligned() as i128,
-            DType::UInt64 => p.cast::<u64>().read_unaligned() as i128,
-            other => {
-                return Err(Error::shape(
-                    "indices must have an integer dtype",
-                    other.name(),
-                ))
-            }
-        })
-    }
+    backend_for(indices.device())?.normalise_indices(indices, axis, len)
 }
 
 fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
@@ -357,10 +247,10 @@ fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Res
 /// on `src`'s device unless given.
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
-    let idx = normalise_indices(indices, axis, src.shape()[axis])?;
+    let backend = backend_for(src.device())?;
+    let idx = backend.normalise_indices(indices, axis, src.shape()[axis])?;
     let mut shape = src.shape().to_vec();
     shape[axis] = idx.shape()[0];
-    let backend = backend_for(src.device())?;
     let out = match out {
         Some(o) => {
             check_out(o, &shape, src.dtype(), src.device())?;
@@ -377,7 +267,8 @@ pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>)
 /// (the last of duplicate indices wins).
 pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
-    let idx = normalise_indices(indices, axis, out.shape()[axis])?;
+    let backend = backend_for(out.device())?;
+    let idx = backend.normalise_indices(indices, axis, out.shape()[axis])?;
     let mut shape = out.shape().to_vec();
     shape[axis] = idx.shape()[0];
     if values.shape() != shape.as_slice() || values.dtype() != out.dtype() {
@@ -402,14 +293,14 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
             reason: "values and out must be on one device".into(),
         });
     }
-    let backend = backend_for(out.device())?;
     backend.scatter(values, &idx, axis, out)?;
     backend.synchronize()
 }
 
-/// A copy of `t` on `device`: the one way data crosses devices. Host memory moves with the CPU
-/// kernels; anything touching `kDLCUDA` needs the `cuda` feature. The same device gives a
-/// contiguous copy.
+/// A copy of `t` on `device`: the one way data crosses devices. The same device (or host
+/// memory to `kDLCPU`) gives a contiguous copy; otherwise the backend of the side that is not
+/// host memory runs [`Backend::transfer`] (the target's, when neither side is), so anything
+/// touching `kDLCUDA` needs dlpart built with the `cuda` feature.
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     let here = t.device();
     if here == device || (here.is_host_accessible() && device == Device::CPU) {
@@ -426,39 +317,26 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         backend.synchronize()?;
         return Ok(out);
     }
-    transfer(t, device)
-}
-
-#[cfg(feature = "cuda")]
-fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
-    use crate::device::DeviceType;
-    if device.kind != DeviceType::Cuda && device != Device::CPU {
-        return Err(Error::UnsupportedDevice {
-            device: format!("{} -> {device}", t.device()),
-            op: "transfer".into(),
-        });
-    }
-    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
-    crate::backend::cuda::copy_tensor(t, &out)?;
-    Ok(out)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn transfer(t: &Tensor, device: Device) -> Result<Tensor> {
-    use crate::device::DeviceType;
-    if t.device().kind == DeviceType::Cuda || device.kind == DeviceType::Cuda {
-        return Err(Error::BackendUnavailable {
-            backend: "cuda",
-            reason: format!(
-                "moving data {} -> {device} needs dlpart built with the `cuda` feature",
-                t.device()
-            ),
-        });
-    }
-    Err(Error::UnsupportedDevice {
-        device: format!("{} -> {device}", t.device()),
+    let refused = || Error::UnsupportedDevice {
+        device: format!("{here} -> {device}"),
         op: "transfer".into(),
-    })
+    };
+    // dlpart allocates host memory only as kDLCPU (pinned kDLCUDAHost is the producer's).
+    if device.is_host_accessible() && device != Device::CPU {
+        return Err(refused());
+    }
+    let runner = if device.is_host_accessible() {
+        here
+    } else {
+        device
+    };
+    let backend = backend_for(runner).map_err(|e| match e {
+        Error::UnsupportedDevice { .. } => refused(),
+        e => e,
+    })?;
+    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    backend.transfer(t, &out)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -499,6 +377,59 @@ mod tests {
         let host = "kDLCUDAHost".parse().unwrap();
         let e = repartition(&plan, &[t], &[host], false).unwrap_err();
         assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    }
+
+    #[test]
+    fn to_device_picks_the_backend_of_the_device_side() {
+        let t = arange(&[2, 3]);
+        // kDLCUDA goes to the cuda backend: the stub without the `cuda` feature.
+        match to_device(&t, Device::cuda(0)) {
+            Ok(c) => assert_eq!(c.device(), Device::cuda(0)),
+            Err(Error::BackendUnavailable {
+                backend: "cuda", ..
+            }) => {}
+            other => panic!("expected a copy on kDLCUDA:0 or no cuda backend: {other:?}"),
+        }
+        let one_api: Device = "kDLOneAPI:0".parse().unwrap();
+        let e = to_device(&t, one_api).unwrap_err().to_string();
+        assert!(
+            e.contains("kDLCPU -> kDLOneAPI:0") && e.contains("transfer"),
+            "{e}"
+        );
+        let pinned: Device = "kDLCUDAHost".parse().unwrap();
+        let e = to_device(&t, pinned).unwrap_err().to_string();
+        assert!(e.contains("kDLCPU -> kDLCUDAHost"), "{e}");
+        let same = to_device(&t.view(&[0, 1], &[2, 2]).unwrap(), Device::CPU).unwrap();
+        assert!(same.is_contiguous());
+        assert_eq!(
+            same.to_array::<i32>().unwrap().into_raw_vec_and_offset().0,
+            vec![1, 2, 4, 5]
+        );
+    }
+
+    #[test]
+    fn bad_indices_write_nothing_and_duplicates_keep_the_last() {
+        let src = arange(&[5]);
+        let out = Tensor::from_slice(&[-1i32; 3], &[3]).unwrap();
+        let bad = Tensor::from_slice(&[1i64, -6, 2], &[3]).unwrap();
+        let e = gather(&src, &bad, 0, Some(&out)).unwrap_err();
+        assert!(matches!(e, Error::IndexOutOfRange { index: -6, .. }), "{e}");
+        let e = scatter(&arange(&[3]), &bad, &src, 0).unwrap_err();
+        assert!(matches!(e, Error::IndexOutOfRange { index: -6, .. }), "{e}");
+        assert_eq!(
+            out.to_array::<i32>().unwrap().as_slice(),
+            Some(&[-1; 3][..])
+        );
+        assert_eq!(
+            src.to_array::<i32>().unwrap().as_slice(),
+            Some(&[0, 1, 2, 3, 4][..])
+        );
+        let dups = Tensor::from_slice(&[-1i64, 4, 0], &[3]).unwrap();
+        scatter(&arange(&[3]), &dups, &src, 0).unwrap();
+        assert_eq!(
+            src.to_array::<i32>().unwrap().as_slice(),
+            Some(&[2, 1, 2, 3, 1][..])
+        );
     }
 
     #[test]

@@ -354,7 +354,7 @@ fn stream_waits_queue_on_the_device() {
     let Some(be) = backend("stream_waits_queue_on_the_device") else {
         return;
     };
-    let ours = be.dlpack_stream();
+    let ours = be.dlpack_stream().expect("a CUDA backend has a stream");
     assert!(ours > 2);
     wait_on(Device::cuda(0), Some(1), Some(ours)).unwrap();
     wait_on(Device::cuda(0), Some(2), Some(ours)).unwrap();
@@ -379,4 +379,105 @@ fn copies_between_two_devices() {
     be1.copy_device_to_device(&reversed(&a, 0), &b).unwrap();
     let got = to_host(&be1, &b).to_array::<f64>().unwrap();
     assert_eq!(got[[0, 5]], 905.0);
+}
+
+/// A view of `t`'s memory from byte `offset` as `dtype` with `shape` and `strides` (elements).
+fn reinterpret(
+    t: &Tensor,
+    offset: usize,
+    dtype: DType,
+    shape: &[usize],
+    strides: &[isize],
+) -> Tensor {
+    // SAFETY: the callers' views stay inside `t`'s bytes, kept alive by its owner.
+    unsafe {
+        Tensor::from_raw_parts(
+            t.data_ptr().wrapping_add(offset),
+            shape.to_vec(),
+            strides.to_vec(),
+            dtype,
+            t.device(),
+            false,
+            t.owner().clone(),
+        )
+    }
+}
+
+fn host_f32(be: &CudaBackend, t: &Tensor) -> Vec<f32> {
+    to_host(be, t)
+        .to_array::<f32>()
+        .unwrap()
+        .into_raw_vec_and_offset()
+        .0
+}
+
+#[test]
+fn ops_check_host_and_device_indices_on_the_device_before_writing() {
+    let Some(be) = backend("ops_check_host_and_device_indices_on_the_device_before_writing") else {
+        return;
+    };
+    let src = to_device(
+        &be,
+        &Tensor::from_slice(&[10f32, 11., 12., 13., 14.], &[5]).unwrap(),
+    );
+    let gather = |idx: &Tensor| host_f32(&be, &dlpart::ops::gather(&src, idx, 0, None).unwrap());
+    // Host indices of any integer dtype are copied over; negative ones count from the end.
+    let host = Tensor::from_slice(&[-1i32, 0, 2, -5], &[4]).unwrap();
+    assert_eq!(gather(&host), vec![14., 10., 12., 10.]);
+    // Device int64 indices, reversed (stride -1) and negative.
+    let dev = to_device(&be, &Tensor::from_slice(&[1i64, -2, 4], &[3]).unwrap());
+    assert_eq!(gather(&reversed(&dev, 0)), vec![14., 13., 11.]);
+    // Device int32 indices every other element, and uint16 ones.
+    let dev32 = to_device(&be, &Tensor::from_slice(&[2i32, 99, -1, 99], &[4]).unwrap());
+    assert_eq!(
+        gather(&reinterpret(&dev32, 0, DType::Int32, &[2], &[2])),
+        vec![12., 14.]
+    );
+    let dev16 = to_device(&be, &Tensor::from_slice(&[4u16, 3], &[2]).unwrap());
+    assert_eq!(gather(&dev16), vec![14., 13.]);
+    // An int64 index at an odd address is staged to an aligned copy first.
+    let mut bytes = vec![0u8; 9];
+    bytes[1] = 3;
+    let raw = to_device(&be, &Tensor::from_slice(&bytes, &[9]).unwrap());
+    assert_eq!(
+        gather(&reinterpret(&raw, 1, DType::Int64, &[1], &[1])),
+        vec![13.]
+    );
+    // In-range contiguous int64 device indices are used as they are.
+    let plain = to_device(&be, &Tensor::from_slice(&[0i64, 4], &[2]).unwrap());
+    let same = be.normalise_indices(&plain, 0, 5).unwrap();
+    assert_eq!(same.data_ptr(), plain.data_ptr());
+
+    // The first bad index is named, from host or device, and nothing is written.
+    let out = to_device(&be, &Tensor::from_slice(&[0f32; 4], &[4]).unwrap());
+    let bad = Tensor::from_slice(&[0i64, 9, -7, 1], &[4]).unwrap();
+    for idx in [bad.clone(), to_device(&be, &bad)] {
+        match dlpart::ops::gather(&src, &idx, 0, Some(&out)) {
+            Err(Error::IndexOutOfRange {
+                index: 9,
+                axis: 0,
+                len: 5,
+            }) => {}
+            other => panic!("expected index 9 out of range, got {other:?}"),
+        }
+        assert_eq!(host_f32(&be, &out), vec![0.; 4]);
+    }
+    let huge = to_device(&be, &Tensor::from_slice(&[1u64, u64::MAX], &[2]).unwrap());
+    assert!(matches!(
+        be.normalise_indices(&huge, 0, 5),
+        Err(Error::IndexOutOfRange { index, .. }) if index == u64::MAX as i128
+    ));
+
+    // Scatter: negative indices, later duplicates win, bad indices write nothing.
+    let dst = to_device(&be, &Tensor::from_slice(&[0f32; 5], &[5]).unwrap());
+    let vals = to_device(&be, &Tensor::from_slice(&[1f32, 2., 3.], &[3]).unwrap());
+    let idx = to_device(&be, &Tensor::from_slice(&[-1i64, 4, 0], &[3]).unwrap());
+    dlpart::ops::scatter(&vals, &idx, &dst, 0).unwrap();
+    assert_eq!(host_f32(&be, &dst), vec![3., 0., 0., 0., 2.]);
+    let bad = Tensor::from_slice(&[1i64, 5, 2], &[3]).unwrap();
+    assert!(matches!(
+        dlpart::ops::scatter(&vals, &bad, &dst, 0),
+        Err(Error::IndexOutOfRange { index: 5, .. })
+    ));
+    assert_eq!(host_f32(&be, &dst), vec![3., 0., 0., 0., 2.]);
 }

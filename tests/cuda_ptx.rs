@@ -47,6 +47,7 @@ fn expected_entries() -> BTreeSet<String> {
         .flat_map(|f| [1, 2, 4, 8, 16].map(|w| format!("{f}_{w}")))
         .collect();
     names.insert("scatter_winners".into());
+    names.extend([1, 2, 4, 8].map(|w| format!("check_indices_{w}")));
     names
 }
 

@@ -4,9 +4,17 @@
 //! backend for host-accessible memory, the CUDA backend for `kDLCUDA` (feature `cuda`; without
 //! it a stub with the same API returns [`Error::BackendUnavailable`]). Callers (the `ops` layer)
 //! validate arguments first; backends may assume shapes fit, boxes are in bounds, indices are
-//! normalised to `[0, len)`, and the destination is writable.
+//! normalised to `[0, len)` (by the backend's own [`Backend::normalise_indices`], on its
+//! device), and the destination is writable.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+// Without the feature, a stub with the same API (every entry point BackendUnavailable): the
+// one `cfg` on the backend seam, so that `ops` and the bindings need none.
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
 
 use std::sync::Arc;
 
@@ -19,10 +27,15 @@ use crate::tensor::Tensor;
 /// Both tensors have the same dtype and live on the backend's device.
 #[derive(Clone, Debug)]
 pub struct BoxCopy<'a> {
+    /// The tensor read.
     pub src: &'a Tensor,
+    /// The box's first element in `src`.
     pub src_start: Vec<usize>,
+    /// The tensor written.
     pub dst: &'a Tensor,
+    /// The box's first element in `dst`.
     pub dst_start: Vec<usize>,
+    /// The box's extent, the same on both sides.
     pub shape: Vec<usize>,
 }
 
@@ -45,8 +58,18 @@ pub trait Backend: Send + Sync {
     /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
 
+    /// Checks `indices` (1-d, any integer dtype) against an axis `axis` of length `len`, on
+    /// this backend's device, and returns them as [`Backend::gather`] and [`Backend::scatter`]
+    /// take them: a 1-d int64 tensor on this device with every value in `[0, len)`. Negative
+    /// values count from the end, as in numpy; a value outside `[-len, len)` is
+    /// [`Error::IndexOutOfRange`] naming the first such one, before anything is written. The
+    /// result may be `indices` itself. Host indices are accepted by every backend (a device
+    /// backend copies them over first); indices on another device are refused.
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor>;
+
     /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor
-    /// on this device with every value in `[0, src.shape[axis])`.
+    /// on this device with every value in `[0, src.shape[axis])`, as
+    /// [`Backend::normalise_indices`] returns them.
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
 
     /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`; later duplicates win.
@@ -56,13 +79,32 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Copies all of `src` into `dst` (same shape and dtype, `dst` writable), one of them on
+    /// this backend's device and the other on a device it reaches: host memory for every
+    /// backend, other CUDA devices for CUDA. Returns once the data has arrived. This is how
+    /// data crosses devices; [`crate::ops::to_device`] picks the backend.
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
+
+    /// The DLPack `stream` value to hand a producer when importing onto this device, so that
+    /// it makes our queue wait for its work; `None` where the device has no streams.
+    fn dlpack_stream(&self) -> Option<i64> {
+        None
+    }
+
+    /// Export side of DLPack's `stream` argument: makes the consumer's `stream` wait for the
+    /// work this backend has queued. A no-op where work is never left queued (the CPU).
+    fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
 }
 
 /// The backend for `device`.
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     match device.kind {
         k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
-        DeviceType::Cuda => cuda_backend(device),
+        DeviceType::Cuda => cuda::CudaBackend::shared(device),
         _ => Err(Error::UnsupportedDevice {
             device: device.to_string(),
             op: "native kernels".into(),
@@ -70,18 +112,92 @@ pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     }
 }
 
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend(_device: Device) -> Result<Arc<dyn Backend>> {
-    Err(Error::BackendUnavailable {
-        backend: "cuda",
-        reason: "dlpart was built without the `cuda` feature".into(),
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[cfg(feature = "cuda")]
-fn cuda_backend(device: Device) -> Result<Arc<dyn Backend>> {
-    cuda::CudaBackend::shared(device)
-}
+    #[test]
+    fn the_cpu_backend_transfers_through_the_trait() {
+        let b = backend_for(Device::CPU).unwrap();
+        let vals: Vec<i32> = (0..12).collect();
+        let src = Tensor::from_slice(&vals, &[3, 4]).unwrap();
+        let cols = src.view(&[0, 1], &[3, 2]).unwrap(); // strided: every row, columns 1..3
+        let dst = b.empty(&[3, 2], DType::Int32).unwrap();
+        b.transfer(&cols, &dst).unwrap();
+        let got = dst.to_array::<i32>().unwrap().into_raw_vec_and_offset().0;
+        assert_eq!(got, vec![1, 2, 5, 6, 9, 10]);
+        // Shapes must match.
+        let e = b.transfer(&src, &dst).unwrap_err().to_string();
+        assert!(
+            e.contains("shapes differ") && e.contains("(3, 4) -> (3, 2)"),
+            "{e}"
+        );
+    }
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
+    #[test]
+    fn the_cpu_backend_checks_host_indices_naming_the_bad_one() {
+        let b = backend_for(Device::CPU).unwrap();
+        // Every other int16 of [-1, 7, 2, 7, -9, 7]: the first bad one is -9, not 7.
+        let raw = Tensor::from_slice(&[-1i16, 7, 2, 7, -9, 7], &[6]).unwrap();
+        // SAFETY: three int16 two elements apart lie inside `raw`, kept alive by its owner.
+        let strided = unsafe {
+            Tensor::from_raw_parts(
+                raw.data_ptr(),
+                vec![3],
+                vec![2],
+                DType::Int16,
+                Device::CPU,
+                true,
+                raw.owner().clone(),
+            )
+        };
+        match b.normalise_indices(&strided, 1, 5) {
+            Err(Error::IndexOutOfRange {
+                index: -9,
+                axis: 1,
+                len: 5,
+            }) => {}
+            other => panic!("expected index -9 out of range, got {other:?}"),
+        }
+        let ok = b.normalise_indices(&strided, 1, 10).unwrap();
+        assert_eq!(ok.dtype(), DType::Int64);
+        assert_eq!(
+            ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+            vec![9, 2, 1]
+        );
+        // In range contiguous int64 indices come back as they are.
+        let plain = Tensor::from_slice(&[0i64, 4], &[2]).unwrap();
+        assert_eq!(
+            b.normalise_indices(&plain, 0, 5).unwrap().data_ptr(),
+            plain.data_ptr()
+        );
+    }
+
+    #[test]
+    fn the_cpu_backend_refuses_indices_on_a_device() {
+        let b = backend_for(Device::CPU).unwrap();
+        let host = Tensor::from_slice(&[0i64], &[1]).unwrap();
+        // SAFETY: only the descriptor is inspected; the refusal comes before any read.
+        let on_gpu = unsafe {
+            Tensor::from_raw_parts(
+                host.data_ptr(),
+                vec![1],
+                vec![1],
+                DType::Int64,
+                Device::cuda(0),
+                true,
+                host.owner().clone(),
+            )
+        };
+        let e = b.normalise_indices(&on_gpu, 0, 3).unwrap_err().to_string();
+        assert!(e.contains("kDLCUDA:0") && e.contains("CPU backend"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_backend_has_no_stream_to_wait_on() {
+        let b = backend_for(Device::CPU).unwrap();
+        assert_eq!(b.dlpack_stream(), None);
+        b.make_consumer_wait(None).unwrap();
+        b.make_consumer_wait(Some(-1)).unwrap();
+    }
+}

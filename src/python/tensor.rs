@@ -4,6 +4,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
+use crate::backend::backend_for;
 use crate::device::Device;
 use crate::dlpack::FLAG_IS_COPIED;
 use crate::error::tuple_string;
@@ -89,34 +90,21 @@ pub(crate) fn retag(t: &Tensor, device: Device) -> Tensor {
 }
 
 /// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for
-/// the work dlpart queued on the device. Without the CUDA backend dlpart queued none.
-#[cfg(feature = "cuda")]
+/// the work dlpart queued on the device. Where dlpart has no backend it queued none.
 fn consumer_waits(device: Device, stream: Option<i64>) -> PyResult<()> {
-    match crate::backend::cuda::CudaBackend::get(device) {
+    match backend_for(device) {
         Ok(b) => b.make_consumer_wait(stream).map_err(to_py),
-        Err(crate::Error::BackendUnavailable { .. }) => Ok(()),
+        Err(crate::Error::BackendUnavailable { .. } | crate::Error::UnsupportedDevice { .. }) => {
+            Ok(())
+        }
         Err(e) => Err(to_py(e)),
     }
 }
 
-#[cfg(not(feature = "cuda"))]
-fn consumer_waits(_device: Device, _stream: Option<i64>) -> PyResult<()> {
-    Ok(())
-}
-
 /// Import side: the stream to hand a producer for data on `device`: our backend's stream,
 /// so the producer makes it wait for its work; `None` (the legacy default stream) otherwise.
-#[cfg(feature = "cuda")]
 fn import_stream(device: Option<Device>) -> Option<i64> {
-    let d = device.filter(|d| d.kind == crate::DeviceType::Cuda)?;
-    crate::backend::cuda::CudaBackend::get(d)
-        .ok()
-        .map(|b| b.dlpack_stream())
-}
-
-#[cfg(not(feature = "cuda"))]
-fn import_stream(_device: Option<Device>) -> Option<i64> {
-    None
+    backend_for(device?).ok()?.dlpack_stream()
 }
 
 fn stream_ok(device: Device, stream: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -262,14 +250,12 @@ impl PyTensor {
             _ => None,
         };
         let (t, copied) = place(self.inner.clone(), target, copy)?;
-        if t.device().kind == crate::DeviceType::Cuda {
-            let s = stream
-                .as_ref()
-                .filter(|s| !s.is_none())
-                .map(|s| s.extract::<i64>())
-                .transpose()?;
-            consumer_waits(t.device(), s)?;
-        }
+        let s = stream
+            .as_ref()
+            .filter(|s| !s.is_none())
+            .map(|s| s.extract::<i64>())
+            .transpose()?;
+        consumer_waits(t.device(), s)?;
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
         export_capsule(py, &t, versioned, copied)
     }

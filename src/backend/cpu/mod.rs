@@ -11,6 +11,7 @@ mod copy;
 mod exec;
 mod index;
 mod index_loop;
+mod normalise;
 mod plan;
 mod stream;
 #[cfg(test)]
@@ -384,6 +385,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    /// Host indices only, checked on the calling thread (in parallel when there are many).
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+        normalise::normalise_indices(indices, axis, len)
+    }
+
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"gather", src, out)?;
         let idx = index_values(indices, out)?;
@@ -397,6 +403,29 @@ impl Backend for CpuBackend {
         let idx = index_values(indices, out)?;
         // SAFETY: as for `gather`.
         unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }
+    }
+
+    /// Between host-accessible devices only (`kDLCPU`, `kDLCUDAHost`, ...): one box copy.
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_pair(&"transfer", src, dst)?;
+        if src.shape() != dst.shape() {
+            return Err(Error::shape(
+                "transfer: source and destination shapes differ",
+                format!(
+                    "{} -> {}",
+                    tuple_string(src.shape()),
+                    tuple_string(dst.shape())
+                ),
+            ));
+        }
+        let zero = vec![0; src.ndim()];
+        self.copy_boxes(&[BoxCopy {
+            src,
+            src_start: zero.clone(),
+            dst,
+            dst_start: zero,
+            shape: src.shape().to_vec(),
+        }])
     }
 }
 

@@ -63,7 +63,12 @@ pub(crate) struct Kernels {
     pub gather: Vec<CudaFunction>,
     pub scatter: Vec<CudaFunction>,
     pub winners: CudaFunction,
+    /// `check_indices_{1,2,4,8}`, by [`INDEX_WORDS`].
+    pub check: Vec<CudaFunction>,
 }
+
+/// The index widths `check_indices` is stamped for: every integer dtype.
+pub(crate) const INDEX_WORDS: [usize; 4] = [1, 2, 4, 8];
 
 /// Compiled images per target architecture, shared by devices of the same kind.
 fn images_for(arch: &str) -> Result<Arc<Vec<Image>>> {
@@ -131,6 +136,10 @@ impl Kernels {
                 .map(|w| take(&format!("scatter_{w}")))
                 .collect(),
             winners: take("scatter_winners"),
+            check: INDEX_WORDS
+                .iter()
+                .map(|w| take(&format!("check_indices_{w}")))
+                .collect(),
         })
     }
 }
@@ -158,14 +167,17 @@ impl DeviceBuffer {
         })
     }
 
+    /// The device address of the first byte.
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
 
+    /// The size asked for, in bytes.
     pub fn len(&self) -> usize {
         self.bytes
     }
 
+    /// Whether [`DeviceBuffer::len`] is 0.
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
     }

@@ -1,10 +1,19 @@
-//! Gather and scatter: validation, the scatter winner pass, and the index status check.
+//! Gather and scatter: the index check before them, validation, the scatter winner pass, and
+//! the index status check.
+//!
+//! Indices are checked on the device, by `check_indices_*` (kernels/index.cu) before any data
+//! moves: that is [`Backend::normalise_indices`] for CUDA. The gather and scatter kernels check
+//! every index again as they read it, so indices changed in between (by another stream) can
+//! fail the call but never address memory out of bounds.
 
 use std::ffi::c_void;
 
 use cudarc::driver::result;
 
-use super::context::driver_err;
+use super::context::{driver_err, INDEX_WORDS};
+use super::index_check::{
+    index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
+};
 use super::jobs::{self, Mode, Transfer, BLOCK, MAX_JOB_NUMEL};
 use super::CudaBackend;
 use crate::backend::{Backend, BoxCopy};
@@ -13,8 +22,8 @@ use crate::error::{tuple_string, Error, Result};
 use crate::tensor::Tensor;
 
 impl CudaBackend {
-    /// Reads the index status word pair; an out-of-range index becomes `IndexOutOfRange`.
-    fn check_status(&self, status: u64, axis: usize, len: usize) -> Result<()> {
+    /// Reads the two status words at `status` once the work queued before is done.
+    fn read_status(&self, status: u64) -> Result<[u64; 2]> {
         let mut words = [0u64; 2];
         // SAFETY: `status` points at two u64 in scratch; a device-to-pageable copy returns
         // only when complete, and it is ordered after the kernels on this stream.
@@ -23,6 +32,12 @@ impl CudaBackend {
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(words)
+    }
+
+    /// Reads the index status word pair; an out-of-range index becomes `IndexOutOfRange`.
+    fn check_status(&self, status: u64, axis: usize, len: usize) -> Result<()> {
+        let words = self.read_status(status)?;
         if words[0] != 0 {
             return Err(Error::IndexOutOfRange {
                 index: words[1] as i64 as i128,
@@ -31,6 +46,142 @@ impl CudaBackend {
             });
         }
         Ok(())
+    }
+
+    /// [`Backend::normalise_indices`] on this device. Host indices are uploaded first. Then
+    /// `check_indices_*` checks them where they are: contiguous int64 indices all in
+    /// `[0, len)` are used as they are, as on the CPU; any others (negative ones, other dtypes,
+    /// strides) are read once more, checked again and written to a fresh int64 tensor.
+    pub(super) fn normalise_on_device(
+        &self,
+        indices: &Tensor,
+        axis: usize,
+        len: usize,
+    ) -> Result<Tensor> {
+        let indices = match index_home(self.device, indices)? {
+            IndexHome::Resident => indices.clone(),
+            IndexHome::Upload => {
+                index_check(indices.dtype(), 0, 1, 0)?; // refuse a float dtype before copying
+                let on_device = self.empty(indices.shape(), indices.dtype())?;
+                self.copy_host_to_device(indices, &on_device)?;
+                on_device
+            }
+        };
+        let n = indices.shape()[0];
+        let check = index_check(
+            indices.dtype(),
+            indices.data_ptr() as u64,
+            indices.strides()[0],
+            n,
+        )?;
+        if n == 0 {
+            return self.empty(&[0], DType::Int64);
+        }
+        let src = if check.stage {
+            let aligned = self.empty(indices.shape(), indices.dtype())?;
+            self.box_copy(&indices, &aligned)?;
+            aligned
+        } else {
+            indices
+        };
+        let bad = |position| self.bad_index(&src, position, axis, len);
+        if check.in_place {
+            match self.check_indices(&src, check, len, None)? {
+                Verdict::Valid { negative: false } => return Ok(src),
+                Verdict::Valid { negative: true } => {}
+                Verdict::Bad { position } => return Err(bad(position)?),
+            }
+        }
+        let out = self.empty(&[n], DType::Int64)?;
+        match self.check_indices(&src, check, len, Some(&out))? {
+            Verdict::Valid { .. } => Ok(out),
+            Verdict::Bad { position } => Err(bad(position)?),
+        }
+    }
+
+    /// Runs `check_indices_{word}` over the 1-d `idx` (on this device, aligned to its item
+    /// size) and waits for its verdict; with `out`, also writes the normalised indices there.
+    fn check_indices(
+        &self,
+        idx: &Tensor,
+        check: IndexCheck,
+        len: usize,
+        out: Option<&Tensor>,
+    ) -> Result<Verdict> {
+        let k = self.kernels()?;
+        let w = INDEX_WORDS
+            .iter()
+            .position(|&w| w == check.word)
+            .expect("integer item sizes have a check kernel");
+        self.bind()?;
+        let n = idx.shape()[0];
+        // Held until the status is read, so no other call reuses the scratch before that.
+        let mut scratch = self.scratch.lock().expect("scratch lock");
+        let status = scratch.device(&self.stream, 16)?;
+        // SAFETY: the scratch allocation holds at least 16 bytes (asked for just above).
+        unsafe { result::memset_d8_async(status, 0, 16, self.stream.cu_stream()) }
+            .map_err(driver_err("cuMemsetD8Async(index status)"))?;
+        let (mut ip, mut sp, mut np, mut lp, mut signed, mut op, mut stp) = (
+            idx.data_ptr() as u64,
+            idx.strides()[0] as i64,
+            n as u64,
+            len as i64,
+            u32::from(check.signed),
+            out.map_or(0, |o| o.data_ptr() as u64),
+            status,
+        );
+        let mut params: Vec<*mut c_void> = vec![
+            (&mut ip as *mut u64).cast(),
+            (&mut sp as *mut i64).cast(),
+            (&mut np as *mut u64).cast(),
+            (&mut lp as *mut i64).cast(),
+            (&mut signed as *mut u32).cast(),
+            (&mut op as *mut u64).cast(),
+            (&mut stp as *mut u64).cast(),
+        ];
+        let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
+        // SAFETY: matches `check_indices_W(const uW*, i64, u64, i64, u32, i64*, u64*)`; `idx`
+        // holds `n` items of W bytes `stride` apart on this device, aligned to W (the caller
+        // staged it otherwise); `out`, when given, holds `n` int64 on this device; `status`
+        // is two zeroed u64 of scratch.
+        unsafe {
+            result::launch_kernel(
+                k.check[w].cu_function(),
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(driver_err(format!(
+            "launching check_indices_{}",
+            check.word
+        )))?;
+        Ok(verdict(self.read_status(status)?, n))
+    }
+
+    /// [`Error::IndexOutOfRange`] for the index at `position` of `idx` (on this device).
+    fn bad_index(&self, idx: &Tensor, position: usize, axis: usize, len: usize) -> Result<Error> {
+        let item = idx.dtype().itemsize();
+        let at = idx
+            .data_ptr()
+            .wrapping_offset(position as isize * idx.strides()[0] * item as isize);
+        let mut bytes = [0u8; 8];
+        // SAFETY: `position < n`, so `at` addresses one item of `idx` on this device; the
+        // copy into pageable memory returns when complete, after the work queued before.
+        unsafe {
+            result::memcpy_dtoh_async(&mut bytes[..item], at as u64, self.stream.cu_stream())
+        }
+        .map_err(driver_err("cuMemcpyDtoHAsync(bad index)"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(Error::IndexOutOfRange {
+            index: index_value(&bytes[..item], idx.dtype()),
+            axis,
+            len,
+        })
     }
 
     /// A contiguous, 8-byte aligned int64 copy of `indices` on this device (itself when it

@@ -12,7 +12,8 @@
 //! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
 //! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
 //! | `context.rs` | driver loading, kernel modules, device/pinned buffers, scratch |
-//! | `index.rs` | gather and scatter launches, index validation |
+//! | `index_check.rs` | where indices must be and what the index check found (pure host code) |
+//! | `index.rs` | the index check, gather and scatter launches |
 //! | `stream.rs` | DLPack stream values and event-based waits |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 
@@ -21,6 +22,7 @@ pub mod nvrtc;
 
 mod context;
 mod index;
+mod index_check;
 mod stream;
 mod transfer;
 
@@ -315,6 +317,13 @@ impl Backend for CudaBackend {
         self.copy_transfers(&transfers)
     }
 
+    /// Host indices are copied to this device, then every index is checked there (see
+    /// `index.rs`); indices on another CUDA device are refused.
+    fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+        self.bind()?;
+        self.normalise_on_device(indices, axis, len)
+    }
+
     /// Checks every index on the device; an out-of-range one is reported as
     /// [`Error::IndexOutOfRange`] with its value. Waits for the stream to read that verdict.
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
@@ -331,5 +340,28 @@ impl Backend for CudaBackend {
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// Host <-> this device, or between this device and another CUDA device (see
+    /// [`copy_tensor`]).
+    fn transfer(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        if src.device() != self.device && dst.device() != self.device {
+            return Err(Error::DeviceMismatch {
+                op: "transfer".into(),
+                devices: format!("{} -> {}", src.device(), dst.device()),
+                reason: format!("neither side is on the backend's device {}", self.device),
+            });
+        }
+        copy_tensor(src, dst)
+    }
+
+    /// This backend's stream, which all its work is queued on.
+    fn dlpack_stream(&self) -> Option<i64> {
+        Some(self.stream.cu_stream() as usize as i64)
+    }
+
+    /// Queues an event wait on the consumer's stream; nothing blocks the host.
+    fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
+        wait_on(self.device, stream, self.dlpack_stream())
     }
 }

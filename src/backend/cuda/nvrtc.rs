@@ -19,8 +19,11 @@ pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 /// One `.cu` file and the `extern "C"` kernels it defines.
 #[derive(Debug)]
 pub struct KernelSource {
+    /// The file name under `kernels/`, as compiler messages give it.
     pub name: &'static str,
+    /// The file's text, `#include "common.cuh"` still in place.
     pub text: &'static str,
+    /// The kernels it defines, as the driver looks them up.
     pub entries: &'static [&'static str],
 }
 
@@ -52,6 +55,10 @@ pub const SOURCES: [KernelSource; 2] = [
             "scatter_8",
             "scatter_16",
             "scatter_winners",
+            "check_indices_1",
+            "check_indices_2",
+            "check_indices_4",
+            "check_indices_8",
         ],
     },
 ];
@@ -68,7 +75,9 @@ impl KernelSource {
 /// A compiled module image, ready for `cuModuleLoadData`.
 #[derive(Clone, Debug)]
 pub enum Image {
+    /// Machine code for one architecture (`sm_XY`).
     Cubin(Vec<u8>),
+    /// PTX for a virtual architecture (`compute_XY`), JIT-compiled by the driver on load.
     Ptx(String),
 }
 

@@ -12,6 +12,7 @@ use cudarc::driver::sys;
 
 use super::context::{driver_err, guarded};
 use super::CudaBackend;
+use crate::backend::Backend;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -111,20 +112,9 @@ pub fn wait_on(device: Device, consumer: Option<i64>, producer: Option<i64>) -> 
 }
 
 impl CudaBackend {
-    /// This backend's stream as a DLPack `stream` value: what to pass to a producer's
-    /// `__dlpack__` when importing onto this device.
-    pub fn dlpack_stream(&self) -> i64 {
-        self.stream.cu_stream() as usize as i64
-    }
-
-    /// Export side: makes the consumer's stream wait for everything queued on this backend.
-    pub fn make_consumer_wait(&self, consumer: Option<i64>) -> Result<()> {
-        wait_on(self.device, consumer, Some(self.dlpack_stream()))
-    }
-
     /// Makes this backend's stream wait for everything queued on `producer`.
     pub fn wait_for_producer(&self, producer: Option<i64>) -> Result<()> {
-        wait_on(self.device, Some(self.dlpack_stream()), producer)
+        wait_on(self.device, self.dlpack_stream(), producer)
     }
 }
 

@@ -77,7 +77,8 @@ impl CudaBackend {
         }
     }
 
-    fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+    /// Queues the copy of all of `src` into `dst`, both on this device.
+    pub(super) fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         let zero = vec![0; src.ndim()];
         self.copy_boxes(&[BoxCopy {
             src,
