@@ -13,16 +13,13 @@
 //! | operations | [`ops`] | repartition, gather, scatter: validate, then copy |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 
-#[allow(missing_docs)] // until the rewrite of this module lands
 pub mod backend;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod grid;
-#[allow(missing_docs)] // until the rewrite of this module lands
 pub mod ops;
-#[allow(missing_docs)] // until the rewrite of this module lands
 pub mod partitioned;
 pub mod plan;
 pub mod tensor;

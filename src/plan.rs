@@ -13,7 +13,6 @@ use crate::device::Device;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
 
-#[allow(missing_docs)] // until the rewrite of this module lands
 mod layout;
 pub use layout::{default_process_grid, Cut, Layout, Placement, Target};
 

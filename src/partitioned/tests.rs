@@ -83,7 +83,10 @@ fn new_reports_dtype_shape_device_and_locals_violations() {
     ];
     assert_eq!(invariants(&e), expect, "{e}");
     let msg = e.to_string();
-    assert!(msg.contains("float32 differs from int32 of the other 3 partitions"), "{msg}");
+    assert!(
+        msg.contains("float32 differs from int32 of the other 3 partitions"),
+        "{msg}"
+    );
     assert!(
         msg.contains("kDLCPU but the locations in this process name kDLCUDA:0"),
         "{msg}"

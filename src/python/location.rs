@@ -23,7 +23,9 @@ fn bad(position: &[usize], found: String) -> PyErr {
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into())
+    obj.repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into())
 }
 
 /// Every location `value` names, for the partition at `position`. `fallback` is the device for
@@ -68,9 +70,12 @@ fn location(item: &Bound<'_, PyAny>, position: &[usize], fallback: Device) -> Py
         ));
     }
     if item.is_instance_of::<PyInt>() {
-        let rank: i64 = item
-            .extract()
-            .map_err(|_| bad(position, format!("rank {} does not fit an int64", repr(item))))?;
+        let rank: i64 = item.extract().map_err(|_| {
+            bad(
+                position,
+                format!("rank {} does not fit an int64", repr(item)),
+            )
+        })?;
         if rank < 0 {
             return Err(bad(position, format!("negative rank {rank}")));
         }
@@ -171,5 +176,7 @@ pub(crate) fn parse_framework_device(text: &str) -> Result<Device, String> {
         return Err(format!("unknown device {text:?}"));
     }
     let id = if index.is_empty() { "0" } else { index };
-    format!("{kind}:{id}").parse().map_err(|e: Error| e.to_string())
+    format!("{kind}:{id}")
+        .parse()
+        .map_err(|e: Error| e.to_string())
 }

@@ -247,7 +247,11 @@ fn split_points(
     let grid = match (tiling, splits) {
         (Some(t), None) => Grid::even(&shape, &t),
         (None, Some(s)) => Grid::from_splits(&shape, s),
-        _ => return Err(PyValueError::new_err("split_points takes tiling or splits, not both")),
+        _ => {
+            return Err(PyValueError::new_err(
+                "split_points takes tiling or splits, not both",
+            ))
+        }
     };
     Ok(grid.map_err(to_py)?.splits().to_vec())
 }
@@ -330,7 +334,10 @@ impl PyPartitioned {
         device: Option<&Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<(Self, Option<Py<PyAny>>)> {
-        let device = device.filter(|d| !d.is_none()).map(device_arg).transpose()?;
+        let device = device
+            .filter(|d| !d.is_none())
+            .map(device_arg)
+            .transpose()?;
         let (pa, ns) = read_dict(py, d, Import::Yes { device, copy })?;
         Ok((wrap(pa), ns))
     }
@@ -429,7 +436,9 @@ impl PyPartitioned {
             Err(_) => import_array(x, None, None)?.inner,
         };
         let layout = match (tiling, splits) {
-            (Some(_), Some(_)) => return Err(PyValueError::new_err("pass tiling or splits, not both")),
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err("pass tiling or splits, not both"))
+            }
             (_, Some(s)) => Layout::splits(s),
             (Some(t), None) => Layout::tiling(&t),
             (None, None) => Layout::tiling(&vec![1; t.ndim()]),
@@ -504,7 +513,10 @@ impl PyPartitioned {
             .partitions()
             .map(|p| {
                 let data = match p.data {
-                    Data::Tensor(t) => PyTensor::new(t.clone()).into_pyobject(py)?.into_any().unbind(),
+                    Data::Tensor(t) => PyTensor::new(t.clone())
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
                     Data::Handle(h) => h
                         .downcast_ref::<Py<PyAny>>()
                         .map(|o| o.clone_ref(py))
@@ -539,14 +551,13 @@ impl PyPartitioned {
         py: Python<'_>,
         positions: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Vec<(usize, Py<PyAny>)>> {
-        let flats = self
-            .inner
-            .pending(positions.as_deref())
-            .map_err(to_py)?;
+        let flats = self.inner.pending(positions.as_deref()).map_err(to_py)?;
         Ok(flats
             .into_iter()
             .map(|f| {
-                let h = self.inner.data()[f].handle().expect("pending partitions hold handles");
+                let h = self.inner.data()[f]
+                    .handle()
+                    .expect("pending partitions hold handles");
                 let obj = h
                     .downcast_ref::<Py<PyAny>>()
                     .map(|o| o.clone_ref(py))
@@ -573,7 +584,14 @@ impl PyPartitioned {
         devices: Option<&Bound<'_, PyAny>>,
         process_grid: Option<Vec<usize>>,
     ) -> PyResult<(Vec<Vec<usize>>, Vec<PyDevice>)> {
-        let layout = layout_arg(tiling, splits, block_cyclic, devices, process_grid, self.inner.ndim())?;
+        let layout = layout_arg(
+            tiling,
+            splits,
+            block_cyclic,
+            devices,
+            process_grid,
+            self.inner.ndim(),
+        )?;
         let src = &self.inner;
         let t = layout
             .target(src.grid(), &|i| src.device_of(i).unwrap_or(Device::CPU))
@@ -597,7 +615,14 @@ impl PyPartitioned {
         process_grid: Option<Vec<usize>>,
         transfer: bool,
     ) -> PyResult<Self> {
-        let layout = layout_arg(tiling, splits, block_cyclic, devices, process_grid, self.inner.ndim())?;
+        let layout = layout_arg(
+            tiling,
+            splits,
+            block_cyclic,
+            devices,
+            process_grid,
+            self.inner.ndim(),
+        )?;
         py.detach(|| self.inner.repartition(&layout, transfer))
             .map(wrap)
             .map_err(to_py)
@@ -605,7 +630,12 @@ impl PyPartitioned {
 
     /// Copies this array into `out`'s partitions.
     #[pyo3(signature = (out, transfer=false))]
-    fn repartition_into(&self, py: Python<'_>, out: PyRef<'_, Self>, transfer: bool) -> PyResult<()> {
+    fn repartition_into(
+        &self,
+        py: Python<'_>,
+        out: PyRef<'_, Self>,
+        transfer: bool,
+    ) -> PyResult<()> {
         let out = &out.inner;
         py.detach(|| self.inner.repartition_into(out, transfer))
             .map_err(to_py)
@@ -619,7 +649,10 @@ impl PyPartitioned {
         device: Option<&Bound<'_, PyAny>>,
         transfer: bool,
     ) -> PyResult<PyTensor> {
-        let device = device.filter(|d| !d.is_none()).map(device_arg).transpose()?;
+        let device = device
+            .filter(|d| !d.is_none())
+            .map(device_arg)
+            .transpose()?;
         py.detach(|| self.inner.assemble(device, transfer))
             .map(PyTensor::new)
             .map_err(to_py)
@@ -628,9 +661,7 @@ impl PyPartitioned {
     /// Every partition copied onto `device`.
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
         let device = device_arg(device)?;
-        py.detach(|| self.inner.to(device))
-            .map(wrap)
-            .map_err(to_py)
+        py.detach(|| self.inner.to(device)).map(wrap).map_err(to_py)
     }
 
     /// `numpy.take` along `axis` with global indices.
@@ -694,7 +725,10 @@ impl PyPartitioned {
             entry.set_item("start", PyTuple::new(py, &p.start)?)?;
             entry.set_item("shape", PyTuple::new(py, &p.shape)?)?;
             let data: Py<PyAny> = match p.data {
-                Data::Tensor(t) => PyTensor::new(t.clone()).into_pyobject(py)?.into_any().unbind(),
+                Data::Tensor(t) => PyTensor::new(t.clone())
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind(),
                 Data::Handle(h) => h
                     .downcast_ref::<Py<PyAny>>()
                     .map(|o| o.clone_ref(py))
@@ -738,7 +772,10 @@ impl PyPartitioned {
         }
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, self.inner.shape())?)?;
-        d.set_item("partition_tiling", PyTuple::new(py, self.inner.grid().tiling())?)?;
+        d.set_item(
+            "partition_tiling",
+            PyTuple::new(py, self.inner.grid().tiling())?,
+        )?;
         d.set_item("partitions", parts)?;
         d.set_item("get", get)?;
         if let Some(locals) = self.inner.locals() {
