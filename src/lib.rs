@@ -1,17 +1,49 @@
 //! # dlpart
 //!
 //! Partitioned, device-resident arrays exchanged between frameworks without copying, through
-//! DLPack and the `__partitioned__` protocol.
+//! DLPack and the `__partitioned__` protocol, and repartitioned on the device where the data
+//! already is.
+//!
+//! ```
+//! use dlpart::{Layout, PartitionedArray, Tensor};
+//! use ndarray::{s, Array2};
+//!
+//! let a = Array2::from_shape_fn((8, 6), |(i, j)| (10 * i + j) as f32);
+//! let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[4, 1]))?;
+//! let cols = rows.repartition(&Layout::tiling(&[1, 3]), false)?;
+//! let middle = cols.at(&[0, 1])?;
+//! let view = middle.tensor().unwrap().as_array::<f32>()?;
+//! assert_eq!(view, a.slice(s![.., 2..4]).into_dyn());
+//! # Ok::<(), dlpart::Error>(())
+//! ```
 //!
 //! | layer | module | what it holds |
 //! |---|---|---|
 //! | types | [`device`], [`dtype`], [`error`] | `Device` (`kDLCUDA:0`), `DType`, the one `Error` |
 //! | data | [`tensor`], [`dlpack`] | `Tensor` views with a shared owner; ndarray in without copying; DLPack import/export |
-//! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray` |
-//! | planning | [`plan`] | `Plan`: box copies between two grids; target `Layout`s |
-//! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature |
-//! | operations | [`ops`] | repartition, gather, scatter: validate, then copy |
+//! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray`, the one model |
+//! | planning | [`plan`] | `Plan`: the box copies between two grids; target `Layout`s |
+//! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
+//! | operations | [`ops`] | repartition, gather, scatter on tensors: validate, then copy |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
+//!
+//! ## Glossary
+//!
+//! One name per concept, in every layer:
+//! - **grid**: a global shape and per-axis split points ([`Grid`]); its boxes are the
+//!   **partitions**, numbered in C order of their **positions**.
+//! - **partitioned array**: a grid whose partitions hold [`Data`] (a tensor, a [`Handle`], or
+//!   nothing for another rank's partition) and [`Location`]s ([`PartitionedArray`]).
+//! - **layout**: how a repartition names its target: a cut (tiling, split points, blocks) and a
+//!   placement of the target partitions on devices ([`Layout`]).
+//! - **plan**: the box copies between a source grid and a target grid ([`Plan`]); planning is
+//!   pure and stores per-axis pieces only.
+//! - **box copy**: one rectangular copy between two partitions: [`CopyOp`] in the plan (partition
+//!   indices), [`backend::BoxCopy`] at the backend (the tensors themselves).
+//! - **backend**: the kernels of one device kind ([`backend::Backend`]); a **transfer** is a
+//!   copy between devices, which only happens when the caller passes `transfer = true`.
+//! - **streaming stores**: non-temporal CPU stores (`backend::cpu`); a **stream** is a CUDA
+//!   stream (`backend::cuda`).
 
 pub mod backend;
 pub mod device;

@@ -136,6 +136,19 @@ impl PartitionedArray {
         locations: Vec<Vec<Location>>,
         locals: Option<Vec<Vec<usize>>>,
     ) -> Result<Self> {
+        Self::new_in_order(grid, data, locations, locals, None)
+    }
+
+    /// [`PartitionedArray::new`], where partition `first` (a flat index) sets the dtype the
+    /// others are checked against (invariant 6): the first one a producer's data was read
+    /// from. By default, the first partition holding data in C order.
+    pub(crate) fn new_in_order(
+        grid: Grid,
+        data: Vec<Data>,
+        locations: Vec<Vec<Location>>,
+        locals: Option<Vec<Vec<usize>>>,
+        first: Option<usize>,
+    ) -> Result<Self> {
         let n = grid.num_partitions();
         for (key, len) in [("partitions", data.len()), ("location", locations.len())] {
             if len != n {
@@ -151,16 +164,19 @@ impl PartitionedArray {
             }
         }
         let mut v = Violations::default();
-        let dtype = majority_dtype(&data);
+        let first = first
+            .filter(|&f| data.get(f).is_some_and(|d| d.tensor().is_some()))
+            .or_else(|| data.iter().position(|d| d.tensor().is_some()));
+        let dtype = first.map(|f| (data[f].tensor().expect("holds data").dtype(), f));
         for (flat, (d, locs)) in data.iter().zip(&locations).enumerate() {
             let Some(t) = d.tensor() else { continue };
             let position = || grid.position(flat);
-            if let Some((expected, others)) = dtype.filter(|(d, _)| *d != t.dtype()) {
+            if let Some((expected, by)) = dtype.filter(|(d, _)| *d != t.dtype()) {
                 v.push("partitions", Some(&position()), inv::DTYPE, || {
                     Error::DTypeMismatch {
                         found: t.dtype(),
                         expected,
-                        of: format!("the other {others} partitions"),
+                        of: format!("partition {}", tuple_string(&grid.position(by))),
                     }
                     .to_string()
                 });
@@ -451,25 +467,6 @@ impl PartitionedArray {
         self.dtype = dtype;
         Ok(())
     }
-}
-
-/// The dtype most partitions holding data have (ties: the first in C order), and how many
-/// have it; the reference that invariant 6 blames the others against.
-fn majority_dtype(data: &[Data]) -> Option<(DType, usize)> {
-    let mut counts: Vec<(DType, usize)> = Vec::new();
-    for t in data.iter().filter_map(Data::tensor) {
-        match counts.iter_mut().find(|(d, _)| *d == t.dtype()) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((t.dtype(), 1)),
-        }
-    }
-    let mut best: Option<(DType, usize)> = None;
-    for &(d, n) in &counts {
-        if best.is_none_or(|(_, m)| n > m) {
-            best = Some((d, n));
-        }
-    }
-    best
 }
 
 fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {

@@ -84,7 +84,7 @@ fn new_reports_dtype_shape_device_and_locals_violations() {
     assert_eq!(invariants(&e), expect, "{e}");
     let msg = e.to_string();
     assert!(
-        msg.contains("float32 differs from int32 of the other 3 partitions"),
+        msg.contains("float32 differs from int32 of partition (0, 0)"),
         "{msg}"
     );
     assert!(

@@ -25,10 +25,13 @@ use super::tensor::{import as import_array, PyTensor};
 #[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
 pub struct PyPartitioned {
     pub(crate) inner: PartitionedArray,
+    /// For arrays read from a dict: each partition's place in the dict's order (by flat
+    /// index), so that handles are fetched, and blamed, in the order the producer wrote them.
+    order: Option<Vec<usize>>,
 }
 
 fn wrap(inner: PartitionedArray) -> PyPartitioned {
-    PyPartitioned { inner }
+    PyPartitioned { inner, order: None }
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -97,11 +100,12 @@ struct RawEntry<'py> {
 /// Reads the dict's grid (invariants 1-5), then every entry's data and locations, into the
 /// model (invariants 6-10). Returns the array and the array-API namespace of the first
 /// partition on a device without dlpart kernels, if any.
+#[allow(clippy::type_complexity)]
 fn read_dict(
     py: Python<'_>,
     d: &Bound<'_, PyAny>,
     import: Import,
-) -> PyResult<(PartitionedArray, Option<Py<PyAny>>)> {
+) -> PyResult<(PartitionedArray, Option<Py<PyAny>>, Vec<usize>)> {
     let get = |key: &str| d.get_item(key).map_err(|_| missing_key(key));
     let shape = ints(&get("shape")?, "shape", None)?;
     let tiling = ints(&get("partition_tiling")?, "partition_tiling", None)?;
@@ -153,13 +157,28 @@ fn read_dict(
             entry,
         })
         .collect();
+    let locals = match optional(d, "locals") {
+        None => None,
+        Some(l) => Some(read_locals(&l, &grid)?),
+    };
+    if let Some(g) = optional(d, "get") {
+        if !g.is_callable() {
+            return Err(ProtocolError::new_err(format!(
+                "__partitioned__[\"get\"]: expected a callable, found {}",
+                g.repr()?
+            )));
+        }
+    }
     let n = grid.num_partitions();
     let mut data: Vec<Data> = vec![Data::Remote; n];
     let mut locations: Vec<Vec<Location>> = vec![Vec::new(); n];
     let mut namespace = None;
     let mut stated: Option<DType> = None;
-    for RawEntry { position, entry } in &raw {
+    let mut first_data: Option<usize> = None;
+    let mut order = vec![0usize; n];
+    for (k, RawEntry { position, entry }) in raw.iter().enumerate() {
         let flat = grid.flat_index(position).map_err(to_py)?;
+        order[flat] = k;
         let extra = framework_device(entry.get_item("device")?.as_ref(), "device", position)?;
         let obj = entry.get_item("data")?.expect("checked above");
         let mut fallback = extra.unwrap_or(Device::CPU);
@@ -176,6 +195,7 @@ fn read_dict(
                         }
                     }
                     data[flat] = Data::Tensor(t);
+                    first_data.get_or_insert(flat);
                 }
                 Import::Yes { .. } => data[flat] = Data::Handle(Handle::new(obj.unbind())),
                 Import::No => {}
@@ -191,40 +211,54 @@ fn read_dict(
             }
         }
     }
-    let locals = match optional(d, "locals") {
-        None => None,
-        Some(l) => Some(read_locals(&l)?),
-    };
-    if let Some(g) = optional(d, "get") {
-        if !g.is_callable() {
-            return Err(ProtocolError::new_err(format!(
-                "__partitioned__[\"get\"]: expected a callable, found {}",
-                g.repr()?
-            )));
-        }
-    }
-    let mut pa = PartitionedArray::new(grid, data, locations, locals).map_err(to_py)?;
+    let mut pa =
+        PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
     if let Some(dt) = stated {
         pa = pa.with_dtype(dt).map_err(to_py)?;
     }
-    Ok((pa, namespace))
+    Ok((pa, namespace, order))
 }
 
-fn read_locals(value: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
+fn read_locals(value: &Bound<'_, PyAny>, grid: &Grid) -> PyResult<Vec<Vec<usize>>> {
     if !(value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>()) {
         return Err(ProtocolError::new_err(format!(
             "__partitioned__[\"locals\"]: expected a list of positions, found {}",
             value.repr()?
         )));
     }
+    let tiling = grid.tiling();
+    let mut seen = std::collections::HashSet::new();
     value
         .try_iter()?
         .map(|p| {
-            // A negative entry is outside every grid: reported as such (invariant 10).
-            Ok(ints(&p?, "locals", None)?
-                .into_iter()
-                .map(|i| usize::try_from(i).unwrap_or(usize::MAX))
-                .collect())
+            let pos = ints(&p?, "locals", None)?;
+            let inside = pos.len() == tiling.len()
+                && pos
+                    .iter()
+                    .zip(&tiling)
+                    .all(|(&i, &n)| i >= 0 && (i as usize) < n);
+            if !inside {
+                return Err(to_py(Error::protocol(
+                    "locals",
+                    None,
+                    format!(
+                        "position {} is outside partition_tiling {}",
+                        tuple_string(&pos),
+                        tuple_string(&tiling)
+                    ),
+                    Some(inv::LOCALS),
+                )));
+            }
+            let pos: Vec<usize> = pos.into_iter().map(|i| i as usize).collect();
+            if !seen.insert(pos.clone()) {
+                return Err(to_py(Error::protocol(
+                    "locals",
+                    Some(&pos),
+                    "listed twice",
+                    Some(inv::LOCALS),
+                )));
+            }
+            Ok(pos)
         })
         .collect()
 }
@@ -338,8 +372,12 @@ impl PyPartitioned {
             .filter(|d| !d.is_none())
             .map(device_arg)
             .transpose()?;
-        let (pa, ns) = read_dict(py, d, Import::Yes { device, copy })?;
-        Ok((wrap(pa), ns))
+        let (pa, ns, order) = read_dict(py, d, Import::Yes { device, copy })?;
+        let array = PyPartitioned {
+            inner: pa,
+            order: Some(order),
+        };
+        Ok((array, ns))
     }
 
     /// An array from its parts: `shape`, `splits` and one `(position, start, shape, tensor,
@@ -551,7 +589,10 @@ impl PyPartitioned {
         py: Python<'_>,
         positions: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Vec<(usize, Py<PyAny>)>> {
-        let flats = self.inner.pending(positions.as_deref()).map_err(to_py)?;
+        let mut flats = self.inner.pending(positions.as_deref()).map_err(to_py)?;
+        if let Some(order) = &self.order {
+            flats.sort_by_key(|&f| order[f]);
+        }
         Ok(flats
             .into_iter()
             .map(|f| {

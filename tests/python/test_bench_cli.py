@@ -17,7 +17,7 @@ from dlpart._bench.cuda import _CudaEnvBase
 from dlpart._bench.env import CpuEnv
 from dlpart._bench.indexing import indices
 
-WORKLOADS = {str(k) for k in range(1, 9)}
+WORKLOADS = {str(k) for k in range(1, 10)}
 
 
 def _missing(reason):

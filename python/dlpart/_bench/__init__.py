@@ -8,7 +8,8 @@ Ratios are dlpart's bandwidth over a reference's: above 1, dlpart is faster.
 Workloads (DESIGN.md, "Performance"): 1 row blocks -> column blocks (float32, float64, uint8);
 2 2x2 blocks -> block-cyclic (blocks of 256 and 32); 3 run-length sweep; 4 halo faces of a
 cube; 5 gather/scatter (random, sorted, runs of 32/256); 6 small arrays over a 64x64 grid;
-7 planning alone vs the repartition; 8 peak memory of a repartition.
+7 planning alone vs the repartition; 8 peak memory of a repartition; 9 `from_partitioned` of a
+dict of 4,096 numpy partitions against a bare `np.from_dlpack` loop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def workloads():
     from .memory import peak_memory_cases
     from .repartition import (
         block_cyclic_cases,
+        import_cases,
         plan_cases,
         rows_to_cols_cases,
         run_length_cases,
@@ -39,7 +41,7 @@ def workloads():
     )
 
     return [rows_to_cols_cases, block_cyclic_cases, run_length_cases, halo_cases,
-            gather_scatter_cases, small_grid_cases, plan_cases, peak_memory_cases]
+            gather_scatter_cases, small_grid_cases, plan_cases, peak_memory_cases, import_cases]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -69,6 +69,8 @@ def _halo(ctx: Ctx, res: Result) -> None:
 
     res.references[env.direct] = ctx.stats(direct, res.bytes)
     res.ratio(env.direct)
+    if p["faces"] == "axis0" and env.kind == "cpu":
+        res.targets = {f"dlpart/{env.direct}": 1.0}
 
 
 # -- 5. gather / scatter --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Workloads 1, 2, 3, 6 and 7: repartitions of 2-d arrays."""
+"""Workloads 1, 2, 3, 6 and 7: repartitions of 2-d arrays; 9: importing a dict of many
+partitions."""
 
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def _block_cyclic(ctx: Ctx, res: Result) -> None:
         check_repartition(env, x, dst_splits),
     )
     _add_direct_and_memcpy(ctx, res, x, src_splits, dst_splits)
+    if b == 32 and env.kind == "cpu":
+        res.targets = {"dlpart/memcpy2": 0.6}
 
 
 # -- 3. run-length sweep --------------------------------------------------------------------------
@@ -223,6 +226,49 @@ def _small_grid(ctx: Ctx, res: Result) -> None:
         lambda: pa.repartition(splits=dst_splits), res.bytes, check_repartition(env, x, dst_splits)
     )
     res.params["copies"] = _add_direct_and_memcpy(ctx, res, x, [src, src], dst_splits)
+    if side * side * 4 == 1 << 20 and env.kind == "cpu":
+        res.targets = {f"dlpart/{env.direct}": 8.0}
+
+
+# -- 9. importing a dict of many partitions -------------------------------------------------------
+def import_cases(ctx: Ctx) -> List[Case]:
+    if ctx.env.kind != "cpu":
+        return []  # the reference is numpy's own DLPack import
+    return [Case(
+        "from_partitioned/4096",
+        "9",
+        {"shape": [512, 512], "dtype": "float32", "tiling": [64, 64],
+         "reference": "np.from_dlpack over every partition's data"},
+        _import,
+        needs=("from_partitioned",),
+    )]
+
+
+def _import(ctx: Ctx, res: Result) -> None:
+    import numpy as np
+
+    p = res.params
+    x = ctx.env.filled(p["shape"], p["dtype"])
+    d = dlpart().partition(x, tuple(p["tiling"])).__partitioned__
+    # A producer's dict: numpy views as data, draft-2 locations.
+    for pos, entry in d["partitions"].items():
+        start, shape = entry["start"], entry["shape"]
+        entry["data"] = x[tuple(slice(a, a + n) for a, n in zip(start, shape))]
+    datas = [e["data"] for e in d["partitions"].values()]
+    res.unit = "us"
+    res.bytes = _nbytes(x)  # made available without a copy; the time is what is judged
+    from_partitioned = dlpart().from_partitioned
+
+    def check(pa):
+        if pa.tiling != tuple(p["tiling"]):
+            raise AssertionError(f"imported a grid of tiling {pa.tiling}")
+
+    res.stats = ctx.stats(lambda: from_partitioned(d), res.bytes, check)
+    res.references["np.from_dlpack-loop"] = ctx.stats(
+        lambda: [np.from_dlpack(a) for a in datas], res.bytes)
+    res.ratio("np.from_dlpack-loop")
+    # dlpart at most 2x the bare loop's time: its speed at least 0.5x the loop's.
+    res.targets = {"dlpart/np.from_dlpack-loop": 0.5}
 
 
 # -- 7. planning alone vs the copy ----------------------------------------------------------------
@@ -296,4 +342,5 @@ __all__ = [
     "run_length_cases",
     "small_grid_cases",
     "plan_cases",
+    "import_cases",
 ]

@@ -77,10 +77,13 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             if min >= 0 {
                 return Ok(indices.clone());
             }
-            let fixed: Vec<i64> = s
-                .par_iter()
-                .map(|&v| if v < 0 { v + hi } else { v })
-                .collect();
+            let wrap = |&v: &i64| if v < 0 { v + hi } else { v };
+            // Short lists on the calling thread: waking the pool costs more than the loop.
+            let fixed: Vec<i64> = if n < PARALLEL_INDICES {
+                s.iter().map(wrap).collect()
+            } else {
+                s.par_iter().map(wrap).collect()
+            };
             return Tensor::from_slice(&fixed, &[n]);
         }
     }

@@ -1,0 +1,35 @@
+//! Partition an ndarray, repartition it, read it back: the Rust tour.
+//!
+//! Run with `cargo run --example quickstart`.
+
+use dlpart::{Device, Layout, PartitionedArray, Tensor};
+use ndarray::{s, Array2};
+
+fn main() -> dlpart::Result<()> {
+    let a = Array2::from_shape_fn((8, 6), |(i, j)| (10 * i + j) as f32);
+    // Row blocks: zero-copy views of the array's own buffer.
+    let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[4, 1]))?;
+    // Column blocks: each element copied once, on the device where it lives.
+    let cols = rows.repartition(&Layout::tiling(&[1, 3]), false)?;
+    for p in cols.partitions() {
+        let block = p.tensor().expect("data held here").as_array::<f32>()?;
+        assert_eq!(
+            block,
+            a.slice(s![.., p.start[1]..p.start[1] + p.shape[1]])
+                .into_dyn()
+        );
+        println!(
+            "{:?} at {:?} on {:?}: {} elements",
+            p.position,
+            p.start,
+            p.device(),
+            block.len()
+        );
+    }
+    // Block-cyclic over four (here: host) devices, then the whole array back in one tensor.
+    let cyclic = cols.repartition(&Layout::block_cyclic(&[3, 2], vec![Device::CPU; 4]), false)?;
+    let whole = cyclic.assemble(None, false)?;
+    assert_eq!(whole.as_array::<f32>()?, a.into_dyn());
+    println!("{} partitions, assembled back: equal", cyclic.len());
+    Ok(())
+}
