@@ -31,7 +31,8 @@ step_clippy() {
 }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
 step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
-step_cargo-test() { cargo test; }
+# The doc tests run with the unit tests; the Rust tour runs as a user would run it.
+step_cargo-test() { cargo test && cargo run --quiet --example quickstart; }
 # The CUDA backend's host-side tests, and every kernel compiled to PTX by NVRTC (no GPU needed);
 # DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather than a skip.
 # The kernels compile with both NVRTC majors a GPU machine may carry: 12 (the default loader
