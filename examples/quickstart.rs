@@ -13,23 +13,22 @@ fn main() -> dlpart::Result<()> {
     let cols = rows.repartition(&Layout::tiling(&[1, 3]), false)?;
     for p in cols.partitions() {
         let block = p.tensor().expect("data held here").as_array::<f32>()?;
-        assert_eq!(
-            block,
-            a.slice(s![.., p.start[1]..p.start[1] + p.shape[1]])
-                .into_dyn()
-        );
+        let (start, width) = (p.start[1], p.shape[1]);
+        assert_eq!(block, a.slice(s![.., start..start + width]).into_dyn());
+        let device = p.device().expect("held data has a device");
         println!(
-            "{:?} at {:?} on {:?}: {} elements",
+            "{:?}: columns {start}..{} on {device}",
             p.position,
-            p.start,
-            p.device(),
-            block.len()
+            start + width
         );
     }
     // Block-cyclic over four (here: host) devices, then the whole array back in one tensor.
     let cyclic = cols.repartition(&Layout::block_cyclic(&[3, 2], vec![Device::CPU; 4]), false)?;
     let whole = cyclic.assemble(None, false)?;
     assert_eq!(whole.as_array::<f32>()?, a.into_dyn());
-    println!("{} partitions, assembled back: equal", cyclic.len());
+    println!(
+        "{} block-cyclic partitions, assembled back: equal",
+        cyclic.len()
+    );
     Ok(())
 }
