@@ -67,6 +67,11 @@ pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{CopyOp, Layout, Placement, Plan};
 pub use tensor::Tensor;
 
+/// The README's Rust code blocks, run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub use backend::cpu::__bench;

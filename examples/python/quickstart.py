@@ -47,6 +47,14 @@ y = np.zeros_like(x)
 dlpart.scatter(x[:3], np.array([7, 0, 3]), y)
 np.testing.assert_array_equal(y[[7, 0, 3]], x[:3])
 
+# The same on a partitioned array, with global indices: each index is served by the partition
+# that holds it, on its device.
+picked = rows.gather(np.array([6, 1]), axis=0)
+np.testing.assert_array_equal(np.from_dlpack(picked.assemble()), x[[6, 1]])
+target = dlpart.partition(np.zeros_like(x), (2, 3))
+target.scatter(x[:2], np.array([-1, 3]), axis=0)
+np.testing.assert_array_equal(np.from_dlpack(target.assemble())[[7, 3]], x[:2])
+
 # Mistakes are named precisely.
 bad = dict(d, partition_tiling=(1, 2))
 try:

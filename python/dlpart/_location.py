@@ -28,6 +28,11 @@ class Location(NamedTuple):
         pid = self.pid if self.pid is not None else -1
         return (host, pid, str(self.device))
 
+    @staticmethod
+    def here(device) -> "Location":
+        """The location of data held by this process on ``device``."""
+        return Location(this_host(), os.getpid(), Device(device))
+
     def __repr__(self) -> str:
         parts = [repr(self.host), repr(self.pid), repr(str(self.device))]
         if self.rank is not None:
@@ -46,4 +51,4 @@ def this_host() -> str:
 
 def here(device) -> Location:
     """The location of data held by this process on ``device``."""
-    return Location(this_host(), os.getpid(), Device(device))
+    return Location.here(device)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .._core import DeviceError
+from .. import DeviceError
 
 
 def host_array(t, position, why: str) -> np.ndarray:

@@ -15,9 +15,8 @@ import distributed
 import numpy as np
 from distributed.comm import get_address_host
 
-from .._core import Device
-from .._partitioned import PartitionedArray
-from .._partitioned import from_partitioned as _import
+from .. import Device, PartitionedArray
+from .. import from_partitioned as _import
 from ._host import host_array
 
 __all__ = ["DaskPartitioned", "from_partitioned", "gather", "partitioned_dict"]

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from .._core import Device, DeviceError, ProtocolError, Tensor, from_dlpack, split_points
-from .._location import Location, here
-from .._partitioned import Partition, PartitionedArray
-from .._partitioned import from_partitioned as _import
+from .. import Device, DeviceError, Location, Partition, PartitionedArray, ProtocolError, Tensor
+from .. import from_dlpack, split_points
+from .. import from_partitioned as _import
 
 __all__ = ["from_partitioned", "sharding_for", "to_partitioned"]
 
@@ -71,7 +70,7 @@ def to_partitioned(arr) -> PartitionedArray:
     # shards makes a box that differs from what these split points give.
     splits = split_points(shape, splits=splits)
     shards = {s.device: s for s in arr.addressable_shards}
-    me = here("kDLCPU")
+    me = Location.here("kDLCPU")
     parts = {}
     try:
         for pos, start, size in entries:

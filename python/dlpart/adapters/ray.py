@@ -17,9 +17,8 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import ray
 
-from .._core import split_points
-from .._partitioned import PartitionedArray
-from .._partitioned import from_partitioned as _import
+from .. import PartitionedArray, split_points
+from .. import from_partitioned as _import
 from ._host import host_array
 
 __all__ = ["get", "partitioned_dict", "partitioned_dict_from_refs", "to_refs"]
