@@ -130,7 +130,10 @@ class _PartitionedArray:
     def plan_ops(
         self, dst_splits: Splits
     ) -> List[Tuple[int, List[int], int, List[int], List[int]]]: ...
-    def to_dict(self, get: Any, host: str) -> dict: ...
+    def to_dict(
+        self, get: Any, host: str, convert: Any = None, form: str = "draft2",
+        rank: Optional[int] = None,
+    ) -> dict: ...
 
 class _testing:
     @staticmethod

@@ -4,6 +4,7 @@ address."""
 
 import os
 import socket
+import sys
 from functools import lru_cache
 from typing import NamedTuple, Optional, Tuple
 
@@ -40,13 +41,49 @@ class Location(NamedTuple):
         return f"Location({', '.join(parts)})"
 
 
-@lru_cache(maxsize=1)
 def this_host() -> str:
-    """This node's address."""
+    """This node's address, as other nodes reach it: Ray's node address when Ray runs here, else
+    the address of a network interface that is not loopback, else ``127.0.0.1``."""
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        try:
+            return ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - any failure falls back to the interfaces
+            pass
+    return _interface_address()
+
+
+@lru_cache(maxsize=1)
+def _interface_address() -> str:
+    candidates = []
     try:
-        return socket.gethostbyname(socket.gethostname())
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            candidates.append(info[4][0])
     except OSError:
-        return "127.0.0.1"
+        pass
+    candidates += _linux_interface_addresses()
+    for ip in candidates:
+        if not ip.startswith("127."):
+            return ip
+    return "127.0.0.1"
+
+
+def _linux_interface_addresses() -> list:
+    """The IPv4 address of every interface, read with ``SIOCGIFADDR`` (no traffic is sent)."""
+    try:
+        import fcntl
+        import struct
+    except ImportError:
+        return []
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                out.append(socket.inet_ntoa(packed[20:24]))
+            except OSError:
+                continue
+    return out
 
 
 def here(device) -> Location:

@@ -93,7 +93,7 @@ class PartitionedArray:
     by position (every position of the grid once); the grid and the data are validated.
     """
 
-    __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors")
+    __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors", "_framework")
 
     def __init__(self, shape, splits, partitions: Mapping[Position, Partition], *, dtype=None,
                  locals=None, get=None):
@@ -104,18 +104,21 @@ class PartitionedArray:
             None if dtype is None else str(dtype),
             None if locals is None else [list(p) for p in locals])
         self._init(core, get, None)
+        held = next((p._tensor for p in partitions.values() if p._tensor is not None), None)
+        self._framework = None if held is None else _framework_of(held)
 
-    def _init(self, core, get_fn, namespace) -> "PartitionedArray":
+    def _init(self, core, get_fn, namespace, framework=None) -> "PartitionedArray":
         self._core = core
         self._get = get_fn
         self._namespace = namespace
+        self._framework: Optional[str] = framework  # the producer's, for what goes back out
         self._partitions: Optional[Dict[Position, Partition]] = None
         self._tensors: Optional[List[Tensor]] = None  # one Python object per tensor, kept
         return self
 
     @classmethod
-    def _wrap(cls, core, get_fn=None, namespace=None) -> "PartitionedArray":
-        return cls.__new__(cls)._init(core, get_fn, namespace)
+    def _wrap(cls, core, get_fn=None, namespace=None, framework=None) -> "PartitionedArray":
+        return cls.__new__(cls)._init(core, get_fn, namespace, framework)
 
     # -- the model -----------------------------------------------------------------------------
     @property
@@ -186,8 +189,25 @@ class PartitionedArray:
     # -- producing -----------------------------------------------------------------------------
     @property
     def __partitioned__(self) -> dict:
-        """The draft-2 ``__partitioned__`` dict. It pickles: tensors by value, handles as handles."""
-        return self._core.to_dict(get, this_host())
+        """The draft-2 ``__partitioned__`` dict (see `to_partitioned` for the choices). It
+        pickles: arrays by value, handles as handles."""
+        return self.to_partitioned()
+
+    def to_partitioned(self, *, framework: Optional[str] = None, locations: str = "draft2",
+                       rank: Optional[int] = None) -> dict:
+        """The ``__partitioned__`` dict, with each partition's data as an array of the framework
+        a consumer knows, over the same memory.
+
+        ``framework`` (``'numpy'``, ``'torch'``, ``'cupy'``, ``'jax'``, ``'dpctl'`` or
+        ``'dlpart'``): by default the producer's own framework for partitions that came from
+        one (numpy views for numpy input), numpy for host data dlpart made itself, and
+        `dlpart.Tensor` for device data dlpart made itself. ``locations``: ``'draft2'``
+        (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
+        kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
+        (MPI ranks, as heat reads them; ``rank`` is this process's, for the data held here).
+        """
+        return self._core.to_dict(get, this_host(), _converter(framework or self._framework),
+                                  locations, rank)
 
     # -- handles ---------------------------------------------------------------------------------
     def fetch(self, positions: Optional[Iterable[Position]] = None) -> "PartitionedArray":
@@ -212,6 +232,8 @@ class PartitionedArray:
             tensors.clear()
             raw = obj = None  # noqa: F841
             raise
+        if self._framework is None:
+            self._framework = _framework_of(raw[0])
         if self._partitions is not None:  # Partition objects handed out see the data too
             tiling = self.tiling
             for (flat, _), t in zip(pending, tensors):
@@ -442,7 +464,13 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
         return obj
     d = _as_dict(obj)
     core, namespace = _core._PartitionedArray.from_dict(d, device, copy)
-    return PartitionedArray._wrap(core, d.get("get"), namespace)
+    framework = None
+    if device is None and not copy:
+        for entry in d["partitions"].values():
+            if hasattr(entry.get("data"), "__dlpack__"):
+                framework = _framework_of(entry["data"])
+                break
+    return PartitionedArray._wrap(core, d.get("get"), namespace, framework)
 
 
 def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> PartitionedArray:
@@ -456,4 +484,64 @@ def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> Part
     if not core.native:
         ns = getattr(x, "__array_namespace__", None)
         namespace = ns() if ns is not None else None
-    return PartitionedArray._wrap(core, None, namespace)
+    return PartitionedArray._wrap(core, None, namespace, _framework_of(x))
+
+
+_FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dpctl")
+
+
+def _framework_of(x) -> Optional[str]:
+    """The framework whose array ``x`` is, if it is one dlpart hands data back out in."""
+    root = type(x).__module__.split(".")[0]
+    if root == "jaxlib":
+        return "jax"
+    return root if root in _FRAMEWORKS else None
+
+
+def _to_numpy(t):
+    import numpy as np
+
+    if t.device.kind not in ("kDLCPU", "kDLCUDAHost", "kDLCUDAManaged", "kDLROCMHost"):
+        raise DeviceError(f"numpy cannot hold data on {t.device}: name the device's framework")
+    return np.from_dlpack(t)
+
+
+def _host_numpy_else_tensor(t):
+    """numpy for host data numpy can hold; the tensor itself otherwise (device data, and dtypes
+    numpy has no type for, such as bfloat16)."""
+    if t.device.kind != "kDLCPU" or not _numpy_has(t.dtype):
+        return t
+    return _to_numpy(t)
+
+
+def _numpy_has(dtype: str) -> bool:
+    return dtype != "bfloat16" and not dtype.startswith("float8_")
+
+
+def _converter(framework: Optional[str]):
+    """The function that hands a tensor out in ``framework`` (None: numpy for host data,
+    `dlpart.Tensor` elsewhere)."""
+    if framework is None:
+        return _host_numpy_else_tensor
+    if framework == "dlpart":
+        return None
+    if framework == "numpy":
+        return _to_numpy
+    if framework == "torch":
+        import torch
+
+        return torch.from_dlpack
+    if framework == "cupy":
+        import cupy
+
+        return cupy.from_dlpack
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return jnp.from_dlpack
+    if framework == "dpctl":
+        import dpctl.tensor as dpt
+
+        return dpt.from_dlpack
+    raise ValueError(
+        f"framework={framework!r}: expected 'numpy', 'torch', 'cupy', 'jax', 'dpctl' or 'dlpart'")

@@ -750,65 +750,61 @@ impl PyPartitioned {
             .collect())
     }
 
-    /// The draft-2 `__partitioned__` dict: `get` is the given function; data held here is
-    /// located at `(host, this pid, its device)`.
+    /// The `__partitioned__` dict: `get` is the given function; each tensor goes out as
+    /// `convert(tensor)` (the tensor itself when `convert` is None). Locations are written in
+    /// `form`: `"draft2"` writes `(host, pid, device)` tuples for data held here and for
+    /// locations given as such, and keeps the forms that carry no pid as they came (an MPI
+    /// rank stays an int, a bare address a string); `"ip"` writes every location as its host
+    /// address (xgboost_ray); `"rank"` writes every location as its rank, `rank` for data held
+    /// here (heat). `host` is this node's address.
+    #[pyo3(signature = (get, host, convert=None, form="draft2", rank=None))]
     fn to_dict<'py>(
         &self,
         py: Python<'py>,
         get: &Bound<'py, PyAny>,
         host: &str,
+        convert: Option<&Bound<'py, PyAny>>,
+        form: &str,
+        rank: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let pid = std::process::id();
+        let form = LocationForm::parse(form)?;
+        let pid = i64::from(std::process::id());
         let parts = PyDict::new(py);
-        let mut here: Vec<(Device, Bound<'py, PyTuple>)> = Vec::new();
         for p in self.inner.partitions() {
             let entry = PyDict::new(py);
             entry.set_item("start", PyTuple::new(py, &p.start)?)?;
             entry.set_item("shape", PyTuple::new(py, &p.shape)?)?;
-            let data: Py<PyAny> = match p.data {
-                Data::Tensor(t) => PyTensor::new(t.clone())
-                    .into_pyobject(py)?
-                    .into_any()
-                    .unbind(),
+            let data: Bound<'py, PyAny> = match p.data {
+                Data::Tensor(t) => {
+                    let t = PyTensor::new(t.clone()).into_pyobject(py)?.into_any();
+                    match convert {
+                        Some(f) => f.call1((t,))?,
+                        None => t,
+                    }
+                }
                 Data::Handle(h) => h
                     .downcast_ref::<Py<PyAny>>()
-                    .map(|o| o.clone_ref(py))
-                    .unwrap_or_else(|| py.None()),
-                Data::Remote => py.None(),
+                    .map(|o| o.bind(py).clone())
+                    .unwrap_or_else(|| py.None().into_bound(py)),
+                Data::Remote => py.None().into_bound(py),
             };
             entry.set_item("data", data)?;
-            let location = if p.locations.is_empty() {
-                match p.tensor() {
-                    Some(t) => {
-                        let d = t.device();
-                        let tuple = match here.iter().find(|(x, _)| *x == d) {
-                            Some((_, t)) => t.clone(),
-                            None => {
-                                let t = (host, pid, d.to_string()).into_pyobject(py)?;
-                                here.push((d, t.clone()));
-                                t
-                            }
-                        };
-                        PyList::new(py, [tuple])?
-                    }
-                    None => PyList::empty(py),
-                }
+            let here = p.tensor().map(|t| Location {
+                host: Some(host.to_string()),
+                pid: Some(pid),
+                device: t.device(),
+                rank,
+            });
+            let locations: Vec<&Location> = if p.locations.is_empty() {
+                here.iter().collect()
             } else {
-                let tuples: Vec<(String, i64, String)> = p
-                    .locations
-                    .iter()
-                    .map(|l| {
-                        let host = match (&l.host, l.rank) {
-                            (Some(h), _) => h.clone(),
-                            (None, Some(r)) => format!("rank:{r}"),
-                            (None, None) => String::new(),
-                        };
-                        (host, l.pid.unwrap_or(-1), l.device.to_string())
-                    })
-                    .collect();
-                PyList::new(py, tuples)?
+                p.locations.iter().collect()
             };
-            entry.set_item("location", location)?;
+            let out = PyList::empty(py);
+            for l in locations {
+                out.append(form.write(py, l, &p.position)?)?;
+            }
+            entry.set_item("location", out)?;
             parts.set_item(PyTuple::new(py, &p.position)?, entry)?;
         }
         let d = PyDict::new(py);
@@ -827,6 +823,57 @@ impl PyPartitioned {
             d.set_item("locals", l)?;
         }
         Ok(d)
+    }
+}
+
+/// How produced dicts write locations (see `PyPartitioned::to_dict`).
+#[derive(Clone, Copy)]
+enum LocationForm {
+    Draft2,
+    Ip,
+    Rank,
+}
+
+impl LocationForm {
+    fn parse(form: &str) -> PyResult<Self> {
+        match form {
+            "draft2" => Ok(LocationForm::Draft2),
+            "ip" => Ok(LocationForm::Ip),
+            "rank" => Ok(LocationForm::Rank),
+            other => Err(PyValueError::new_err(format!(
+                "locations={other:?}: expected 'draft2', 'ip' or 'rank'"
+            ))),
+        }
+    }
+
+    fn write<'py>(
+        self,
+        py: Python<'py>,
+        l: &Location,
+        position: &[usize],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let missing = |what: &str| {
+            PyValueError::new_err(format!(
+                "the location {l} of partition {} has no {what} to write",
+                tuple_string(position)
+            ))
+        };
+        let device = l.device.to_string();
+        Ok(match (self, &l.host, l.pid, l.rank) {
+            (LocationForm::Draft2, Some(h), Some(pid), _) => {
+                (h.as_str(), pid, device).into_pyobject(py)?.into_any()
+            }
+            // The forms without a pid are written as they came: a rank stays a rank.
+            (LocationForm::Draft2, Some(h), None, _) => h.into_pyobject(py)?.into_any(),
+            (LocationForm::Draft2 | LocationForm::Rank, None, _, Some(r)) => {
+                r.into_pyobject(py)?.into_any()
+            }
+            (LocationForm::Ip, Some(h), _, _) => h.into_pyobject(py)?.into_any(),
+            (LocationForm::Ip, None, _, _) => return Err(missing("host address")),
+            (LocationForm::Rank, _, _, Some(r)) => r.into_pyobject(py)?.into_any(),
+            (LocationForm::Rank, _, _, None) => return Err(missing("rank")),
+            (LocationForm::Draft2, None, _, None) => return Err(missing("host or rank")),
+        })
     }
 }
 

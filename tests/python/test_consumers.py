@@ -1,0 +1,90 @@
+"""What dlpart produces, consumed the way the two real consumers of ``__partitioned__`` consume
+it: xgboost_ray (``numpy.concatenate(get(handles))``, locality from ``location[0]`` as an IP)
+and heat (numpy or torch data only, ``int(location[0])`` as the MPI rank)."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+import dlpart
+from dlpart.adapters import heat, xgboost_ray
+
+
+def rows():
+    x = np.arange(12 * 4, dtype=np.float64).reshape(12, 4)
+    return x, dlpart.partition(x, (3, 1))
+
+
+def test_produced_data_is_numpy_over_the_same_memory():
+    x, pa = rows()
+    d = pa.__partitioned__
+    parts = [d["partitions"][(i, 0)] for i in range(3)]
+    data = d["get"]([p["data"] for p in parts])
+    assert all(isinstance(a, np.ndarray) for a in data)
+    assert data[1].ctypes.data == x[4:8].ctypes.data  # zero-copy
+    np.testing.assert_array_equal(np.concatenate(data), x)  # what xgboost_ray runs
+    # data dlpart made itself goes out as numpy too
+    made = pa.repartition((1, 2)).__partitioned__
+    assert isinstance(made["partitions"][(0, 1)]["data"], np.ndarray)
+    explicit = pa.to_partitioned(framework="dlpart")["partitions"][(0, 0)]["data"]
+    assert isinstance(explicit, dlpart.Tensor)
+    with pytest.raises(ValueError, match="framework='tensorflow'"):
+        pa.to_partitioned(framework="tensorflow")
+
+
+def test_xgboost_ray_form_has_bare_node_addresses():
+    x, pa = rows()
+    d = xgboost_ray.partitioned(pa).__partitioned__
+    for p in d["partitions"].values():
+        ip = p["location"][0]
+        assert isinstance(ip, str)
+        socket.inet_aton(ip)  # an IPv4 address, as Ray reports a node's
+        assert isinstance(p["data"], np.ndarray)
+    np.testing.assert_array_equal(
+        np.concatenate(d["get"]([d["partitions"][(i, 0)]["data"] for i in range(3)])), x)
+
+
+def test_node_address_is_not_loopback_when_an_interface_has_one():
+    from dlpart._location import _linux_interface_addresses, this_host
+
+    others = [ip for ip in _linux_interface_addresses() if not ip.startswith("127.")]
+    if not others:
+        pytest.skip("no network interface with an address other than loopback here")
+    assert this_host() in others
+    _, pa = rows()
+    host, pid, dev = pa.__partitioned__["partitions"][(0, 0)]["location"][0]
+    assert (host, pid, dev) == (this_host(), os.getpid(), "kDLCPU")
+
+
+def test_heat_form_has_rank_ints_and_heat_dicts_come_back_unchanged():
+    x, pa = rows()
+    d = heat.to_heat(pa)
+    for p in d["partitions"].values():
+        assert isinstance(p["location"][0], int)  # heat runs int(location[0])
+        assert isinstance(p["data"], np.ndarray)  # heat accepts numpy and torch only
+    # A dict in heat's own form (ranks, extra keys, another rank's data None) passes through
+    # dlpart and back out in the same form.
+    theirs = {"shape": (12, 4), "partition_tiling": (2, 1), "locals": [(0, 0)],
+              "partitions": {(0, 0): {"start": (0, 0), "shape": (6, 4), "data": x[:6],
+                                      "location": [0], "dtype": "float64", "device": "cpu"},
+                             (1, 0): {"start": (6, 0), "shape": (6, 4), "data": None,
+                                      "location": [1], "dtype": "float64", "device": "cpu"}},
+              "get": lambda h: h}
+    back = dlpart.from_partitioned(theirs).__partitioned__
+    assert [back["partitions"][(i, 0)]["location"] for i in range(2)] == [[0], [1]]
+    assert back["locals"] == [(0, 0)]
+    assert back["partitions"][(0, 0)]["data"].ctypes.data == x.ctypes.data
+    assert back["partitions"][(1, 0)]["data"] is None
+
+
+def test_jax_input_goes_back_out_as_jax():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    x = jnp.arange(16.0).reshape(4, 4)
+    pa = dlpart.partition(x, (2, 1))
+    data = pa.__partitioned__["partitions"][(1, 0)]["data"]
+    assert isinstance(data, jax.Array)
+    np.testing.assert_array_equal(np.asarray(data), np.asarray(x[2:]))
