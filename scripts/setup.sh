@@ -11,7 +11,8 @@ _dlpart_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _dlpart_venv="${DLPART_VENV:-$_dlpart_root/.venv}"
 
 # Versions verified together on CPython 3.11 (Debian 12). Changing this list changes the stamp,
-# so the next run reinstalls.
+# so the next run reinstalls. xgboost_ray runs only with xgboost <= 2.0.3 (its own pin is
+# missing), and imports ray.train, which needs pydantic.
 _dlpart_requirements='
 numpy==2.4.6
 jax[cpu]==0.10.2
@@ -32,6 +33,11 @@ pytest-timeout==2.4.0
 maturin==1.16.0
 matplotlib==3.11.2
 cloudpickle==3.1.2
+xgboost==2.0.3
+xgboost_ray==0.1.19
+pandas==3.1.1
+wrapt==2.5.2
+pydantic==2.14.3
 '
 _dlpart_apt_packages=(openmpi-bin libopenmpi-dev build-essential)
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import dlpart
-from dlpart.adapters import heat, xgboost_ray
+from dlpart.adapters import heat
+from dlpart.adapters import xgboost_ray as xgboost_ray_form
 
 
 def rows():
@@ -36,7 +37,7 @@ def test_produced_data_is_numpy_over_the_same_memory():
 
 def test_xgboost_ray_form_has_bare_node_addresses():
     x, pa = rows()
-    d = xgboost_ray.partitioned(pa).__partitioned__
+    d = xgboost_ray_form.partitioned(pa).__partitioned__
     for p in d["partitions"].values():
         ip = p["location"][0]
         assert isinstance(ip, str)
@@ -88,3 +89,30 @@ def test_jax_input_goes_back_out_as_jax():
     data = pa.__partitioned__["partitions"][(1, 0)]["data"]
     assert isinstance(data, jax.Array)
     np.testing.assert_array_equal(np.asarray(data), np.asarray(x[2:]))
+
+
+def test_xgboost_ray_trains_on_a_dlpart_array(ray_session):
+    """The real client: RayDMatrix over dlpart row blocks, label by column name, trains; every
+    partition is located on the node Ray reports, so each actor's shard is local."""
+    ray = ray_session
+    xgboost_ray = pytest.importorskip("xgboost_ray")
+    import xgboost
+    from xgboost_ray.data_sources.partitioned import Partitioned
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 5))
+    y = (X[:, 0] > 0).astype(np.float64)
+    pa = dlpart.partition(np.concatenate([X, y[:, None]], axis=1), (4, 1))
+    obj = xgboost_ray_form.partitioned(pa)
+    node = ray.util.get_node_ip_address()
+    assert {p["location"][0] for p in obj.__partitioned__["partitions"].values()} == {node}
+    # what the loader makes of the partitions equals the array
+    frame = Partitioned.load_data(obj.__partitioned__)
+    np.testing.assert_array_equal(frame.to_numpy(), np.from_dlpack(pa.assemble()))
+    dm = xgboost_ray.RayDMatrix(obj, label="f5")  # numpy partitions: columns f0..f5
+    bst = xgboost_ray.train(
+        {"objective": "binary:logistic", "eval_metric": "error"}, dm, num_boost_round=5,
+        ray_params=xgboost_ray.RayParams(num_actors=2, cpus_per_actor=1))
+    assert bst.num_boosted_rounds() == 5
+    features = xgboost.DMatrix(X, feature_names=[f"f{i}" for i in range(5)])
+    assert ((bst.predict(features) > 0.5) == (y > 0.5)).mean() > 0.9
