@@ -6,19 +6,36 @@ use pyo3::types::{PyTuple, PyType};
 use crate::device::Device;
 
 use super::errors::{to_py, DeviceError};
+use super::location::parse_framework_device;
 
 /// A DLPack device such as `Device('kDLCUDA:1')`; compares equal to its string form.
 #[pyclass(name = "Device", module = "dlpart", frozen)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PyDevice(pub Device);
 
-/// Reads a device given as a `Device`, a `'kDLCUDA:0'` string or a DLPack `(type, id)` pair.
+/// Reads a device given as a `Device`, a DLPack name (`'kDLCUDA:0'`), a framework's name
+/// (`'cpu'`, `'cuda'`, `'cuda:1'`, `'gpu:0'`, `'xpu:0'`, or a `torch.device`) or a DLPack
+/// `(type, id)` pair.
 pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
     if let Ok(d) = obj.cast::<PyDevice>() {
         return Ok(d.get().0);
     }
-    if let Ok(s) = obj.extract::<String>() {
-        return s.parse().map_err(to_py);
+    let text = match obj.extract::<String>() {
+        Ok(s) => Some(s),
+        // torch.device and the like print as 'cuda:0'
+        Err(_) if obj.get_type().name()? == "device" => Some(obj.str()?.to_string()),
+        Err(_) => None,
+    };
+    if let Some(s) = text {
+        if s.starts_with("kDL") {
+            return s.parse().map_err(to_py);
+        }
+        return parse_framework_device(&s).map_err(|why| {
+            DeviceError::new_err(format!(
+                "invalid device {s:?}: {why}; expected a DLPack name such as 'kDLCPU' or \
+                 'kDLCUDA:0', or 'cpu', 'cuda', 'cuda:1'"
+            ))
+        });
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
         if let Ok((kind, id)) = t.extract::<(i32, i32)>() {
@@ -75,8 +92,12 @@ impl PyDevice {
         self.0.to_string()
     }
 
-    /// Equal to another `Device` or to a device string or pair naming the same device.
+    /// Equal to another `Device`, to a DLPack name (`'kDLCUDA:0'`) or to a DLPack pair naming
+    /// the same device (not to framework names such as `'cuda:0'`, whose hash would differ).
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(s) = other.extract::<String>() {
+            return s.starts_with("kDL") && s.parse::<Device>().is_ok_and(|d| d == self.0);
+        }
         device_arg(other).is_ok_and(|d| d == self.0)
     }
 
