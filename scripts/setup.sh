@@ -39,6 +39,13 @@ pandas==3.1.1
 wrapt==2.5.2
 pydantic==2.14.3
 '
+# heat (the MPI consumer of __partitioned__) needs torch, whose PyPI wheels bring several GB of
+# CUDA libraries and take minutes to install: only with DLPART_WITH_HEAT=1. Without them the
+# tests against real heat skip, and a test of heat's exact dict form runs instead.
+_dlpart_heat_requirements='
+heat==1.8.0
+torch==2.11.0
+'
 _dlpart_apt_packages=(openmpi-bin libopenmpi-dev build-essential)
 
 _dlpart_log() { printf '[setup] %s\n' "$*" >&2; }
@@ -80,6 +87,11 @@ _dlpart_log() { printf '[setup] %s\n' "$*" >&2; }
         # shellcheck disable=SC2086  # one requirement per word
         "$_dlpart_venv/bin/python" -m pip install --quiet --no-compile $_dlpart_requirements
         echo "$want" >"$stamp"
+    fi
+    if [[ "${DLPART_WITH_HEAT:-0}" == 1 ]] && ! "$_dlpart_venv/bin/python" -c 'import heat' 2>/dev/null; then
+        _dlpart_log "pip install heat and torch (DLPART_WITH_HEAT=1)"
+        # shellcheck disable=SC2086  # one requirement per word
+        "$_dlpart_venv/bin/python" -m pip install --quiet --no-compile $_dlpart_heat_requirements
     fi
 ) || {
     _dlpart_log "set-up failed"

@@ -3,6 +3,7 @@ it: xgboost_ray (``numpy.concatenate(get(handles))``, locality from ``location[0
 and heat (numpy or torch data only, ``int(location[0])`` as the MPI rank)."""
 
 import os
+import pathlib
 import socket
 
 import numpy as np
@@ -61,7 +62,8 @@ def test_node_address_is_not_loopback_when_an_interface_has_one():
 
 def test_heat_form_has_rank_ints_and_heat_dicts_come_back_unchanged():
     x, pa = rows()
-    d = heat.to_heat(pa)
+    d = heat.to_heat(pa).__partitioned__
+    assert d["locals"] == [(0, 0), (1, 0), (2, 0)]  # one process holds them all
     for p in d["partitions"].values():
         assert isinstance(p["location"][0], int)  # heat runs int(location[0])
         assert isinstance(p["data"], np.ndarray)  # heat accepts numpy and torch only
@@ -116,3 +118,16 @@ def test_xgboost_ray_trains_on_a_dlpart_array(ray_session):
     assert bst.num_boosted_rounds() == 5
     features = xgboost.DMatrix(X, feature_names=[f"f{i}" for i in range(5)])
     assert ((bst.predict(features) > 0.5) == (y > 0.5)).mean() > 0.9
+
+
+HEAT_SCRIPT = pathlib.Path(__file__).parent / "mpi_scripts" / "heat_exchange.py"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_heat_reads_dlpart_arrays_and_dlpart_reexports_of_heat_arrays(mpirun, ranks):
+    """The real client under mpirun (heat needs torch: `scripts/test.sh` installs both only when
+    DLPART_WITH_HEAT=1, as they take several GB; the hand-built heat form above always runs)."""
+    pytest.importorskip("heat", reason="heat is an opt-in install: DLPART_WITH_HEAT=1 scripts/test.sh")
+    out = mpirun(HEAT_SCRIPT, ranks, timeout=240)
+    assert sorted(out.split()) == sorted(sum([["ok", str(r)] for r in range(ranks)], []))

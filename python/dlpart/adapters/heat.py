@@ -1,10 +1,12 @@
 """dlpart arrays for heat's ``ht.from_partitioned``.
 
-heat reads an MPI rank from each partition's ``location[0]`` (``int(location[0])``) and accepts
-only numpy arrays and torch tensors as data. `to_heat` writes a dlpart array's dict in that form:
-ranks as locations (this process's rank for the data held here) and numpy (or torch) data over
-the partitions' memory. heat's own dicts come back out in their form unchanged: dlpart keeps a
-rank as a rank.
+heat reads SPMD dicts only: ``locals`` lists this rank's one partition, ``int(location[0])`` is
+each partition's MPI rank, and the data must be a numpy array or a torch tensor. `to_heat` wraps
+a dlpart array so that its ``__partitioned__`` has exactly that form, over the partitions' memory
+(no copy): ranks as locations (this process's rank for the data held here), ``locals`` (the
+partitions held here, unless the array has its own), and numpy data (torch for arrays that came
+from torch, as heat's own do). heat's own dicts come back out in their form unchanged: dlpart
+keeps a rank as a rank.
 """
 
 from typing import Optional
@@ -12,7 +14,7 @@ from typing import Optional
 from .. import PartitionedArray
 from .. import from_partitioned as _import
 
-__all__ = ["to_heat"]
+__all__ = ["HeatPartitioned", "to_heat"]
 
 
 def _rank(comm) -> int:
@@ -25,8 +27,26 @@ def _rank(comm) -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def to_heat(obj, comm=None, framework: Optional[str] = "numpy") -> dict:
-    """``obj``'s ``__partitioned__`` dict in heat's form. ``comm`` (an mpi4py communicator,
-    default ``COMM_WORLD`` when mpi4py is installed, else rank 0) gives this process's rank."""
-    pa: PartitionedArray = _import(obj)
-    return pa.to_partitioned(framework=framework, locations="rank", rank=_rank(comm))
+class HeatPartitioned:
+    """An object whose ``__partitioned__`` is ``array``'s dict in heat's form."""
+
+    def __init__(self, array: PartitionedArray, rank: int, framework: Optional[str] = None):
+        self.array = array
+        self.rank = rank
+        self.framework = framework
+
+    @property
+    def __partitioned__(self) -> dict:
+        d = self.array.to_partitioned(framework=self.framework, locations="rank", rank=self.rank)
+        if "locals" not in d:
+            d["locals"] = [pos for pos, p in self.array.partitions.items()
+                           if p.tensor is not None]
+        return d
+
+
+def to_heat(obj, comm=None, framework: Optional[str] = None) -> HeatPartitioned:
+    """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
+    ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` when
+    mpi4py is installed, else rank 0) gives this process's rank; ``framework`` the data's
+    (default: the producer's, numpy for host data dlpart made)."""
+    return HeatPartitioned(_import(obj), _rank(comm), framework)
