@@ -9,6 +9,7 @@ from torch, as heat's own do). heat's own dicts come back out in their form unch
 keeps a rank as a rank.
 """
 
+import sys
 from typing import Optional
 
 from .. import PartitionedArray
@@ -18,13 +19,14 @@ __all__ = ["HeatPartitioned", "to_heat"]
 
 
 def _rank(comm) -> int:
+    """``comm``'s rank; else ``COMM_WORLD``'s when the program has initialised MPI (dlpart never
+    initialises it: that would tie the process to an MPI job it may not be part of); else 0."""
     if comm is not None:
         return comm.Get_rank()
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return 0
-    return MPI.COMM_WORLD.Get_rank()
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        return MPI.COMM_WORLD.Get_rank()
+    return 0
 
 
 class HeatPartitioned:
@@ -46,7 +48,7 @@ class HeatPartitioned:
 
 def to_heat(obj, comm=None, framework: Optional[str] = None) -> HeatPartitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
-    ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` when
-    mpi4py is installed, else rank 0) gives this process's rank; ``framework`` the data's
+    ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` once the
+    program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's
     (default: the producer's, numpy for host data dlpart made)."""
     return HeatPartitioned(_import(obj), _rank(comm), framework)
