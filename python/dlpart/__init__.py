@@ -9,10 +9,9 @@ from ._core import (
     __version__,
     backend_status,
     from_dlpack,
-    gather,
-    scatter,
     split_points,
 )
+from ._functions import gather, scatter
 from . import adapters
 from ._location import Location
 from ._partitioned import (

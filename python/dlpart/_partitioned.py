@@ -180,6 +180,11 @@ class PartitionedArray:
         """The distinct devices the partitions live on, in order of first appearance."""
         return self._core.devices
 
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "a dlpart.PartitionedArray is not one array in memory: call .assemble() for the "
+            "whole array as one tensor (np.from_dlpack(pa.assemble())), or use .partitions")
+
     def __repr__(self) -> str:
         return (
             f"dlpart.PartitionedArray(shape={self.shape}, dtype={self.dtype!r}, "
@@ -278,7 +283,7 @@ class PartitionedArray:
         self.fetch()
         layout = dict(tiling=_opt_list(tiling), splits=_opt_splits(splits),
                       block_cyclic=_opt_block(block_cyclic), devices=_devices_arg(devices),
-                      process_grid=_opt_list(process_grid))
+                      process_grid=_opt_list(process_grid, "process_grid"))
         if self._core.native and _native_devices(layout["devices"]):
             return PartitionedArray._wrap(self._core.repartition(**layout, transfer=transfer))
         dst_splits, dst_devs = self._core.target(**layout)
@@ -311,15 +316,20 @@ class PartitionedArray:
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
         axes and has one slab along ``axis``."""
+        from ._functions import _axis, _indices
+
         self.fetch()
-        return PartitionedArray._wrap(self._core.gather(indices, axis, transfer))
+        axis = _axis(axis, self.ndim, "array")
+        return PartitionedArray._wrap(self._core.gather(_indices(indices), axis, transfer))
 
     def scatter(self, values, indices, axis: int = 0, *, transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range."""
+        from ._functions import _axis, _indices
+
         self.fetch()
-        self._core.scatter(values, indices, axis, transfer)
+        self._core.scatter(values, _indices(indices), _axis(axis, self.ndim, "array"), transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
@@ -355,18 +365,33 @@ def _native_devices(devices) -> bool:
     return all(Device(d).kind in _NATIVE for d in items)
 
 
-def _opt_list(x):
-    return None if x is None else [int(v) for v in x]
+def _opt_list(x, what: str = "tiling"):
+    """A list of non-negative ints; an int is a one-entry list (numpy's 1-d shorthand)."""
+    if x is None:
+        return None
+    import operator
+
+    items = [x] if isinstance(x, int) else list(x)
+    out = []
+    for v in items:
+        v = operator.index(v)
+        if v < 0:
+            raise ValueError(f"{what} {tuple(items)} has the negative entry {v}: every entry "
+                             "must be >= 0")
+        out.append(v)
+    return out
 
 
 def _opt_splits(x):
-    return None if x is None else [[int(v) for v in s] for s in x]
+    return None if x is None else [_opt_list(s, "split points") for s in x]
 
 
 def _opt_block(x):
-    if x is None or isinstance(x, int):
+    if x is None:
         return x
-    return [int(v) for v in x]
+    if isinstance(x, int):
+        return _opt_list(x, "block_cyclic")[0]
+    return _opt_list(x, "block_cyclic")
 
 
 def _devices_arg(devices):

@@ -32,3 +32,44 @@ def test_framework_device_names_work_where_devices_are_taken():
     np.testing.assert_array_equal(np.from_dlpack(cyclic.assemble()), x)
     # equality with strings stays with the DLPack names (hash-consistent)
     assert dlpart.Device("cpu") == "kDLCPU" and dlpart.Device("cpu") != "cpu"
+
+
+def test_gather_and_scatter_take_negative_axes_sequences_and_partitioned_arrays():
+    x = np.arange(4 * 5, dtype=np.float32).reshape(4, 5)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(x, [4, -1, 0], axis=-1)),
+                                  np.take(x, [4, -1, 0], axis=-1))
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(x, (2,))), x[[2]])
+    pa = dlpart.partition(x, (2, 2))
+    got = dlpart.gather(pa, [3, 0, -4], axis=-2)
+    np.testing.assert_array_equal(np.from_dlpack(got.assemble()), np.take(x, [3, 0, -4], axis=0))
+    y = np.zeros_like(x)
+    dlpart.scatter(x[:, :2], [-1, 1], y, axis=-1)
+    expect = np.zeros_like(x)
+    expect[:, [-1, 1]] = x[:, :2]
+    np.testing.assert_array_equal(y, expect)
+    target = dlpart.partition(np.zeros_like(x), (3, 1))
+    dlpart.scatter(x[:2], [-1, 0], target)
+    np.testing.assert_array_equal(np.from_dlpack(target.assemble())[[3, 0]], x[:2])
+    with pytest.raises(ValueError, match="axis -3 is out of range for the 2-d"):
+        dlpart.gather(x, [0], axis=-3)
+    with pytest.raises(TypeError, match="integers"):
+        dlpart.gather(x, [0.5])
+    with pytest.raises(IndexError, match="index 4 is out of bounds"):
+        dlpart.gather(pa, [4])
+
+
+def test_int_tiling_for_1d_and_negative_entries_named():
+    v = np.arange(10)
+    pa = dlpart.partition(v, 4)
+    assert pa.splits == ((0, 3, 6, 8, 10),)
+    assert pa.repartition(2).splits == ((0, 5, 10),)
+    with pytest.raises(ValueError, match=r"tiling \(-1, 1\) has the negative entry -1"):
+        dlpart.partition(np.zeros((2, 2)), (-1, 1))
+    with pytest.raises(ValueError, match="split points"):
+        dlpart.partition(v, splits=[[0, -2, 10]])
+
+
+def test_numpy_on_a_partitioned_array_says_to_assemble():
+    pa = dlpart.partition(np.arange(6.0), 2)
+    with pytest.raises(TypeError, match=r"assemble\(\)"):
+        np.asarray(pa)
