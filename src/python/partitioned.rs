@@ -223,7 +223,17 @@ fn read_dict<'py>(
         let position = position.as_slice();
         let flat = grid.flat_index(position).map_err(to_py)?;
         order[flat] = k;
-        let extra = framework_device(entry.get_item(k_device)?.as_ref(), "device", position)?;
+        let location = entry.get_item(k_location)?;
+        // An entry of only start, shape, data (all checked above) and location has no
+        // `device` or `dtype` key to look up: two of six lookups per entry saved for draft-2
+        // producers, dlpart's own dicts among them.
+        let more = entry.len() > 3 + usize::from(location.is_some());
+        let device_key = if more {
+            entry.get_item(k_device)?
+        } else {
+            None
+        };
+        let extra = framework_device(device_key.as_ref(), "device", position)?;
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
         if !obj.is_none() {
@@ -257,12 +267,11 @@ fn read_dict<'py>(
         }
         if !moved {
             // Data moved here by the import is located by its tensor.
-            let value = entry.get_item(k_location)?;
             locations.set_with(flat, |all| {
-                reader.read(value.as_ref(), position, fallback, all)
+                reader.read(location.as_ref(), position, fallback, all)
             })?;
         }
-        if stated.is_none() {
+        if more && stated.is_none() {
             if let Some(dt) = entry.get_item(k_dtype)?.filter(|v| !v.is_none()) {
                 stated = dt.str()?.to_string().replace("torch.", "").parse().ok();
             }
