@@ -4,7 +4,7 @@
 //! position, which finds missing and duplicate positions in one pass. Starts and lengths live in
 //! flat `Vec<usize>`s with stride `ndim`, so 65,536 entries cost a few allocations in all.
 
-use super::{inv, next_position, Entry, Grid};
+use super::{inv, next_position, Grid};
 use crate::error::{tuple_string, Error, Result};
 
 /// At most this many violations are listed; the rest are counted in one last line.
@@ -62,7 +62,13 @@ const MAX_EXTRA_POSITIONS: usize = 1 << 20;
 
 const MISSING: usize = usize::MAX;
 
-pub(super) fn grid_from_entries(shape: &[i64], tiling: &[i64], entries: &[Entry]) -> Result<Grid> {
+/// Validates `n_entries` entries, entry `k` being `entry(k) = (position, start, shape)`.
+pub(super) fn grid_from_entries<'a>(
+    shape: &[i64],
+    tiling: &[i64],
+    n_entries: usize,
+    entry: impl Fn(usize) -> (&'a [i64], &'a [i64], &'a [i64]),
+) -> Result<Grid> {
     let mut v = Violations::default();
     // The header first: everything else is measured against it.
     if shape.len() != tiling.len() {
@@ -102,7 +108,7 @@ pub(super) fn grid_from_entries(shape: &[i64], tiling: &[i64], entries: &[Entry]
     let tiles: Vec<usize> = tiling.iter().map(|&n| n as usize).collect();
     let count = super::checked_product(&tiles)
         .filter(|&c| {
-            c <= super::MAX_PARTITIONS && c <= entries.len().saturating_add(MAX_EXTRA_POSITIONS)
+            c <= super::MAX_PARTITIONS && c <= n_entries.saturating_add(MAX_EXTRA_POSITIONS)
         })
         .ok_or_else(|| {
             Error::protocol(
@@ -111,7 +117,7 @@ pub(super) fn grid_from_entries(shape: &[i64], tiling: &[i64], entries: &[Entry]
                 format!(
                     "{} has more positions than can be checked against {} entries",
                     tuple_string(tiling),
-                    entries.len()
+                    n_entries
                 ),
                 Some(inv::POSITIONS),
             )
@@ -123,7 +129,8 @@ pub(super) fn grid_from_entries(shape: &[i64], tiling: &[i64], entries: &[Entry]
     let mut starts = vec![0usize; count * nd];
     let mut lens = vec![0usize; count * nd];
     let mut pos = vec![0usize; nd];
-    for (k, (position, start, pshape)) in entries.iter().enumerate() {
+    for k in 0..n_entries {
+        let (position, start, pshape) = entry(k);
         if position.len() != nd {
             v.push("partitions", None, inv::NDIM, || {
                 format!(

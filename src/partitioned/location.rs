@@ -1,6 +1,7 @@
 //! [`Location`]: where a partition can be reached without communication.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -12,8 +13,10 @@ use crate::grid::inv;
 /// (heat). A rank stays a rank; it is never written as an address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Location {
-    /// Host address (IP string), if the producer gave one.
-    pub host: Option<String>,
+    /// Host address (IP string), if the producer gave one. Shared: the partitions of one
+    /// producer repeat a few hosts, and a dict of 4,096 entries copied the same text 4,096
+    /// times (one allocation each) as a `String`.
+    pub host: Option<Arc<str>>,
     /// Process id on that host, if given.
     pub pid: Option<i64>,
     /// The device the partition lives on in that process.
@@ -24,7 +27,7 @@ pub struct Location {
 
 impl Location {
     /// A draft-2 location `(host, pid, device)`.
-    pub fn new(host: impl Into<String>, pid: i64, device: Device) -> Self {
+    pub fn new(host: impl Into<Arc<str>>, pid: i64, device: Device) -> Self {
         Location {
             host: Some(host.into()),
             pid: Some(pid),
@@ -58,6 +61,66 @@ impl Location {
                 Some(inv::LOCATION),
             )
         })
+    }
+}
+
+/// Every partition's locations in one list, partition `flat` owning `ranges[flat]` of it.
+///
+/// One `Vec<Location>` per partition was one small allocation each: reading a dict of 4,096
+/// partitions grew the heap by that many and gave the pages back on drop, and the page faults
+/// of growing it again were about a quarter of a `dlpart.validate` of such a dict.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LocationTable {
+    all: Vec<Location>,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl LocationTable {
+    /// `n` partitions with no locations, with room for `capacity` locations.
+    pub fn empty(n: usize, capacity: usize) -> Self {
+        LocationTable {
+            all: Vec::with_capacity(capacity),
+            ranges: vec![(0, 0); n],
+        }
+    }
+
+    /// The number of partitions.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// The locations of partition `flat`. Panics when `flat >= len()`.
+    pub fn get(&self, flat: usize) -> &[Location] {
+        let (a, b) = self.ranges[flat];
+        &self.all[a..b]
+    }
+
+    /// Gives partition `flat` the locations that `read` appends to the list it is handed,
+    /// replacing any it had (those stay in the list, unused).
+    pub fn set_with<E>(
+        &mut self,
+        flat: usize,
+        read: impl FnOnce(&mut Vec<Location>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let a = self.all.len();
+        read(&mut self.all)?;
+        self.ranges[flat] = (a, self.all.len());
+        Ok(())
+    }
+}
+
+impl From<Vec<Vec<Location>>> for LocationTable {
+    fn from(per_partition: Vec<Vec<Location>>) -> Self {
+        let total = per_partition.iter().map(Vec::len).sum();
+        let mut t = LocationTable::empty(per_partition.len(), total);
+        for (flat, locs) in per_partition.into_iter().enumerate() {
+            t.set_with(flat, |all| {
+                all.extend(locs);
+                Ok::<(), ()>(())
+            })
+            .expect("infallible");
+        }
+        t
     }
 }
 

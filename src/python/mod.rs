@@ -5,6 +5,7 @@
 
 mod capsule;
 mod device;
+mod dlpack_call;
 mod errors;
 mod location;
 mod ops;

@@ -6,20 +6,21 @@
 //! without dlpart kernels, and the `Partition` objects made when `.partitions` is asked for.
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error};
-use crate::grid::{inv, Entry, Grid};
-use crate::partitioned::{Data, Handle, Location, PartitionedArray};
+use crate::grid::{inv, EntryTable, Grid};
+use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray};
 use crate::plan::{Layout, Plan};
 
 use super::device::{device_arg, PyDevice};
 use super::errors::{to_py, ProtocolError};
-use super::location::{framework_device, normalise};
-use super::tensor::{import as import_array, PyTensor};
+use super::location::{framework_device, LocationReader};
+use super::tensor::{import as import_array, import_producer, is_producer, PyTensor};
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
 #[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
@@ -42,6 +43,20 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult<Vec<i64>> {
+    let mut out = Vec::new();
+    ints_into(obj, key, position, &mut out)?;
+    Ok(out)
+}
+
+/// Reads a tuple of ints (or one int, or any iterable of ints) into `out`, replacing its
+/// contents: a dict reader reuses one buffer for every entry.
+fn ints_into(
+    obj: &Bound<'_, PyAny>,
+    key: &str,
+    position: Option<&[i64]>,
+    out: &mut Vec<i64>,
+) -> PyResult<()> {
+    out.clear();
     let bad = || {
         let at = position
             .map(|p| format!(" at position {}", tuple_string(p)))
@@ -51,23 +66,29 @@ fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult
             "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {found}"
         ))
     };
-    let item = |x: Bound<'_, PyAny>| -> PyResult<i64> {
+    let item = |x: &Bound<'_, PyAny>| -> PyResult<i64> {
         if x.is_instance_of::<PyBool>() {
             return Err(bad());
         }
         x.extract::<i64>().map_err(|_| bad())
     };
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t.iter().map(item).collect();
+        for x in t.iter_borrowed() {
+            out.push(item(&x)?);
+        }
+        return Ok(());
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBool>() {
         return Err(bad());
     }
     if let Ok(i) = obj.extract::<i64>() {
-        return Ok(vec![i]);
+        out.push(i);
+        return Ok(());
     }
-    let seq = obj.try_iter().map_err(|_| bad())?;
-    seq.map(|x| item(x?)).collect()
+    for x in obj.try_iter().map_err(|_| bad())? {
+        out.push(item(&x?)?);
+    }
+    Ok(())
 }
 
 fn missing_key(key: &str) -> PyErr {
@@ -91,25 +112,31 @@ enum Import {
     },
 }
 
-/// One dict entry, checked for its keys, with its position.
-struct RawEntry<'py> {
-    position: Vec<usize>,
-    entry: Bound<'py, PyDict>,
-}
-
 /// Reads the dict's grid (invariants 1-5), then every entry's data and locations, into the
 /// model (invariants 6-10). Returns the array and the array-API namespace of the first
 /// partition on a device without dlpart kernels, if any.
+///
+/// Keys are interned Python strings: looking entries up by Rust `&str` made a new Python
+/// string, hashed it, and dropped it for each of the seven lookups per entry. Positions,
+/// starts and shapes go into one [`EntryTable`] through reused buffers, not three `Vec`s
+/// per entry.
 #[allow(clippy::type_complexity)]
-fn read_dict(
-    py: Python<'_>,
-    d: &Bound<'_, PyAny>,
+fn read_dict<'py>(
+    py: Python<'py>,
+    d: &Bound<'py, PyAny>,
     import: Import,
 ) -> PyResult<(PartitionedArray, Option<Py<PyAny>>, Vec<usize>)> {
-    let get = |key: &str| d.get_item(key).map_err(|_| missing_key(key));
-    let shape = ints(&get("shape")?, "shape", None)?;
-    let tiling = ints(&get("partition_tiling")?, "partition_tiling", None)?;
-    let parts = get("partitions")?;
+    let get = |key: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> {
+        d.get_item(key)
+            .map_err(|_| missing_key(&key.to_string_lossy()))
+    };
+    let shape = ints(&get(intern!(py, "shape"))?, "shape", None)?;
+    let tiling = ints(
+        &get(intern!(py, "partition_tiling"))?,
+        "partition_tiling",
+        None,
+    )?;
+    let parts = get(intern!(py, "partitions"))?;
     let parts = parts.cast::<PyDict>().map_err(|_| {
         ProtocolError::new_err(format!(
             "__partitioned__[\"partitions\"]: expected a dict, found {}",
@@ -117,46 +144,49 @@ fn read_dict(
         ))
     })?;
     // A snapshot: the mapping may change while its keys are read (a key's `__index__`).
-    let items = parts.items();
-    let mut entries: Vec<Entry> = Vec::with_capacity(items.len());
-    let mut dicts = Vec::with_capacity(items.len());
-    for item in items.iter() {
-        let (key, entry) = item.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
-        let pos = ints(&key, "partitions", None)?;
-        let at = tuple_string(&pos);
+    // Collecting the pairs runs no Python code, so nothing can change the dict meanwhile; it
+    // makes no `(key, value)` tuple per entry, unlike `items()`.
+    let items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = parts.iter().collect();
+    let (k_start, k_shape, k_data) = (
+        intern!(py, "start"),
+        intern!(py, "shape"),
+        intern!(py, "data"),
+    );
+    let mut table = EntryTable::with_capacity(items.len(), shape.len());
+    let (mut pos, mut start, mut pshape) = (Vec::new(), Vec::new(), Vec::new());
+    // Per entry, in the dict's order: the entry and its `data` value.
+    let mut dicts: Vec<(Bound<'py, PyDict>, Bound<'py, PyAny>)> = Vec::with_capacity(items.len());
+    for (key, entry) in items {
+        ints_into(&key, "partitions", None, &mut pos)?;
+        let at = || tuple_string(&pos);
         let entry = match entry.cast_into::<PyDict>() {
             Ok(e) => e,
             Err(e) => {
                 let found = type_name(&e.into_inner());
                 return Err(ProtocolError::new_err(format!(
-                    "__partitioned__[\"partitions\"] at position {at}: expected a dict, found {found}"
+                    "__partitioned__[\"partitions\"] at position {}: expected a dict, found {found}",
+                    at()
                 )));
             }
         };
-        let field = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        let field = |k: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> {
             entry.get_item(k)?.ok_or_else(|| {
                 ProtocolError::new_err(format!(
-                    "__partitioned__[\"partitions\"] at position {at}: missing {k:?}"
+                    "__partitioned__[\"partitions\"] at position {}: missing {:?}",
+                    at(),
+                    k.to_string_lossy()
                 ))
             })
         };
-        let start = ints(&field("start")?, "start", Some(&pos))?;
-        let pshape = ints(&field("shape")?, "shape", Some(&pos))?;
-        field("data")?;
-        entries.push((pos, start, pshape));
-        dicts.push(entry);
+        ints_into(&field(k_start)?, "start", Some(&pos), &mut start)?;
+        ints_into(&field(k_shape)?, "shape", Some(&pos), &mut pshape)?;
+        let data = field(k_data)?;
+        table.push(&pos, &start, &pshape);
+        dicts.push((entry, data));
     }
     let grid = py
-        .detach(|| Grid::from_entries(&shape, &tiling, &entries))
+        .detach(|| Grid::from_table(&shape, &tiling, &table))
         .map_err(to_py)?;
-    let raw: Vec<RawEntry<'_>> = entries
-        .into_iter()
-        .zip(dicts)
-        .map(|((pos, _, _), entry)| RawEntry {
-            position: pos.into_iter().map(|i| i as usize).collect(),
-            entry,
-        })
-        .collect();
     let locals = match optional(d, "locals") {
         None => None,
         Some(l) => Some(read_locals(&l, &grid)?),
@@ -171,42 +201,78 @@ fn read_dict(
     }
     let n = grid.num_partitions();
     let mut data: Vec<Data> = vec![Data::Remote; n];
-    let mut locations: Vec<Vec<Location>> = vec![Vec::new(); n];
+    let mut locations = LocationTable::empty(n, n);
     let mut namespace = None;
+    // The last device found to have dlpart kernels: asking `backend_for` makes a backend.
+    let mut native: Option<Device> = None;
     let mut stated: Option<DType> = None;
     let mut first_data: Option<usize> = None;
     let mut order = vec![0usize; n];
-    for (k, RawEntry { position, entry }) in raw.iter().enumerate() {
+    let mut reader = LocationReader::default();
+    let (k_device, k_location, k_dtype) = (
+        intern!(py, "device"),
+        intern!(py, "location"),
+        intern!(py, "dtype"),
+    );
+    // The grid checked every position: in range, each once.
+    let mut position = vec![0usize; grid.ndim()];
+    for (k, (entry, obj)) in dicts.iter().enumerate() {
+        for (p, &i) in position.iter_mut().zip(table.get(k).0) {
+            *p = i as usize;
+        }
+        let position = position.as_slice();
         let flat = grid.flat_index(position).map_err(to_py)?;
         order[flat] = k;
-        let extra = framework_device(entry.get_item("device")?.as_ref(), "device", position)?;
-        let obj = entry.get_item("data")?.expect("checked above");
+        let location = entry.get_item(k_location)?;
+        // An entry of only start, shape, data (all checked above) and location has no
+        // `device` or `dtype` key to look up: two of six lookups per entry saved for draft-2
+        // producers, dlpart's own dicts among them.
+        let more = entry.len() > 3 + usize::from(location.is_some());
+        let device_key = if more {
+            entry.get_item(k_device)?
+        } else {
+            None
+        };
+        let extra = framework_device(device_key.as_ref(), "device", position)?;
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
         if !obj.is_none() {
-            match import {
-                Import::Yes { device, copy } if obj.hasattr("__dlpack__")? => {
-                    let t = import_array(&obj, device, copy)?.inner;
+            let producer = match import {
+                Import::Yes { .. } => is_producer(obj)?,
+                Import::No => false,
+            };
+            match (import, producer) {
+                (Import::Yes { device, copy }, true) => {
+                    let t = import_producer(obj, device, copy)?.inner;
                     fallback = t.device();
                     moved = device.is_some();
-                    if namespace.is_none() && crate::backend::backend_for(t.device()).is_err() {
+                    if namespace.is_none()
+                        && native != Some(t.device())
+                        && crate::backend::backend_for(t.device()).is_err()
+                    {
                         if let Ok(ns) = obj.getattr("__array_namespace__") {
                             namespace = Some(ns.call0()?.unbind());
                         }
+                    } else {
+                        native = Some(t.device());
                     }
                     data[flat] = Data::Tensor(t);
                     first_data.get_or_insert(flat);
                 }
-                Import::Yes { .. } => data[flat] = Data::Handle(Handle::new(obj.unbind())),
-                Import::No => {}
+                (Import::Yes { .. }, false) => {
+                    data[flat] = Data::Handle(Handle::new(obj.clone().unbind()))
+                }
+                (Import::No, _) => {}
             }
         }
         if !moved {
             // Data moved here by the import is located by its tensor.
-            locations[flat] = normalise(entry.get_item("location")?.as_ref(), position, fallback)?;
+            locations.set_with(flat, |all| {
+                reader.read(location.as_ref(), position, fallback, all)
+            })?;
         }
-        if stated.is_none() {
-            if let Some(dt) = entry.get_item("dtype")?.filter(|v| !v.is_none()) {
+        if more && stated.is_none() {
+            if let Some(dt) = entry.get_item(k_dtype)?.filter(|v| !v.is_none()) {
                 stated = dt.str()?.to_string().replace("torch.", "").parse().ok();
             }
         }
@@ -437,7 +503,7 @@ impl PyPartitioned {
                 .into_iter()
                 .map(|(host, pid, device, rank)| {
                     Ok(Location {
-                        host,
+                        host: host.map(Into::into),
                         pid,
                         device: device_arg(&device)?,
                         rank,
@@ -564,7 +630,14 @@ impl PyPartitioned {
                 let locs = p
                     .locations
                     .iter()
-                    .map(|l| (l.host.clone(), l.pid, PyDevice(l.device), l.rank))
+                    .map(|l| {
+                        (
+                            l.host.as_deref().map(str::to_owned),
+                            l.pid,
+                            PyDevice(l.device),
+                            l.rank,
+                        )
+                    })
                     .collect();
                 Ok((p.position, p.start, p.shape, data, locs))
             })
@@ -756,7 +829,8 @@ impl PyPartitioned {
     /// locations given as such, and keeps the forms that carry no pid as they came (an MPI
     /// rank stays an int, a bare address a string); `"ip"` writes every location as its host
     /// address (xgboost_ray); `"rank"` writes every location as its rank, `rank` for data held
-    /// here (heat). `host` is this node's address.
+    /// here (heat). `host` is this node's address. Keys are interned strings, as in a dict
+    /// written in Python: a consumer's lookups then match by identity.
     #[pyo3(signature = (get, host, convert=None, form="draft2", rank=None))]
     fn to_dict<'py>(
         &self,
@@ -769,11 +843,12 @@ impl PyPartitioned {
     ) -> PyResult<Bound<'py, PyDict>> {
         let form = LocationForm::parse(form)?;
         let pid = i64::from(std::process::id());
+        let host: std::sync::Arc<str> = host.into();
         let parts = PyDict::new(py);
         for p in self.inner.partitions() {
             let entry = PyDict::new(py);
-            entry.set_item("start", PyTuple::new(py, &p.start)?)?;
-            entry.set_item("shape", PyTuple::new(py, &p.shape)?)?;
+            entry.set_item(intern!(py, "start"), PyTuple::new(py, &p.start)?)?;
+            entry.set_item(intern!(py, "shape"), PyTuple::new(py, &p.shape)?)?;
             let data: Bound<'py, PyAny> = match p.data {
                 Data::Tensor(t) => {
                     let t = PyTensor::new(t.clone()).into_pyobject(py)?.into_any();
@@ -788,9 +863,9 @@ impl PyPartitioned {
                     .unwrap_or_else(|| py.None().into_bound(py)),
                 Data::Remote => py.None().into_bound(py),
             };
-            entry.set_item("data", data)?;
+            entry.set_item(intern!(py, "data"), data)?;
             let here = p.tensor().map(|t| Location {
-                host: Some(host.to_string()),
+                host: Some(host.clone()),
                 pid: Some(pid),
                 device: t.device(),
                 rank,
@@ -804,23 +879,23 @@ impl PyPartitioned {
             for l in locations {
                 out.append(form.write(py, l, &p.position)?)?;
             }
-            entry.set_item("location", out)?;
+            entry.set_item(intern!(py, "location"), out)?;
             parts.set_item(PyTuple::new(py, &p.position)?, entry)?;
         }
         let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, self.inner.shape())?)?;
+        d.set_item(intern!(py, "shape"), PyTuple::new(py, self.inner.shape())?)?;
         d.set_item(
             "partition_tiling",
             PyTuple::new(py, self.inner.grid().tiling())?,
         )?;
-        d.set_item("partitions", parts)?;
-        d.set_item("get", get)?;
+        d.set_item(intern!(py, "partitions"), parts)?;
+        d.set_item(intern!(py, "get"), get)?;
         if let Some(locals) = self.inner.locals() {
             let l: Vec<Bound<'py, PyTuple>> = locals
                 .iter()
                 .map(|p| PyTuple::new(py, p))
                 .collect::<PyResult<_>>()?;
-            d.set_item("locals", l)?;
+            d.set_item(intern!(py, "locals"), l)?;
         }
         Ok(d)
     }
@@ -861,7 +936,7 @@ impl LocationForm {
         let device = l.device.to_string();
         Ok(match (self, &l.host, l.pid, l.rank) {
             (LocationForm::Draft2, Some(h), Some(pid), _) => {
-                (h.as_str(), pid, device).into_pyobject(py)?.into_any()
+                (&**h, pid, device).into_pyobject(py)?.into_any()
             }
             // The forms without a pid are written as they came: a rank stays a rank.
             (LocationForm::Draft2, Some(h), None, _) => h.into_pyobject(py)?.into_any(),

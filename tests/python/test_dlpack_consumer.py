@@ -198,6 +198,47 @@ def test_type_error_fallback_to_legacy_call():
     np.testing.assert_array_equal(np.from_dlpack(t), [1, 2])
 
 
+def test_keywords_passed_to_the_producer():
+    def cap():
+        return _testing.make_capsule(f32_bytes([1, 2]), [2], strides=[1])
+
+    cases = [
+        ({}, {"stream": None, "max_version": (1, 3)}),
+        ({"copy": True}, {"stream": None, "max_version": (1, 3), "copy": True}),
+        ({"copy": False}, {"stream": None, "max_version": (1, 3), "copy": False}),
+    ]
+    for kwargs, expected in cases:
+        p = Producer(cap)
+        dlpart.from_dlpack(p, **kwargs)
+        assert p.calls == [expected], kwargs
+        assert type(p.calls[0]["max_version"]) is tuple
+    # A producer on another host-accessible device is asked to move its data here.
+    p = Producer(cap, device=(3, 0))
+    dlpart.from_dlpack(p, device="kDLCPU")
+    assert p.calls[0] == {"stream": None, "max_version": (1, 3), "dl_device": (1, 0)}
+
+
+def test_numpy_arrays_and_subclasses_import_through_dlpack():
+    class Sub(np.ndarray):
+        calls = 0
+
+        def __dlpack__(self, **kw):
+            Sub.calls += 1
+            return super().__dlpack__(**kw)
+
+    base = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for x in [base, base[:, 1:], base.T, base.view(Sub)]:
+        t = dlpart.from_dlpack(x)
+        assert t.shape == x.shape and t.data_ptr == x.ctypes.data
+        np.testing.assert_array_equal(np.from_dlpack(t), x)
+    assert Sub.calls == 1  # a subclass's own __dlpack__ is called
+    ro = base.copy()
+    ro.flags.writeable = False
+    assert dlpart.from_dlpack(ro).readonly
+    with pytest.raises(BufferError):
+        dlpart.from_dlpack(base, copy=False, device="kDLCUDA:0")
+
+
 def test_copy_is_done_here_when_a_legacy_producer_cannot():
     data = np.arange(2, dtype=np.float32)
     p = Producer(lambda: _testing.make_capsule(data.tobytes(), [2], strides=[1], version=None), legacy=True)
@@ -249,10 +290,12 @@ def test_device_argument_is_parsed_and_checked():
     a = np.arange(3.0)
     assert dlpart.from_dlpack(a, device="kDLCPU").data_ptr == a.ctypes.data
     assert dlpart.from_dlpack(a, device=dlpart.Device("kDLCPU")).data_ptr == a.ctypes.data
-    with pytest.raises(dlpart.DeviceError, match="'cuda'|\"cuda\""):
-        dlpart.from_dlpack(a, device="cuda")
-    with pytest.raises(BufferError):
-        dlpart.from_dlpack(a, device="kDLCUDA:0")
+    with pytest.raises(dlpart.DeviceError, match="'cudaa'|\"cudaa\""):
+        dlpart.from_dlpack(a, device="cudaa")
+    # 'cuda' names kDLCUDA:0, as in torch and cupy: host data cannot be placed there here
+    for name in ("cuda", "kDLCUDA:0"):
+        with pytest.raises(BufferError):
+            dlpart.from_dlpack(a, device=name)
 
 
 def test_big_endian_is_refused():

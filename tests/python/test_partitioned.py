@@ -172,6 +172,27 @@ def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
     assert calls == [1, 1]
 
 
+def test_locations_shared_between_entries_read_per_entry():
+    # One location object repeated across entries (as dlpart's own dicts do) must give each
+    # entry what reading it alone gives, including the device taken from the entry.
+    pair, triple, host = ("10.0.0.7", 11), ("10.0.0.7", 11, "kDLCUDA:1"), "10.0.0.8"
+    devices = ["cpu", "cuda:0", "cuda:1", None]
+    locs = [[pair], [pair, triple], triple, [host, pair]]
+    parts = {}
+    for i, (dev, loc) in enumerate(zip(devices, locs)):
+        parts[(i,)] = {"start": (i,), "shape": (1,), "data": None, "location": loc}
+        if dev is not None:
+            parts[(i,)]["device"] = dev
+    pa = dlpart.from_partitioned({"shape": (4,), "partition_tiling": (4,), "partitions": parts})
+    got = [[(l.host, l.pid, str(l.device)) for l in pa.partitions[(i,)].locations] for i in range(4)]
+    assert got == [
+        [("10.0.0.7", 11, "kDLCPU")],
+        [("10.0.0.7", 11, "kDLCUDA:0"), ("10.0.0.7", 11, "kDLCUDA:1")],
+        [("10.0.0.7", 11, "kDLCUDA:1")],
+        [("10.0.0.8", None, "kDLCPU"), ("10.0.0.7", 11, "kDLCPU")],
+    ]
+
+
 def test_method_form_and_extra_keys_are_accepted():
     class Producer:
         def __partitioned__(self):

@@ -115,6 +115,24 @@ unsafe fn gather_slabs(
     if spans.windows(2).any(|w| super::overlap(w[0], w[1])) {
         return Ok(false);
     }
+    let slab_elems: usize = slab.iter().product();
+    let total = m * slab_elems * itemsize;
+    if total <= SLAB_MEMCPY_MAX_BYTES
+        && is_c_contiguous(&slab, src.strides)
+        && is_c_contiguous(&slab, dst.strides)
+    {
+        for (i, &j) in indices.iter().enumerate() {
+            let from = src
+                .ptr
+                .wrapping_offset(j as isize * src.strides[axis] * item);
+            // SAFETY: slab `j` of `src` and slab `i` of `dst` are each one run of
+            // `slab_elems * itemsize` bytes (both C-contiguous over the slab's shape), inside
+            // the caller's boxes (indices checked above); `dst` does not overlap `src`
+            // (caller contract).
+            unsafe { std::ptr::copy_nonoverlapping(from, dst_at(i), slab_elems * itemsize) };
+        }
+        return Ok(true);
+    }
     let jobs: Vec<RawCopy<'_>> = indices
         .iter()
         .enumerate()
@@ -139,6 +157,27 @@ unsafe fn gather_slabs(
     // (caller contract).
     unsafe { copy_boxes_tuned(&jobs, Stores::Auto, tuning) };
     Ok(true)
+}
+
+/// Gathers of slabs contiguous on both sides, of at most this many bytes in all, run as one
+/// `memcpy` per slab on the calling thread, as numpy copies them. Measured here (2 vCPUs,
+/// slabs of a float32 array gathered again and again, so in cache): against the box copies
+/// on the pool, one memcpy per slab took 40 instead of 51-62 us for 1 MiB and 117-152
+/// instead of 195-255 us for 4 MiB (the box copies cut rows at 128 KiB, wake the pool and,
+/// from 2 MiB, use streaming stores, which lose on data in cache). Data that is not in cache
+/// would gain from two threads; halo faces and the like, gathered near their last use, are.
+const SLAB_MEMCPY_MAX_BYTES: usize = 4 << 20;
+
+/// Whether `shape` with `strides` (in elements) is one C-ordered run without gaps.
+fn is_c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    let mut expect = 1isize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n > 1 && s != expect {
+            return false;
+        }
+        expect = expect.saturating_mul(n as isize);
+    }
+    true
 }
 
 /// The first index outside `[0, len)` as [`Error::IndexOutOfRange`] on `axis`.
