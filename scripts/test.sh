@@ -30,15 +30,22 @@ step_clippy() {
         cargo clippy --all-targets --features bench-internals -- -D warnings
 }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
-step_clippy-cuda() { cargo clippy --all-targets --features cuda -- -D warnings; }
+# kernel-host-tests adds the host build of the kernels (kernels/host/) and its tests.
+step_clippy-cuda() {
+    cargo clippy --all-targets --features cuda -- -D warnings &&
+        cargo clippy --all-targets --features kernel-host-tests -- -D warnings
+}
 # The doc tests run with the unit tests; the Rust tour runs as a user would run it.
 step_cargo-test() { cargo test && cargo run --quiet --example quickstart; }
-# The CUDA backend's host-side tests, and every kernel compiled to PTX by NVRTC (no GPU needed);
-# DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather than a skip.
+# The CUDA backend's host-side tests, the kernel source itself run on the host over the
+# backend's job tables (feature kernel-host-tests: kernels/*.cu compiled as C++ through
+# kernels/host/shim.h, compared with the CPU backend), and every kernel compiled to PTX by
+# NVRTC (no GPU needed); DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather
+# than a skip.
 # The kernels compile with both NVRTC majors a GPU machine may carry: 12 (the default loader
 # path set by setup.sh) and 13 (the lent GPU machines' CUDA), found by its own soname.
 step_cargo-test-cuda() {
-    DLPART_REQUIRE_NVRTC=1 cargo test --features cuda --lib --test cuda_ptx --test cuda_backend &&
+    DLPART_REQUIRE_NVRTC=1 cargo test --features kernel-host-tests --lib --test cuda_ptx --test cuda_backend &&
         DLPART_REQUIRE_NVRTC=1 DLPART_NVRTC_MAJOR=13 LD_LIBRARY_PATH="$_dlpart_site/nvidia/cu13/lib" \
             cargo test --features cuda --test cuda_ptx
 }

@@ -16,11 +16,14 @@
 //! | `index.rs` | the index check, gather and scatter launches |
 //! | `stream.rs` | DLPack stream values and event-based waits |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
+//! | `host_kernels.rs` | the kernel source built for the host, for tests (feature `kernel-host-tests`) |
 
 mod jobs;
 pub mod nvrtc;
 
 mod context;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod host_kernels;
 mod index;
 mod index_check;
 mod stream;
