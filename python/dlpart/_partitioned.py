@@ -543,6 +543,21 @@ def _numpy_has(dtype: str) -> bool:
     return dtype != "bfloat16" and not dtype.startswith("float8_")
 
 
+def _to_jax(t):
+    """A jax array over ``t``'s memory where JAX can take it (JAX asks for the legacy capsule,
+    which dlpart refuses for read-only data, as imports of JAX's own arrays are); host data JAX
+    cannot take goes through a read-only numpy view, which ``jax.device_put`` may alias or copy."""
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        return jnp.from_dlpack(t)
+    except BufferError:
+        if t.device.kind != "kDLCPU":
+            raise
+        return jax.device_put(_to_numpy(t))
+
+
 def _converter(framework: Optional[str]):
     """The function that hands a tensor out in ``framework`` (None: numpy for host data,
     `dlpart.Tensor` elsewhere)."""
@@ -561,9 +576,7 @@ def _converter(framework: Optional[str]):
 
         return cupy.from_dlpack
     if framework == "jax":
-        import jax.numpy as jnp
-
-        return jnp.from_dlpack
+        return _to_jax
     if framework == "dpctl":
         import dpctl.tensor as dpt
 

@@ -164,7 +164,10 @@ impl ForeignTensor {
             }
             (t.data as *mut u8).wrapping_offset(offset)
         };
-        let readonly = self.flags() & FLAG_READ_ONLY != 0;
+        // A legacy (unversioned) tensor carries no read-only flag, so nothing says its memory
+        // may be written: it is imported read-only, as numpy does (jax hands out legacy capsules
+        // of immutable buffers). A caller who needs to write asks for a copy.
+        let readonly = self.version().is_none() || self.flags() & FLAG_READ_ONLY != 0;
         // SAFETY: the producer guarantees that every in-bounds element of the described tensor
         // is valid memory until its deleter runs; the deleter runs when `owner` (this
         // ForeignTensor) is dropped, after the last view is gone.

@@ -137,3 +137,22 @@ def test_heat_reads_dlpart_arrays_and_dlpart_reexports_of_heat_arrays(mpirun, ra
     out = mpirun(HEAT_SCRIPT, ranks, timeout=240)
     # the ranks' lines may interleave on mpirun's stdout
     assert sorted(re.findall(r"ok (\d+)", out)) == [str(r) for r in range(ranks)], out
+
+
+def test_a_jax_array_imported_and_exported_again_cannot_be_written():
+    """jax hands out legacy capsules (no read-only flag) of immutable buffers: dlpart imports
+    them read-only and keeps the flag on every re-export."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    x = jnp.arange(8.0)
+    t = dlpart.from_dlpack(x)
+    assert t.readonly
+    out = np.from_dlpack(t)
+    assert not out.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        out[0] = 42.0
+    pa = dlpart.partition(x, 2)
+    view = pa.to_partitioned(framework="numpy")["partitions"][(1,)]["data"]
+    assert not view.flags.writeable
+    assert float(x[0]) == 0.0
