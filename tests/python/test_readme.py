@@ -1,18 +1,24 @@
-"""Every Python code block of the README runs as printed (its Rust blocks run as doc tests)."""
+"""Every Python code block of the README and of the user guide runs as printed (the README's
+Rust blocks run as doc tests). The blocks of one document run in order, in one namespace, as
+a reader would type them."""
 
 import pathlib
 import re
 
 import pytest
 
-README = pathlib.Path(__file__).parents[2] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = pathlib.Path(__file__).parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_python_block_runs(code):
-    exec(compile(code, str(README), "exec"), {"__name__": "readme"})
+def blocks(path):
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-def test_the_readme_has_python_blocks():
-    assert BLOCKS
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_python_blocks_run(path):
+    found = blocks(path)
+    assert found, f"{path.name} has no python block"
+    namespace = {"__name__": "docs"}
+    for i, code in enumerate(found):
+        exec(compile(code, f"{path.name} block {i}", "exec"), namespace)
