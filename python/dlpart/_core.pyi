@@ -1,6 +1,12 @@
 """Type stubs for the dlpart._core extension module (checked against it by tests/python/test_stubs.py)."""
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, final
+
+__all__ = [
+    "__version__", "ProtocolError", "DeviceError", "BackendUnavailableError", "Device", "Tensor",
+    "from_dlpack", "_tensor_from_bytes", "_PartitionedArray", "_validate_dict", "split_points",
+    "_plan_stats", "backend_status", "gather", "scatter", "_testing",
+]
 
 __version__: str
 
@@ -11,8 +17,9 @@ class BackendUnavailableError(RuntimeError): ...
 DeviceLike = Union["Device", str, Tuple[int, int]]
 Splits = List[List[int]]
 
+@final
 class Device:
-    def __init__(self, spec: DeviceLike) -> None: ...
+    def __new__(cls, spec: DeviceLike) -> "Device": ...
     @classmethod
     def from_dlpack(cls, pair: Tuple[int, int]) -> "Device": ...
     def to_dlpack(self) -> Tuple[int, int]: ...
@@ -25,6 +32,7 @@ class Device:
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class Tensor:
     @property
     def shape(self) -> Tuple[int, ...]: ...
@@ -80,6 +88,7 @@ def _plan_stats(shape: Sequence[int], src_splits: Splits, dst_splits: Splits) ->
 
 LocationTuple = Tuple[Optional[str], Optional[int], Any, Optional[int]]
 
+@final
 class _PartitionedArray:
     @staticmethod
     def from_dict(

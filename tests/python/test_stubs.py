@@ -30,7 +30,9 @@ def test_stub_matches_module():
     for cls in ("Tensor", "Device", "_PartitionedArray"):
         real = {n for n in dir(getattr(core, cls)) if not n.startswith("__")}
         real |= {n for n in MAGIC_KEPT if n in vars(getattr(core, cls))}
-        assert members[cls] - {"__init__", "__eq__", "__hash__"} == real - {"__init__", "__eq__", "__hash__"}, cls
+        # constructors are checked by stubtest below, which knows __new__ from __init__
+        ctor = {"__init__", "__new__", "__eq__", "__hash__"}
+        assert members[cls] - ctor == real - ctor, cls
     assert members["_testing"] == {n for n in dir(core._testing) if not n.startswith("_")}
 
 
@@ -40,3 +42,18 @@ def test_all_is_exact():
     assert set(dlpart.__all__) | {"__version__"} >= public - modules
     for name in dlpart.__all__:
         assert hasattr(dlpart, name), name
+
+
+def test_stubtest_finds_the_stub_and_the_module_agree():
+    """mypy's stubtest: every signature of the stub matches the compiled module."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("mypy")
+    allowlist = pathlib.Path(__file__).with_name("stubtest-allowlist.txt")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "dlpart._core", "--allowlist", str(allowlist)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
