@@ -329,7 +329,7 @@ unsafe fn run_whole(job: &RawCopy<'_>, store: Store) {
 
 /// Jobs of at least this many bytes are planned up front to find row groups: below it a job
 /// is too small for the order of its reads to matter.
-const GROUP_MIN_BYTES: usize = 64 << 10;
+pub(crate) const GROUP_MIN_BYTES: usize = 64 << 10;
 
 /// What makes consecutive planned jobs one row group: each copies `n` rows of `bytes`
 /// (contiguous on both sides; source rows `s` bytes apart) and the first source row starts

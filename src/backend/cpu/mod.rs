@@ -13,6 +13,7 @@ mod index;
 mod index_loop;
 mod normalise;
 mod plan;
+mod repart;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,7 @@ use crate::backend::{Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
+use crate::plan::Plan;
 use crate::tensor::{contiguous_strides, HostBuffer, Tensor};
 
 /// Kernels for host-accessible memory (`kDLCPU`, `kDLCUDAHost`, ...).
@@ -383,6 +385,12 @@ impl Backend for CpuBackend {
         // trait's contract keeps destinations apart from each other and from other sources.
         unsafe { copy_boxes(&raw) };
         Ok(())
+    }
+
+    /// Checks every tensor once against the plan's grids, then copies the boxes without
+    /// a per-box allocation or plan (see `repart.rs`).
+    fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
+        repart::copy_plan(self, plan, src, dst, &copy::TUNING)
     }
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).

@@ -6,6 +6,7 @@
 mod backend;
 mod copy;
 mod index;
+mod repart;
 
 use std::sync::OnceLock;
 
