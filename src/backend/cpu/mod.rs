@@ -277,17 +277,7 @@ impl Backend for CpuBackend {
             .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
         let buf = Arc::new(HostBuffer::uninit(nbytes));
         // SAFETY: the buffer holds numel * itemsize bytes laid out in C order for `shape`.
-        Ok(unsafe {
-            Tensor::from_raw_parts(
-                buf.as_ptr(),
-                shape.to_vec(),
-                contiguous_strides(shape),
-                dtype,
-                self.device,
-                false,
-                buf,
-            )
-        })
+        Ok(unsafe { Tensor::contiguous_unchecked(buf.as_ptr(), shape, dtype, self.device, buf) })
     }
 
     /// Tensors under [`HostBuffer::HUGE`] bytes share one allocation (64-byte aligned each):
@@ -318,13 +308,11 @@ impl Backend for CpuBackend {
                 // arena at `offset` (the offsets above step by each size rounded up to 64);
                 // each tensor holds the Arc, so the arena outlives every view of it.
                 Some(offset) => Ok(unsafe {
-                    Tensor::from_raw_parts(
+                    Tensor::contiguous_unchecked(
                         arena.as_ptr().wrapping_add(offset),
-                        shape.to_vec(),
-                        contiguous_strides(shape),
+                        shape,
                         dtype,
                         self.device,
-                        false,
                         arena.clone(),
                     )
                 }),
