@@ -48,25 +48,37 @@ pub fn repartition<S: Borrow<Tensor>>(
     } else {
         flat.chunks_exact(nd).collect()
     };
-    let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
-    for (j, &dev) in dst_devices.iter().enumerate() {
-        by_device.entry(dev).or_default().push(j);
-    }
-    let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
-    for (dev, targets) in by_device {
-        let backend = match backends.get(&dev) {
-            Some(b) => b.clone(),
-            None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
-        };
-        let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j]).collect();
-        for (j, t) in targets
-            .into_iter()
-            .zip(backend.empty_many(&of_device, dtype)?)
-        {
-            out[j] = Some(t);
+    let out = match dst_devices.first() {
+        // One device, the common case: the backend's tensors are the targets, in order.
+        Some(&dev) if dst_devices.iter().all(|&d| d == dev) => {
+            let backend = match backends.get(&dev) {
+                Some(b) => b.clone(),
+                None => backend_for(dev)?,
+            };
+            backend.empty_many(&shapes, dtype)?
         }
-    }
-    let out: Vec<Tensor> = out.into_iter().map(|t| t.expect("every target")).collect();
+        _ => {
+            let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
+            for (j, &dev) in dst_devices.iter().enumerate() {
+                by_device.entry(dev).or_default().push(j);
+            }
+            let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
+            for (dev, targets) in by_device {
+                let backend = match backends.get(&dev) {
+                    Some(b) => b.clone(),
+                    None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
+                };
+                let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j]).collect();
+                for (j, t) in targets
+                    .into_iter()
+                    .zip(backend.empty_many(&of_device, dtype)?)
+                {
+                    out[j] = Some(t);
+                }
+            }
+            out.into_iter().map(|t| t.expect("every target")).collect()
+        }
+    };
     run_copies(plan, src, &out, &backends)?;
     Ok(out)
 }

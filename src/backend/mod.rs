@@ -52,7 +52,12 @@ pub trait Backend: Send + Sync {
     /// repartition. Backends may carve small ones out of one allocation (which then lives
     /// until the last of them is dropped).
     fn empty_many(&self, shapes: &[&[usize]], dtype: DType) -> Result<Vec<Tensor>> {
-        shapes.iter().map(|s| self.empty(s, dtype)).collect()
+        // A loop into a Vec of the final size (see the CPU backend's).
+        let mut out = Vec::with_capacity(shapes.len());
+        for s in shapes {
+            out.push(self.empty(s, dtype)?);
+        }
+        Ok(out)
     }
 
     /// Runs every copy. Destination boxes do not overlap each other, and no job's destination
