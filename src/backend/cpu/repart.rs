@@ -18,7 +18,7 @@
 //! [`Backend::copy_boxes`]: crate::backend::Backend::copy_boxes
 
 use super::copy::{copy_boxes_tuned, store_for, RawCopy, Stores, Tuning, GROUP_MIN_BYTES};
-use super::stream::{self, copy_row, Store};
+use super::stream::{self, copy_lines, copy_row, Store};
 use super::{overlap, span, DstView, SrcView};
 use crate::backend::BoxCopy;
 use crate::dtype::DType;
@@ -72,6 +72,75 @@ unsafe fn run_rows(b: &RowBox, store: Store) {
         }
         s0 = s0.wrapping_offset(b.s0);
         d0 = d0.wrapping_offset(b.d0);
+    }
+}
+
+/// Runs `rows` on this thread: in streaming mode by row groups ([`run_grouped`]), else box
+/// by box.
+///
+/// # Safety
+/// As for [`run_row_boxes`].
+unsafe fn run_piece(rows: &[RowBox], store: Store) {
+    if store == Store::Stream {
+        // SAFETY: forwarded caller contract.
+        unsafe { run_grouped(rows, store) };
+    } else {
+        for b in rows {
+            // SAFETY: forwarded caller contract.
+            unsafe { run_rows(b, store) };
+        }
+    }
+}
+
+/// Whether the rows of `next` continue those of `prev` in the source: same row count and
+/// stride, first row right after `prev`'s.
+#[inline]
+fn continues(prev: &RowBox, next: &RowBox) -> bool {
+    prev.n0 == 1
+        && next.n0 == 1
+        && next.n1 == prev.n1
+        && next.s1 == prev.s1
+        && next.src == prev.src.wrapping_add(prev.row)
+}
+
+/// Runs `rows`, taking each run of boxes whose source rows continue one another row by row
+/// across the run (a row group), so that the source is read front to back, and storing rows
+/// of whole cache lines with streaming stores ([`copy_lines`]). Measured on block_cyclic/b32
+/// (65,536 boxes of 32 rows of 128 bytes, 256 MiB), timing this pass inside the call: box
+/// by box 63-90 ms, grouped 56-103 ms, box by box with 128-byte rows streamed 68-95 ms,
+/// grouped and streamed 29-45 ms (5 calls each, two rounds, this loaded 2-vCPU machine).
+/// Under streaming's 2 MiB threshold everything is in cache, and grouping measured neither
+/// better nor worse on small_grid/1MiB, so it is used in streaming mode only.
+///
+/// # Safety
+/// As for [`run_row_boxes`].
+unsafe fn run_grouped(rows: &[RowBox], store: Store) {
+    let mut i = 0;
+    while i < rows.len() {
+        let mut j = i + 1;
+        while j < rows.len() && continues(&rows[j - 1], &rows[j]) {
+            j += 1;
+        }
+        if j - i == 1 {
+            // SAFETY: forwarded caller contract.
+            unsafe { run_rows(&rows[i], store) };
+        } else {
+            let group = &rows[i..j];
+            for m in 0..group[0].n1 as isize {
+                for b in group {
+                    // SAFETY: row m < n1 of box b (caller contract).
+                    unsafe {
+                        copy_lines(
+                            b.dst.wrapping_offset(m * b.d1),
+                            b.src.wrapping_offset(m * b.s1),
+                            b.row,
+                            store,
+                        )
+                    };
+                }
+            }
+        }
+        i = j;
     }
 }
 
@@ -331,10 +400,8 @@ pub(super) fn copy_plan(
 unsafe fn run_row_boxes(rows: &[RowBox], bytes: usize, tuning: &Tuning) {
     let store = store_for(Stores::Auto, bytes);
     if !tuning.parallel(bytes) {
-        for b in rows {
-            // SAFETY: forwarded caller contract.
-            unsafe { run_rows(b, store) };
-        }
+        // SAFETY: forwarded caller contract.
+        unsafe { run_piece(rows, store) };
         stream::fence(store);
         return;
     }
@@ -352,10 +419,8 @@ unsafe fn run_row_boxes(rows: &[RowBox], bytes: usize, tuning: &Tuning) {
         cuts.push(rows.len());
     }
     let done = tuning.run(cuts.len() - 1, 1, |k| {
-        for b in &rows[cuts[k]..cuts[k + 1]] {
-            // SAFETY: forwarded caller contract; each box is run by one thread.
-            unsafe { run_rows(b, store) };
-        }
+        // SAFETY: forwarded caller contract; each box is run by one thread.
+        unsafe { run_piece(&rows[cuts[k]..cuts[k + 1]], store) };
         stream::fence(store);
         Ok::<(), ()>(())
     });

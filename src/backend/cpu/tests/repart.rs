@@ -90,10 +90,15 @@ fn run(plan: &Plan, src: &[&Tensor], dst: &[&Tensor], tuning: &Tuning) {
 /// One random case: sources are views of a randomly laid out array (dims permuted, flipped,
 /// some of stride 0); targets are views of another one, or new contiguous tensors.
 fn trial(rng: &mut Rng, shape: &[usize], tuning: &Tuning) {
-    let dtype = DTYPES[rng.below(DTYPES.len())];
-    let item = dtype.itemsize();
     let sg = Grid::from_splits(shape, shape.iter().map(|&n| splits(rng, n)).collect()).unwrap();
     let dg = Grid::from_splits(shape, shape.iter().map(|&n| splits(rng, n)).collect()).unwrap();
+    let dtype = DTYPES[rng.below(DTYPES.len())];
+    trial_between(rng, &sg, &dg, dtype, tuning);
+}
+
+fn trial_between(rng: &mut Rng, sg: &Grid, dg: &Grid, dtype: DType, tuning: &Tuning) {
+    let (shape, item) = (sg.shape(), dtype.itemsize());
+    let (sg, dg) = (sg.clone(), dg.clone());
     let plan = Plan::new(&sg, &dg).unwrap();
     let (whole, _, _) = tensor(Buf::random(rng, shape, item, true), dtype);
     let src = views(&whole, &sg);
@@ -150,6 +155,25 @@ fn boxes_large_enough_to_split_match_copy_boxes() {
     for t in 0..6 {
         let tuning = [TINY, TUNING][t % 2];
         trial(&mut rng, &[300, 200], &tuning);
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "streaming mode needs megabytes, slow under Miri")]
+fn row_groups_in_streaming_mode_match_copy_boxes() {
+    // Over 2 MiB, so rows run with streaming stores and by row groups: 2x2 blocks into blocks
+    // of 16 or 24 (64 or 96 bytes of int32, whole lines or not), into new tensors or views.
+    let mut rng = Rng::new(9);
+    let shape = [640, 1000];
+    let sg = Grid::even(&shape, &[2, 2]).unwrap();
+    for (t, b) in [16, 24, 16, 24].into_iter().enumerate() {
+        let blocks: Vec<Vec<usize>> = shape
+            .iter()
+            .map(|&n| (0..n).step_by(b).chain([n]).collect())
+            .collect();
+        let dg = Grid::from_splits(&shape, blocks).unwrap();
+        let tuning = [TUNING, TINY][t / 2];
+        trial_between(&mut rng, &sg, &dg, DType::Int32, &tuning);
     }
 }
 
