@@ -11,7 +11,7 @@ use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
-use crate::grid::Grid;
+use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
 
@@ -224,7 +224,7 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
     let mut bad = None;
     grid.for_each_region(|i, _, shape| {
         let t = src[i].borrow();
-        if bad.is_none() && (t.shape() != shape || t.dtype() != dtype) {
+        if bad.is_none() && (!same_shape(t.shape(), shape) || t.dtype() != dtype) {
             bad = Some(i);
         }
     });

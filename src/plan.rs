@@ -358,10 +358,41 @@ impl Ops<'_> {
             dst_start: Vec::new(),
             shape: Vec::new(),
         };
-        while self.remaining > 0 {
-            self.plan.fill_op(&self.cur, &mut op);
-            self.step();
+        if self.remaining == 0 {
+            return;
+        }
+        self.plan.fill_op(&self.cur, &mut op);
+        let (axes, ss, ds) = (
+            &self.plan.axes,
+            &self.plan.src_strides,
+            &self.plan.dst_strides,
+        );
+        loop {
             f(&op);
+            self.remaining -= 1;
+            if self.remaining == 0 {
+                return;
+            }
+            // Step the counter, rewriting only the axes that moved: usually just the last.
+            for a in (0..self.cur.len()).rev() {
+                let old = &axes[a][self.cur[a]];
+                op.src -= old.src * ss[a];
+                op.dst -= old.dst * ds[a];
+                self.cur[a] += 1;
+                let wrapped = self.cur[a] == self.hi[a];
+                if wrapped {
+                    self.cur[a] = self.lo[a];
+                }
+                let p = &axes[a][self.cur[a]];
+                op.src += p.src * ss[a];
+                op.dst += p.dst * ds[a];
+                op.src_start[a] = p.src_off;
+                op.dst_start[a] = p.dst_off;
+                op.shape[a] = p.len;
+                if !wrapped {
+                    break;
+                }
+            }
         }
     }
 
