@@ -439,7 +439,7 @@ fn copy_classified(
 /// overlaps another box's source.
 unsafe fn run_row_boxes(rows: &[RowBox], bytes: usize, tuning: &Tuning) {
     let store = store_for(Stores::Auto, bytes);
-    if !tuning.parallel(bytes) {
+    if !tuning.parallel(bytes) || bytes < tuning.rows_parallel_min {
         // SAFETY: forwarded caller contract.
         unsafe { run_piece(rows, store) };
         stream::fence(store);
