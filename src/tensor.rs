@@ -813,6 +813,31 @@ mod tests {
     }
 
     #[test]
+    fn shapes_beyond_the_inline_axes_go_to_the_heap() {
+        for nd in [0, 1, INLINE_AXES, INLINE_AXES + 1, 9] {
+            let shape: Vec<usize> = (0..nd).map(|a| 1 + a % 3).collect();
+            let t = Tensor::zeros(&shape, DType::Int16).unwrap();
+            assert_eq!(t.shape(), shape.as_slice());
+            assert_eq!(t.strides(), contiguous_strides(&shape).as_slice());
+            assert!(matches!(t.shape, Axes::Heap(_)) == (nd > INLINE_AXES));
+            let buf = Arc::new(HostBuffer::uninit(t.nbytes()));
+            // SAFETY: `buf` holds the tensor's numel * 2 bytes, in C order.
+            let c = unsafe {
+                Tensor::contiguous_unchecked(buf.as_ptr(), &shape, DType::Int16, Device::CPU, buf)
+            };
+            assert_eq!((c.shape(), c.strides()), (t.shape(), t.strides()));
+            if nd > 0 {
+                let mut start = vec![0; nd];
+                start[nd - 1] = shape[nd - 1] - 1;
+                let mut ext = shape.clone();
+                ext[nd - 1] = 1;
+                let v = c.view(&start, &ext).unwrap();
+                assert_eq!((v.shape(), v.strides()), (ext.as_slice(), c.strides()));
+            }
+        }
+    }
+
+    #[test]
     fn spans_cover_negative_strides() {
         let t = Tensor::zeros(&[3, 4], DType::Float32).unwrap();
         assert_eq!(t.byte_span(), (0, 48));
