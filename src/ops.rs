@@ -11,7 +11,7 @@ use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
-use crate::grid::Grid;
+use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
 
@@ -39,28 +39,46 @@ pub fn repartition<S: Borrow<Tensor>>(
     }
     let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
     // The targets of each device in one call, so that the backend can share allocations.
-    let shapes: Vec<Vec<usize>> = (0..dst_devices.len())
-        .map(|j| dg.region_at(j).shape)
-        .collect();
-    let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
-    for (j, &dev) in dst_devices.iter().enumerate() {
-        by_device.entry(dev).or_default().push(j);
-    }
-    let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
-    for (dev, targets) in by_device {
-        let backend = match backends.get(&dev) {
-            Some(b) => b.clone(),
-            None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
-        };
-        let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j].as_slice()).collect();
-        for (j, t) in targets
-            .into_iter()
-            .zip(backend.empty_many(&of_device, dtype)?)
-        {
-            out[j] = Some(t);
+    // Every target's shape in one flat buffer (thousands of small targets are common).
+    let nd = dg.ndim();
+    let mut flat = Vec::with_capacity(nd * dst_devices.len());
+    dg.for_each_region(|_, _, shape| flat.extend_from_slice(shape));
+    let shapes: Vec<&[usize]> = if nd == 0 {
+        vec![&[]; dst_devices.len()]
+    } else {
+        flat.chunks_exact(nd).collect()
+    };
+    let out = match dst_devices.first() {
+        // One device, the common case: the backend's tensors are the targets, in order.
+        Some(&dev) if dst_devices.iter().all(|&d| d == dev) => {
+            let backend = match backends.get(&dev) {
+                Some(b) => b.clone(),
+                None => backend_for(dev)?,
+            };
+            backend.empty_many(&shapes, dtype)?
         }
-    }
-    let out: Vec<Tensor> = out.into_iter().map(|t| t.expect("every target")).collect();
+        _ => {
+            let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
+            for (j, &dev) in dst_devices.iter().enumerate() {
+                by_device.entry(dev).or_default().push(j);
+            }
+            let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
+            for (dev, targets) in by_device {
+                let backend = match backends.get(&dev) {
+                    Some(b) => b.clone(),
+                    None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
+                };
+                let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j]).collect();
+                for (j, t) in targets
+                    .into_iter()
+                    .zip(backend.empty_many(&of_device, dtype)?)
+                {
+                    out[j] = Some(t);
+                }
+            }
+            out.into_iter().map(|t| t.expect("every target")).collect()
+        }
+    };
     run_copies(plan, src, &out, &backends)?;
     Ok(out)
 }
@@ -137,17 +155,39 @@ fn check_devices<S: Borrow<Tensor>>(
     Ok(backends)
 }
 
-/// Runs the plan's copies: one batch per executing device. Same-device copies run on that
-/// device; host-to-host transfers (kDLCPU <-> kDLCUDAHost) run on the CPU.
+/// Runs the plan's copies. When every tensor is on one device, or all are host memory, one
+/// backend runs the whole plan ([`Backend::copy_plan`]: checked per tensor, not per box);
+/// otherwise one batch per executing device: same-device copies run on that device, and
+/// host-to-host transfers (kDLCPU <-> kDLCUDAHost) on the CPU.
 fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     plan: &Plan,
     src: &[S],
     dst: &[D],
     backends: &Backends,
 ) -> Result<()> {
+    if plan.is_empty() {
+        return Ok(());
+    }
+    let srcs: Vec<&Tensor> = src.iter().map(Borrow::borrow).collect();
+    let dsts: Vec<&Tensor> = dst.iter().map(Borrow::borrow).collect();
+    let first = srcs.first().map(|t| t.device());
+    let all = |f: &dyn Fn(Device) -> bool| srcs.iter().chain(&dsts).all(|t| f(t.device()));
+    let whole = match first {
+        Some(dev) if all(&|d| d == dev) => Some(dev),
+        Some(_) if all(&|d| d.is_host_accessible()) => Some(Device::CPU),
+        _ => None,
+    };
+    if let Some(dev) = whole {
+        let backend = match backends.get(&dev) {
+            Some(b) => b.clone(),
+            None => backend_for(dev)?,
+        };
+        backend.copy_plan(plan, &srcs, &dsts)?;
+        return backend.synchronize();
+    }
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {
-        let (src, dst) = (src[op.src].borrow(), dst[op.dst].borrow());
+        let (src, dst) = (srcs[op.src], dsts[op.dst]);
         let (s, d) = (src.device(), dst.device());
         let exec = if s == d { s } else { Device::CPU };
         batches.entry(exec).or_default().push(BoxCopy {
@@ -180,8 +220,16 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
         ));
     }
     let dtype = src.first().map_or(DType::Float32, |t| t.borrow().dtype());
-    for (i, t) in src.iter().enumerate() {
-        let t = t.borrow();
+    // Found without allocating per partition; the error is built for the first bad one.
+    let mut bad = None;
+    grid.for_each_region(|i, _, shape| {
+        let t = src[i].borrow();
+        if bad.is_none() && (!same_shape(t.shape(), shape) || t.dtype() != dtype) {
+            bad = Some(i);
+        }
+    });
+    if let Some(i) = bad {
+        let t = src[i].borrow();
         let region = grid.region_at(i);
         if t.shape() != region.shape.as_slice() {
             return Err(Error::protocol(
@@ -195,14 +243,12 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
                 Some(7),
             ));
         }
-        if t.dtype() != dtype {
-            return Err(Error::protocol(
-                "partitions",
-                Some(&grid.position(i)),
-                format!("dtype {} differs from {dtype}", t.dtype()),
-                Some(6),
-            ));
-        }
+        return Err(Error::protocol(
+            "partitions",
+            Some(&grid.position(i)),
+            format!("dtype {} differs from {dtype}", t.dtype()),
+            Some(6),
+        ));
     }
     Ok(dtype)
 }

@@ -224,21 +224,26 @@ impl Plan {
         op
     }
 
-    /// Overwrites `op` with the copy at piece counter `cur`, reusing its vectors.
+    /// Overwrites `op` with the copy at piece counter `cur`, reusing its vectors (which
+    /// already have one entry per axis, or none yet).
+    #[inline]
     fn fill_op(&self, cur: &[usize], op: &mut CopyOp) {
-        op.src = 0;
-        op.dst = 0;
-        op.src_start.clear();
-        op.dst_start.clear();
-        op.shape.clear();
+        let nd = cur.len();
+        if op.shape.len() != nd {
+            op.src_start.resize(nd, 0);
+            op.dst_start.resize(nd, 0);
+            op.shape.resize(nd, 0);
+        }
+        let (mut src, mut dst) = (0, 0);
         for (a, &k) in cur.iter().enumerate() {
             let p = &self.axes[a][k];
-            op.src += p.src * self.src_strides[a];
-            op.dst += p.dst * self.dst_strides[a];
-            op.src_start.push(p.src_off);
-            op.dst_start.push(p.dst_off);
-            op.shape.push(p.len);
+            src += p.src * self.src_strides[a];
+            dst += p.dst * self.dst_strides[a];
+            op.src_start[a] = p.src_off;
+            op.dst_start[a] = p.dst_off;
+            op.shape[a] = p.len;
         }
+        (op.src, op.dst) = (src, dst);
     }
 
     /// Bytes copied between each (source device, target device) pair. `src_dev(i)` and
@@ -252,6 +257,15 @@ impl Plan {
     ) -> BTreeMap<(Device, Device), u64> {
         let (src_ids, src_devs) = intern(self.src.num_partitions(), src_dev);
         let (dst_ids, dst_devs) = intern(self.dst.num_partitions(), dst_dev);
+        let mut out = BTreeMap::new();
+        if let ([s], [d]) = (src_devs.as_slice(), dst_devs.as_slice()) {
+            // One device on each side, the common case: every byte goes between them, and
+            // there is no need to walk thousands of copies.
+            if !self.is_empty() {
+                out.insert((*s, *d), self.bytes(itemsize));
+            }
+            return out;
+        }
         let mut bytes = vec![0u64; src_devs.len() * dst_devs.len()];
         let nd = self.axes.len();
         let mut cur = vec![0usize; nd];
@@ -267,7 +281,6 @@ impl Plan {
             *cell = cell.saturating_add(n);
             advance(&mut cur, &self.axes);
         }
-        let mut out = BTreeMap::new();
         for (i, &sd) in src_devs.iter().enumerate() {
             for (j, &dd) in dst_devs.iter().enumerate() {
                 let n = bytes[i * dst_devs.len() + j];
@@ -345,10 +358,41 @@ impl Ops<'_> {
             dst_start: Vec::new(),
             shape: Vec::new(),
         };
-        while self.remaining > 0 {
-            self.plan.fill_op(&self.cur, &mut op);
-            self.step();
+        if self.remaining == 0 {
+            return;
+        }
+        self.plan.fill_op(&self.cur, &mut op);
+        let (axes, ss, ds) = (
+            &self.plan.axes,
+            &self.plan.src_strides,
+            &self.plan.dst_strides,
+        );
+        loop {
             f(&op);
+            self.remaining -= 1;
+            if self.remaining == 0 {
+                return;
+            }
+            // Step the counter, rewriting only the axes that moved: usually just the last.
+            for a in (0..self.cur.len()).rev() {
+                let old = &axes[a][self.cur[a]];
+                op.src -= old.src * ss[a];
+                op.dst -= old.dst * ds[a];
+                self.cur[a] += 1;
+                let wrapped = self.cur[a] == self.hi[a];
+                if wrapped {
+                    self.cur[a] = self.lo[a];
+                }
+                let p = &axes[a][self.cur[a]];
+                op.src += p.src * ss[a];
+                op.dst += p.dst * ds[a];
+                op.src_start[a] = p.src_off;
+                op.dst_start[a] = p.dst_off;
+                op.shape[a] = p.len;
+                if !wrapped {
+                    break;
+                }
+            }
         }
     }
 

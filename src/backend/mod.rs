@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::plan::Plan;
 use crate::tensor::Tensor;
 
 /// One box copy: `shape` elements from `src` at `src_start` to `dst` at `dst_start`.
@@ -51,12 +52,45 @@ pub trait Backend: Send + Sync {
     /// repartition. Backends may carve small ones out of one allocation (which then lives
     /// until the last of them is dropped).
     fn empty_many(&self, shapes: &[&[usize]], dtype: DType) -> Result<Vec<Tensor>> {
-        shapes.iter().map(|s| self.empty(s, dtype)).collect()
+        // A loop into a Vec of the final size (see the CPU backend's).
+        let mut out = Vec::with_capacity(shapes.len());
+        for s in shapes {
+            out.push(self.empty(s, dtype)?);
+        }
+        Ok(out)
     }
 
     /// Runs every copy. Destination boxes do not overlap each other, and no job's destination
     /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
+
+    /// Runs every copy of `plan`, from `src[op.src]` into `dst[op.dst]` for each [`CopyOp`](crate::plan::CopyOp):
+    /// `src` and `dst` hold one tensor per partition of the plan's source and target grid (C
+    /// order), of the partitions' shapes, of one dtype, all on this backend's device (or, on
+    /// the CPU, in host-accessible memory). The contract on overlaps is that of
+    /// [`Backend::copy_boxes`]. The default hands the plan's copies to
+    /// [`Backend::copy_boxes`]; a backend may check the tensors once each instead of once per
+    /// box, which is what thousands of small boxes cost.
+    fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
+        let mut jobs = Vec::with_capacity(plan.len());
+        for op in plan.ops() {
+            let (s, d) = (src.get(op.src), dst.get(op.dst));
+            let (Some(&src), Some(&dst)) = (s, d) else {
+                return Err(Error::shape(
+                    "copy_plan needs one tensor per partition of both grids",
+                    format!("{} source and {} target tensors", src.len(), dst.len()),
+                ));
+            };
+            jobs.push(BoxCopy {
+                src,
+                src_start: op.src_start,
+                dst,
+                dst_start: op.dst_start,
+                shape: op.shape,
+            });
+        }
+        self.copy_boxes(&jobs)
+    }
 
     /// Checks `indices` (1-d, any integer dtype) against an axis `axis` of length `len`, on
     /// this backend's device, and returns them as [`Backend::gather`] and [`Backend::scatter`]

@@ -13,6 +13,7 @@ mod index;
 mod index_loop;
 mod normalise;
 mod plan;
+mod repart;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,7 @@ use crate::backend::{Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
+use crate::plan::Plan;
 use crate::tensor::{contiguous_strides, HostBuffer, Tensor};
 
 /// Kernels for host-accessible memory (`kDLCPU`, `kDLCUDAHost`, ...).
@@ -275,17 +277,7 @@ impl Backend for CpuBackend {
             .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
         let buf = Arc::new(HostBuffer::uninit(nbytes));
         // SAFETY: the buffer holds numel * itemsize bytes laid out in C order for `shape`.
-        Ok(unsafe {
-            Tensor::from_raw_parts(
-                buf.as_ptr(),
-                shape.to_vec(),
-                contiguous_strides(shape),
-                dtype,
-                self.device,
-                false,
-                buf,
-            )
-        })
+        Ok(unsafe { Tensor::contiguous_unchecked(buf.as_ptr(), shape, dtype, self.device, buf) })
     }
 
     /// Tensors under [`HostBuffer::HUGE`] bytes share one allocation (64-byte aligned each):
@@ -307,27 +299,28 @@ impl Backend for CpuBackend {
             }));
         }
         let arena = Arc::new(HostBuffer::uninit(total));
-        shapes
-            .iter()
-            .zip(offsets)
-            .map(|(shape, offset)| match offset {
-                None => self.empty(shape, dtype),
+        // An explicit loop into a Vec of the final size: collecting an iterator of Results
+        // cannot size the Vec up front, and its regrowth (about 10 MB moved for 65,536
+        // targets) made this take 6.3 ms instead of 1.6 ms here.
+        let mut r = Vec::with_capacity(shapes.len());
+        for (shape, offset) in shapes.iter().zip(offsets) {
+            r.push(match offset {
+                None => self.empty(shape, dtype)?,
                 // SAFETY: the tensor's numel * itemsize bytes, in C order, lie inside the
                 // arena at `offset` (the offsets above step by each size rounded up to 64);
                 // each tensor holds the Arc, so the arena outlives every view of it.
-                Some(offset) => Ok(unsafe {
-                    Tensor::from_raw_parts(
+                Some(offset) => unsafe {
+                    Tensor::contiguous_unchecked(
                         arena.as_ptr().wrapping_add(offset),
-                        shape.to_vec(),
-                        contiguous_strides(shape),
+                        shape,
                         dtype,
                         self.device,
-                        false,
                         arena.clone(),
                     )
-                }),
-            })
-            .collect()
+                },
+            });
+        }
+        Ok(r)
     }
 
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
@@ -383,6 +376,12 @@ impl Backend for CpuBackend {
         // trait's contract keeps destinations apart from each other and from other sources.
         unsafe { copy_boxes(&raw) };
         Ok(())
+    }
+
+    /// Checks every tensor once against the plan's grids, then copies the boxes without
+    /// a per-box allocation or plan (see `repart.rs`).
+    fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
+        repart::copy_plan(self, plan, src, dst, &copy::TUNING)
     }
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).

@@ -35,6 +35,23 @@ pub(crate) unsafe fn copy_row(dst: *mut u8, src: *const u8, len: usize, store: S
     }
 }
 
+/// As [`copy_row`], but in streaming mode also streams rows of whole, aligned cache lines
+/// however short: for rows written one after another across a row group, where the lines
+/// of each row are complete when the row is.
+///
+/// # Safety
+/// As for [`copy_row`].
+#[inline]
+pub(crate) unsafe fn copy_lines(dst: *mut u8, src: *const u8, len: usize, store: Store) {
+    if store == Store::Stream && len >= 64 && len % 64 == 0 && (dst as usize) % 64 == 0 {
+        // SAFETY: forwarded caller contract.
+        unsafe { copy_streaming(dst, src, len) }
+    } else {
+        // SAFETY: forwarded caller contract.
+        unsafe { copy_row(dst, src, len, store) }
+    }
+}
+
 /// Copies up to 32 bytes inline, as two overlapping words: tiny rows are common (small boxes,
 /// narrow blocks) and a call to `memcpy` would cost more than the copy.
 ///

@@ -6,6 +6,7 @@
 mod backend;
 mod copy;
 mod index;
+mod repart;
 
 use std::sync::OnceLock;
 
@@ -14,6 +15,7 @@ use super::copy::{DstView, SrcView, Tuning};
 /// Work cut into pieces of a few elements, so that tiny boxes take the parallel paths.
 const TINY: Tuning = Tuning {
     parallel_min: 0,
+    rows_parallel_min: 0,
     piece_min: 1,
     piece_max: 96,
     reverse: false,
