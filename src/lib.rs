@@ -22,7 +22,7 @@
 //! | types | [`device`], [`dtype`], [`error`] | `Device` (`kDLCUDA:0`), `DType`, the one `Error` |
 //! | data | [`tensor`], [`dlpack`] | `Tensor` views with a shared owner; ndarray in without copying; DLPack import/export |
 //! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray`, the one model |
-//! | planning | [`plan`] | `Plan`: the box copies between two grids; target `Layout`s |
+//! | planning | [`layout`], [`plan`] | target `Layout`s (a cut and a placement); `Plan`: the box copies between two grids |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
 //! | operations | [`ops`] | repartition, gather, scatter on tensors: validate, then copy |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
@@ -35,15 +35,18 @@
 //! - **partitioned array**: a grid whose partitions hold [`Data`] (a tensor, a [`Handle`], or
 //!   nothing for another rank's partition) and [`Location`]s ([`PartitionedArray`]).
 //! - **layout**: how a repartition names its target: a cut (tiling, split points, blocks) and a
-//!   placement of the target partitions on devices ([`Layout`]).
+//!   placement of the target partitions on devices ([`Layout`], module [`layout`]).
 //! - **plan**: the box copies between a source grid and a target grid ([`Plan`]); planning is
 //!   pure and stores per-axis pieces only.
-//! - **box copy**: one rectangular copy between two partitions: [`CopyOp`] in the plan (partition
-//!   indices), [`backend::BoxCopy`] at the backend (the tensors themselves).
+//! - **box copy**: one rectangular copy between two partitions, one type from the planner to the
+//!   backends: [`BoxCopy`] names the partitions by index in the plan, and the backends receive
+//!   the same type with the tensors themselves ([`backend::BoxCopy`]). Each backend then
+//!   *lowers* it for its kernels: the CPU backend to raw views and loop nests
+//!   (`backend::cpu::lower`), the CUDA backend to job tables (`backend::cuda::jobs`).
 //! - **backend**: the kernels of one device kind ([`backend::Backend`]); a **transfer** is a
 //!   copy between devices, which only happens when the caller passes `transfer = true`.
-//! - **streaming stores**: non-temporal CPU stores (`backend::cpu`); a **stream** is a CUDA
-//!   stream (`backend::cuda`).
+//! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
+//!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 
 pub mod backend;
 pub mod device;
@@ -51,6 +54,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod grid;
+pub mod layout;
 pub mod ops;
 pub mod partitioned;
 pub mod plan;
@@ -63,8 +67,9 @@ pub use device::{Device, DeviceType};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use grid::{Grid, Region};
+pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
-pub use plan::{CopyOp, Layout, Placement, Plan};
+pub use plan::{BoxCopy, Plan};
 pub use tensor::Tensor;
 
 /// The README's Rust code blocks, run as doc tests.

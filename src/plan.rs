@@ -13,9 +13,6 @@ use crate::device::Device;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
 
-mod layout;
-pub use layout::{default_process_grid, Cut, Layout, Placement, Target};
-
 /// Where one source slab and one target slab overlap along an axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Piece {
@@ -27,23 +24,25 @@ struct Piece {
     len: usize,
 }
 
-/// One box copy: `shape` elements from source partition `src` (flat C-order index) at
-/// `src_start`, relative to that partition, to target partition `dst` at `dst_start`.
+/// One box copy: `shape` elements from partition `src` at `src_start`, relative to that
+/// partition, to partition `dst` at `dst_start`. In the planner `src` and `dst` are flat C-order
+/// partition indices (`BoxCopy<usize>`, the default); a backend receives the same copy with the
+/// tensors themselves ([`crate::backend::BoxCopy`], `BoxCopy<&Tensor>`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct CopyOp {
-    /// The source partition's flat C-order index in the source grid.
-    pub src: usize,
+pub struct BoxCopy<P = usize> {
+    /// The source partition: its flat C-order index in the source grid, or its tensor.
+    pub src: P,
     /// Where the box starts inside the source partition.
     pub src_start: Vec<usize>,
-    /// The target partition's flat C-order index in the target grid.
-    pub dst: usize,
+    /// The target partition: its flat C-order index in the target grid, or its tensor.
+    pub dst: P,
     /// Where the box starts inside the target partition.
     pub dst_start: Vec<usize>,
     /// The box's extent per axis (never empty: the planner emits no empty copies).
     pub shape: Vec<usize>,
 }
 
-impl CopyOp {
+impl<P> BoxCopy<P> {
     /// The number of elements copied.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -104,7 +103,7 @@ fn firsts(pieces: &[Piece], slabs: usize, slab: fn(&Piece) -> usize) -> Vec<usiz
 }
 
 /// C-order strides of a tiling, in partitions.
-fn strides(tiling: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(tiling: &[usize]) -> Vec<usize> {
     let mut s = vec![1; tiling.len()];
     for a in (0..tiling.len().saturating_sub(1)).rev() {
         s[a] = s[a + 1] * tiling[a + 1];
@@ -211,9 +210,9 @@ impl Plan {
         Ops::new(self, lo, hi)
     }
 
-    fn op_at(&self, cur: &[usize]) -> CopyOp {
+    fn op_at(&self, cur: &[usize]) -> BoxCopy {
         let nd = cur.len();
-        let mut op = CopyOp {
+        let mut op = BoxCopy {
             src: 0,
             src_start: Vec::with_capacity(nd),
             dst: 0,
@@ -227,7 +226,7 @@ impl Plan {
     /// Overwrites `op` with the copy at piece counter `cur`, reusing its vectors (which
     /// already have one entry per axis, or none yet).
     #[inline]
-    fn fill_op(&self, cur: &[usize], op: &mut CopyOp) {
+    fn fill_op(&self, cur: &[usize], op: &mut BoxCopy) {
         let nd = cur.len();
         if op.shape.len() != nd {
             op.src_start.resize(nd, 0);
@@ -348,10 +347,10 @@ impl<'a> Ops<'a> {
 }
 
 impl Ops<'_> {
-    /// Calls `f` on every remaining copy through one reused `CopyOp`: no allocation per copy,
+    /// Calls `f` on every remaining copy through one reused `BoxCopy`: no allocation per copy,
     /// for callers that only read each copy (to pack descriptors, to count bytes).
-    pub fn visit(mut self, mut f: impl FnMut(&CopyOp)) {
-        let mut op = CopyOp {
+    pub fn visit(mut self, mut f: impl FnMut(&BoxCopy)) {
+        let mut op = BoxCopy {
             src: 0,
             src_start: Vec::new(),
             dst: 0,
@@ -409,9 +408,9 @@ impl Ops<'_> {
 }
 
 impl Iterator for Ops<'_> {
-    type Item = CopyOp;
+    type Item = BoxCopy;
 
-    fn next(&mut self) -> Option<CopyOp> {
+    fn next(&mut self) -> Option<BoxCopy> {
         if self.remaining == 0 {
             return None;
         }
@@ -469,10 +468,10 @@ mod tests {
     #[test]
     fn zero_d_and_empty_arrays_plan_one_and_no_copies() {
         let g = Grid::even(&[], &[]).unwrap();
-        let ops: Vec<CopyOp> = Plan::new(&g, &g).unwrap().ops().collect();
+        let ops: Vec<BoxCopy> = Plan::new(&g, &g).unwrap().ops().collect();
         assert_eq!(
             ops,
-            vec![CopyOp {
+            vec![BoxCopy {
                 src: 0,
                 src_start: vec![],
                 dst: 0,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use dlpart::grid::{Entry, Grid};
-use dlpart::plan::{CopyOp, Plan};
+use dlpart::plan::{BoxCopy, Plan};
 use dlpart::{Device, Error};
 
 /// SplitMix64: deterministic, no dependency.
@@ -345,9 +345,9 @@ fn plans_copy_every_element_exactly_once() {
         assert_eq!(plan.bytes(8), 8 * count.len() as u64);
         assert_eq!(plan.ops().len(), plan.len());
         // Grouping by partition yields the same copies.
-        let all: Vec<CopyOp> = plan.ops().collect();
+        let all: Vec<BoxCopy> = plan.ops().collect();
         for j in 0..b.num_partitions() {
-            let want: Vec<&CopyOp> = all.iter().filter(|o| o.dst == j).collect();
+            let want: Vec<&BoxCopy> = all.iter().filter(|o| o.dst == j).collect();
             assert_eq!(
                 plan.ops_into(j)
                     .collect::<Vec<_>>()
@@ -357,7 +357,7 @@ fn plans_copy_every_element_exactly_once() {
             );
         }
         for i in 0..a.num_partitions() {
-            let want: Vec<&CopyOp> = all.iter().filter(|o| o.src == i).collect();
+            let want: Vec<&BoxCopy> = all.iter().filter(|o| o.src == i).collect();
             assert_eq!(
                 plan.ops_from(i)
                     .collect::<Vec<_>>()

@@ -24,21 +24,9 @@ use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
 
-/// One box copy: `shape` elements from `src` at `src_start` to `dst` at `dst_start`.
-/// Both tensors have the same dtype and live on the backend's device.
-#[derive(Clone, Debug)]
-pub struct BoxCopy<'a> {
-    /// The tensor read.
-    pub src: &'a Tensor,
-    /// The box's first element in `src`.
-    pub src_start: Vec<usize>,
-    /// The tensor written.
-    pub dst: &'a Tensor,
-    /// The box's first element in `dst`.
-    pub dst_start: Vec<usize>,
-    /// The box's extent, the same on both sides.
-    pub shape: Vec<usize>,
-}
+/// One box copy at a backend: the planner's [`crate::plan::BoxCopy`] with the tensors
+/// themselves. Both tensors have the same dtype and live on the backend's device.
+pub type BoxCopy<'a> = crate::plan::BoxCopy<&'a Tensor>;
 
 /// The operations every device backend provides.
 pub trait Backend: Send + Sync {
@@ -64,7 +52,7 @@ pub trait Backend: Send + Sync {
     /// overlaps another job's source (a source overlapping its own destination is fine).
     fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
 
-    /// Runs every copy of `plan`, from `src[op.src]` into `dst[op.dst]` for each [`CopyOp`](crate::plan::CopyOp):
+    /// Runs every copy of `plan`, from `src[op.src]` into `dst[op.dst]` for each [`BoxCopy`](crate::plan::BoxCopy):
     /// `src` and `dst` hold one tensor per partition of the plan's source and target grid (C
     /// order), of the partitions' shapes, of one dtype, all on this backend's device (or, on
     /// the CPU, in host-accessible memory). The contract on overlaps is that of

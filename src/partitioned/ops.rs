@@ -9,8 +9,9 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
+use crate::layout::Layout;
 use crate::ops;
-use crate::plan::{Layout, Plan};
+use crate::plan::Plan;
 use crate::tensor::Tensor;
 
 use super::PartitionedArray;

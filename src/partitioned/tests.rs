@@ -1,6 +1,6 @@
 use super::*;
 use crate::device::DeviceType;
-use crate::plan::Layout;
+use crate::layout::Layout;
 use ndarray::{s, ArrayD, IxDyn};
 
 fn invariants(e: &Error) -> Vec<(String, Option<Vec<usize>>, u8)> {

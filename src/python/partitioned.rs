@@ -14,8 +14,9 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error};
 use crate::grid::{inv, EntryTable, Grid};
+use crate::layout::Layout;
 use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray};
-use crate::plan::{Layout, Plan};
+use crate::plan::Plan;
 
 use super::device::{device_arg, PyDevice};
 use super::errors::{to_py, ProtocolError};

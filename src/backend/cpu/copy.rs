@@ -1,8 +1,8 @@
 //! Box copies: `copy_box`, `pack`, `unpack`, and the batched, multi-threaded `copy_boxes`.
 
 use super::exec::run;
-use super::plan::{Kind, Orig, Plan};
-use super::stream::{self, Store};
+use super::lower::{Kind, Lowered, Orig};
+use super::nontemporal::{self, Store};
 use crate::tensor::contiguous_strides;
 
 /// Strided memory a kernel reads: the address of element `[0, ..., 0]`, and per dimension
@@ -201,7 +201,7 @@ pub(crate) fn store_for(stores: Stores, bytes: usize) -> Store {
         Stores::Plain => false,
         Stores::Streaming => true,
     };
-    if stream && stream::available() {
+    if stream && nontemporal::available() {
         Store::Stream
     } else {
         Store::Plain
@@ -300,7 +300,7 @@ enum Piece {
 ///
 /// # Panics
 /// If the job's shapes or stride counts differ.
-fn plan_of<'a>(job: &RawCopy<'a>) -> Plan<'a> {
+fn plan_of<'a>(job: &RawCopy<'a>) -> Lowered<'a> {
     let (s, d) = (job.src, job.dst);
     assert!(
         s.shape == d.shape && s.strides.len() == s.shape.len() && d.strides.len() == d.shape.len(),
@@ -310,7 +310,7 @@ fn plan_of<'a>(job: &RawCopy<'a>) -> Plan<'a> {
         d.shape,
         d.strides
     );
-    Plan::new(Orig {
+    Lowered::new(Orig {
         shape: s.shape,
         src_strides: s.strides,
         dst_strides: d.strides,
@@ -353,7 +353,7 @@ struct RowKey {
     bytes: usize,
 }
 
-fn row_key(plan: &Plan<'_>, src: *const u8) -> Option<RowKey> {
+fn row_key(plan: &Lowered<'_>, src: *const u8) -> Option<RowKey> {
     match (plan.kind, plan.outer.as_slice(), plan.inner_units) {
         (Kind::Rows { bytes, .. }, [dim], 1) if plan.dst_distinct => Some(RowKey {
             n: dim.n,
@@ -377,7 +377,7 @@ fn job_bytes(job: &RawCopy<'_>) -> usize {
 /// How the jobs of one call are cut into pieces of about `target` bytes for threads.
 struct Schedule<'a> {
     /// The jobs planned up front, in order: big ones, and row groups.
-    big: Vec<(Plan<'a>, Ptrs)>,
+    big: Vec<(Lowered<'a>, Ptrs)>,
     pieces: Vec<Piece>,
 }
 
@@ -485,7 +485,7 @@ pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuni
     if !tuning.parallel(total) {
         // SAFETY: forwarded caller contract, job by job.
         jobs.iter().for_each(|j| unsafe { run_whole(j, store) });
-        stream::fence(store);
+        nontemporal::fence(store);
         return;
     }
     let Schedule { big, pieces } = Schedule::new(jobs, tuning.piece(total));
@@ -512,7 +512,7 @@ pub(crate) unsafe fn copy_boxes_tuned(jobs: &[RawCopy<'_>], stores: Stores, tuni
                 }
             }
         }
-        stream::fence(store);
+        nontemporal::fence(store);
         Ok::<(), ()>(())
     });
     debug_assert!(done.is_ok());

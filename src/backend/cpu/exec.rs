@@ -1,9 +1,9 @@
-//! Running a range of units of a [`Plan`] on one thread.
+//! Running a range of units of a [`Lowered`] on one thread.
 
 use std::ptr::{read_unaligned, write_unaligned};
 
-use super::plan::{Cursor, Dim, Kind, Plan};
-use super::stream::{copy_row, Store};
+use super::lower::{Cursor, Dim, Kind, Lowered};
+use super::nontemporal::{copy_row, Store};
 
 /// Calls `$f::<T>($args)` with `T` the unsigned integer of `$elem` bytes.
 macro_rules! by_word {
@@ -26,7 +26,7 @@ macro_rules! by_word {
 /// and writable from `dst`, the two must not overlap, and `lo <= hi <= plan.units`. No other
 /// thread may touch the destination elements of these units meanwhile.
 pub(crate) unsafe fn run(
-    plan: &Plan<'_>,
+    plan: &Lowered<'_>,
     src: *const u8,
     dst: *mut u8,
     lo: usize,
@@ -74,7 +74,7 @@ pub(crate) unsafe fn run(
 /// # Safety
 /// As for [`run`], with `src`/`dst` at the outer index and `k < plan.inner_units`.
 #[inline]
-unsafe fn unit(plan: &Plan<'_>, src: *const u8, dst: *mut u8, k: usize, store: Store) {
+unsafe fn unit(plan: &Lowered<'_>, src: *const u8, dst: *mut u8, k: usize, store: Store) {
     // The unit's elements lie inside the box (caller contract); every offset below is within
     // the inner extents the plan was built from.
     match plan.kind {

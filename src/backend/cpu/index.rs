@@ -20,7 +20,7 @@ use super::copy::{
     copy_boxes_tuned, store_for, DstView, Ptrs, RawCopy, SrcView, Stores, Tuning, TUNING,
 };
 use super::index_loop::{schedule, BlockUnit, BoxUnit, Word};
-use super::plan::{is_word, Dim, Dims, Kind, Orig, Plan, MAX_DIMS};
+use super::lower::{is_word, Dim, Dims, Kind, Lowered, Orig, MAX_DIMS};
 use crate::error::{tuple_string, Error, Result};
 
 /// `dst[.., i, ..] = src[.., indices[i], ..]` along `axis`.
@@ -275,7 +275,7 @@ pub(super) enum Inner<'a> {
     /// One contiguous block of that many bytes.
     Block(usize),
     /// Anything else, planned as a box copy.
-    Strided(Box<Plan<'a>>),
+    Strided(Box<Lowered<'a>>),
 }
 
 /// A planned gather or scatter; pointers stay outside (see [`Ptrs`]).
@@ -349,7 +349,7 @@ unsafe fn index<const SCATTER: bool>(
         debug_assert!(pushed, "outer dims were counted above");
     }
     outer.merge();
-    let inner = Plan::new(Orig {
+    let inner = Lowered::new(Orig {
         shape: &src.shape[axis + 1..],
         src_strides: &src.strides[axis + 1..],
         dst_strides: &dst.strides[axis + 1..],
@@ -385,7 +385,7 @@ unsafe fn index<const SCATTER: bool>(
         inner,
         runs,
         unit_bytes: block,
-        dst_distinct: super::plan::distinct_layout(dst.shape, dst.strides, itemsize),
+        dst_distinct: super::lower::distinct_layout(dst.shape, dst.strides, itemsize),
     };
     let ptrs = Ptrs {
         src: base_s,

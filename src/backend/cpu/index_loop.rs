@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 use super::copy::{threads, Ptrs, Tuning};
 use super::exec::run;
 use super::index::IndexPlan;
-use super::plan::{Cursor, Plan};
-use super::stream::{copy_row, fence, prefetch, Store};
+use super::lower::{Cursor, Lowered};
+use super::nontemporal::{copy_row, fence, prefetch, Store};
 
 /// How far ahead random accesses are prefetched (in indices); 0 disables prefetching.
 const PREFETCH: usize = 32;
@@ -73,7 +73,7 @@ impl Unit for BlockUnit {
 }
 
 pub(super) struct BoxUnit<'a> {
-    pub plan: &'a Plan<'a>,
+    pub plan: &'a Lowered<'a>,
     pub store: Store,
 }
 

@@ -11,10 +11,10 @@ mod copy;
 mod exec;
 mod index;
 mod index_loop;
+mod lower;
+mod nontemporal;
 mod normalise;
-mod plan;
 mod repart;
-mod stream;
 #[cfg(test)]
 mod tests;
 

@@ -18,13 +18,12 @@
 //! [`Backend::copy_boxes`]: crate::backend::Backend::copy_boxes
 
 use super::copy::{copy_boxes_tuned, store_for, RawCopy, Stores, Tuning, GROUP_MIN_BYTES};
-use super::stream::{self, copy_lines, copy_row, Store};
+use super::nontemporal::{self, copy_lines, copy_row, Store};
 use super::{overlap, span, DstView, SrcView};
-use crate::backend::BoxCopy;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::{same_shape, Grid};
-use crate::plan::{CopyOp, Plan};
+use crate::plan::{BoxCopy, Plan};
 use crate::tensor::Tensor;
 
 /// A box of `n0 x n1` rows of `row` bytes, contiguous on both sides; byte strides `s*` in the
@@ -165,7 +164,7 @@ fn offset(t: &Tensor, start: &[usize], item: isize) -> isize {
 /// Sorts the box `op` (addresses `src`, `dst`) into a [`RowBox`] where it is one.
 #[inline]
 fn classify(
-    op: &CopyOp,
+    op: &BoxCopy,
     s: &Tensor,
     d: &Tensor,
     src: *const u8,
@@ -350,7 +349,7 @@ fn copy_classified(
     let mut rows_bytes = 0usize;
     let mut general: Vec<General> = Vec::new();
     let mut shapes: Vec<usize> = Vec::new();
-    let mut aliased: Vec<CopyOp> = Vec::new();
+    let mut aliased: Vec<BoxCopy> = Vec::new();
     plan.ops().visit(|op| {
         let (s, d) = (src[op.src], dst[op.dst]);
         let sp = s
@@ -417,7 +416,7 @@ fn copy_classified(
     unsafe { copy_boxes_tuned(&raw, Stores::Auto, tuning) };
 
     if !aliased.is_empty() {
-        let jobs: Vec<BoxCopy<'_>> = aliased
+        let jobs: Vec<BoxCopy<&Tensor>> = aliased
             .into_iter()
             .map(|op| BoxCopy {
                 src: src[op.src],
@@ -442,7 +441,7 @@ unsafe fn run_row_boxes(rows: &[RowBox], bytes: usize, tuning: &Tuning) {
     if !tuning.parallel(bytes) || bytes < tuning.rows_parallel_min {
         // SAFETY: forwarded caller contract.
         unsafe { run_piece(rows, store) };
-        stream::fence(store);
+        nontemporal::fence(store);
         return;
     }
     let piece = tuning.piece(bytes);
@@ -461,7 +460,7 @@ unsafe fn run_row_boxes(rows: &[RowBox], bytes: usize, tuning: &Tuning) {
     let done = tuning.run(cuts.len() - 1, 1, |k| {
         // SAFETY: forwarded caller contract; each box is run by one thread.
         unsafe { run_piece(&rows[cuts[k]..cuts[k + 1]], store) };
-        stream::fence(store);
+        nontemporal::fence(store);
         Ok::<(), ()>(())
     });
     debug_assert!(done.is_ok());

@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
 
-use super::strides;
+use crate::plan::strides;
 
 /// How the global shape is cut into target partitions.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -158,7 +158,7 @@ pub(crate) enum Kind {
 
 /// A planned box copy. Pointers stay outside, so one plan can serve many boxes (gather).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Plan<'a> {
+pub(crate) struct Lowered<'a> {
     /// Bytes per element moved by the kernels: 1, 2, 4, 8 or 16.
     pub elem: usize,
     pub outer: Dims,
@@ -230,9 +230,9 @@ pub(crate) fn distinct_layout(shape: &[usize], strides: &[isize], itemsize: usiz
     distinct(v, itemsize.max(1))
 }
 
-impl<'a> Plan<'a> {
+impl<'a> Lowered<'a> {
     /// Plans copying the box `orig` (every stride slice as long as `orig.shape`).
-    pub fn new(orig: Orig<'a>) -> Plan<'a> {
+    pub fn new(orig: Orig<'a>) -> Lowered<'a> {
         let Orig {
             shape,
             src_strides,
@@ -241,7 +241,7 @@ impl<'a> Plan<'a> {
         } = orig;
         debug_assert!(src_strides.len() == shape.len() && dst_strides.len() == shape.len());
         let numel: usize = shape.iter().product();
-        let mut plan = Plan {
+        let mut plan = Lowered {
             elem: itemsize,
             outer: Dims::new(),
             kind: Kind::Naive,
@@ -380,8 +380,8 @@ impl<'a> Plan<'a> {
 mod tests {
     use super::*;
 
-    fn plan<'a>(shape: &'a [usize], s: &'a [isize], d: &'a [isize], item: usize) -> Plan<'a> {
-        Plan::new(Orig {
+    fn lowered<'a>(shape: &'a [usize], s: &'a [isize], d: &'a [isize], item: usize) -> Lowered<'a> {
+        Lowered::new(Orig {
             shape,
             src_strides: s,
             dst_strides: d,
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn contiguous_boxes_become_one_row() {
-        let p = plan(&[4, 1, 8], &[8, 99, 1], &[8, 5, 1], 4);
+        let p = lowered(&[4, 1, 8], &[8, 99, 1], &[8, 5, 1], 4);
         assert_eq!(
             p.kind,
             Kind::Rows {
@@ -400,7 +400,7 @@ mod tests {
             }
         );
         assert_eq!((p.units, p.outer.as_slice().len()), (1, 0));
-        let big = plan(&[1 << 20], &[1], &[1], 4);
+        let big = lowered(&[1 << 20], &[1], &[1], 4);
         assert_eq!(big.units, 32);
         assert_eq!(big.unit_bytes, ROW_SEG);
     }
@@ -408,7 +408,7 @@ mod tests {
     #[test]
     fn column_blocks_are_rows_of_the_block_width() {
         // A 2048x2048 block of an 8192-wide source into a 2048-wide destination.
-        let p = plan(&[2048, 2048], &[8192, 1], &[2048, 1], 4);
+        let p = lowered(&[2048, 2048], &[8192, 1], &[2048, 1], 4);
         assert_eq!(
             p.kind,
             Kind::Rows {
@@ -428,7 +428,7 @@ mod tests {
 
     #[test]
     fn transposes_get_tiles_and_reversals_get_offsets() {
-        let p = plan(&[64, 32], &[1, 64], &[32, 1], 4);
+        let p = lowered(&[64, 32], &[1, 64], &[32, 1], 4);
         assert!(
             matches!(
                 p.kind,
@@ -441,7 +441,7 @@ mod tests {
             "{p:?}"
         );
         assert_eq!(p.units, 1);
-        let big = plan(&[600, 300], &[1, 600], &[300, 1], 2);
+        let big = lowered(&[600, 300], &[1, 600], &[300, 1], 2);
         assert!(
             matches!(
                 big.kind,
@@ -454,7 +454,7 @@ mod tests {
             "{big:?}"
         );
         assert_eq!(big.units, 6);
-        let r = plan(&[5], &[1], &[-1], 8);
+        let r = lowered(&[5], &[1], &[-1], 8);
         assert_eq!(
             r.kind,
             Kind::Elems {
@@ -464,22 +464,22 @@ mod tests {
         );
         assert_eq!((r.src_off, r.dst_off), (32, -32));
         // Pairs of f32 transposed: the pair becomes a 8-byte element.
-        let pairs = plan(&[16, 16, 2], &[2, 32, 1], &[32, 2, 1], 4);
+        let pairs = lowered(&[16, 16, 2], &[2, 32, 1], &[32, 2, 1], 4);
         assert_eq!(pairs.elem, 8);
         assert!(matches!(pairs.kind, Kind::Tile { .. }), "{pairs:?}");
     }
 
     #[test]
     fn odd_item_sizes_and_overlapping_destinations() {
-        let p = plan(&[3, 4], &[8, 2], &[4, 1], 3);
+        let p = lowered(&[3, 4], &[8, 2], &[4, 1], 3);
         assert_eq!((p.elem, p.kind), (1, Kind::Rows { bytes: 3, seg: 64 }));
         assert_eq!(p.units, 12);
-        assert!(!plan(&[3, 4], &[4, 1], &[0, 1], 4).dst_distinct);
-        assert!(!plan(&[3, 4], &[4, 1], &[2, 1], 4).dst_distinct);
-        assert!(plan(&[3, 4], &[4, 1], &[-4, 1], 4).dst_distinct);
-        assert_eq!(plan(&[3, 0], &[4, 1], &[4, 1], 4).units, 0);
+        assert!(!lowered(&[3, 4], &[4, 1], &[0, 1], 4).dst_distinct);
+        assert!(!lowered(&[3, 4], &[4, 1], &[2, 1], 4).dst_distinct);
+        assert!(lowered(&[3, 4], &[4, 1], &[-4, 1], 4).dst_distinct);
+        assert_eq!(lowered(&[3, 0], &[4, 1], &[4, 1], 4).units, 0);
         let many = [2usize; 13];
         let s: Vec<isize> = (0..13).map(|i| 1 << (2 * i)).collect();
-        assert_eq!(plan(&many, &s, &s, 4).kind, Kind::Naive);
+        assert_eq!(lowered(&many, &s, &s, 4).kind, Kind::Naive);
     }
 }
