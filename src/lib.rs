@@ -56,6 +56,7 @@ pub mod error;
 pub mod grid;
 pub mod layout;
 pub mod ops;
+mod overlap;
 pub mod partitioned;
 pub mod plan;
 pub mod tensor;

@@ -109,7 +109,37 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     }
     let devices: Vec<Device> = dst.iter().map(|t| t.borrow().device()).collect();
     let backends = check_devices(plan, src, &devices, dtype, transfer)?;
-    run_copies(plan, src, dst, &backends)
+    // The backends need targets disjoint from each other and from every other copy's source:
+    // targets sharing elements are refused (their copies would race), and sources sharing
+    // memory with a target are copied aside first.
+    let targets: Vec<&Tensor> = dst.iter().map(Borrow::borrow).collect();
+    if let Some((a, b)) = crate::overlap::shared_targets(&targets) {
+        let (pa, pb) = (tuple_string(&dg.position(a)), tuple_string(&dg.position(b)));
+        return Err(Error::Buffer {
+            reason: if a == b {
+                format!("target partition {pa} refers to some element more than once")
+            } else {
+                format!("target partitions {pa} and {pb} share memory: their copies would race")
+            },
+        });
+    }
+    let sources: Vec<&Tensor> = src.iter().map(Borrow::borrow).collect();
+    let shared = crate::overlap::sources_sharing(&sources, &targets);
+    if !shared.contains(&true) {
+        return run_copies(plan, src, dst, &backends);
+    }
+    let staged: Vec<Tensor> = sources
+        .iter()
+        .zip(&shared)
+        .map(|(t, &s)| {
+            if s {
+                to_device(t, t.device())
+            } else {
+                Ok((*t).clone())
+            }
+        })
+        .collect::<Result<_>>()?;
+    run_copies(plan, &staged, dst, &backends)
 }
 
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;

@@ -48,3 +48,30 @@ def test_a_dict_that_changes_while_it_is_read_raises_no_panic():
         dlpart.from_partitioned(d)
     except dlpart.ProtocolError:
         pass  # refusing it is fine; a PanicException (a BaseException) is not
+
+
+def _halves(first, second):
+    """A 1-d array of 8 over two given 4-element arrays, in that order."""
+    parts = {(0,): dlpart.Partition((0,), (0,), (4,), (), dlpart.from_dlpack(first)),
+             (1,): dlpart.Partition((1,), (4,), (4,), (), dlpart.from_dlpack(second))}
+    return dlpart.PartitionedArray((8,), [[0, 4, 8]], parts)
+
+
+def test_repartition_into_targets_that_overlap_the_sources_is_right():
+    """Swapping the two halves of one buffer: each target is the other copy's source."""
+    buf = np.arange(8.0)
+    src = dlpart.partition(buf, 2)
+    src.repartition_into(_halves(buf[4:], buf[:4]))
+    np.testing.assert_array_equal(buf, [4, 5, 6, 7, 0, 1, 2, 3])
+
+
+def test_repartition_into_targets_that_share_memory_is_refused_naming_both():
+    buf = np.zeros(8)
+    before = buf.copy()
+    with pytest.raises(BufferError, match=r"\(0,\) and \(1,\) share memory"):
+        dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(buf[:4], buf[2:6]))
+    np.testing.assert_array_equal(buf, before)  # nothing written
+    repeated = np.lib.stride_tricks.as_strided(buf, shape=(4,), strides=(0,))
+    repeated.flags.writeable = True
+    with pytest.raises(BufferError, match=r"\(0,\) refers to some element more than once"):
+        dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(repeated, buf[4:]))

@@ -1,0 +1,200 @@
+//! Which tensors share memory: the check that lets `ops::repartition_into` hand the backends
+//! copies whose destinations are disjoint from each other and from every other copy's source.
+//!
+//! Each tensor is cut into its *runs*, the address ranges of its innermost rows (one element
+//! each when the innermost axis is not contiguous). Sorted by address, runs of different
+//! tensors that intersect share memory, exactly, whatever the strides. A tensor with more
+//! runs than [`MAX_RUNS`] is judged by its whole byte span instead, which may see sharing
+//! where there is none: targets are then refused, and sources staged, both safe.
+
+use crate::tensor::Tensor;
+
+/// Beyond this many runs in all, tensors are compared by their byte spans.
+pub(crate) const MAX_RUNS: usize = 1 << 22;
+
+/// One address range `[start, end)` of tensor `owner`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    start: usize,
+    end: usize,
+    owner: usize,
+}
+
+/// The runs of `t` (numbered `owner`), appended to `out`; `false`, with nothing appended,
+/// when there would be more than `budget` of them.
+fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool {
+    if t.numel() == 0 {
+        return true;
+    }
+    let item = t.dtype().itemsize() as isize;
+    let nd = t.ndim();
+    let (shape, strides) = (t.shape(), t.strides());
+    let inner_contiguous = nd > 0 && strides[nd - 1] == 1;
+    let (outer, run_len) = if inner_contiguous {
+        (nd - 1, shape[nd - 1] as isize * item)
+    } else {
+        (nd, item)
+    };
+    let count: usize = shape[..outer].iter().product();
+    if count > budget {
+        return false;
+    }
+    let base = t.data_ptr() as isize;
+    let mut index = vec![0usize; outer];
+    out.reserve(count);
+    for _ in 0..count {
+        let off: isize = index
+            .iter()
+            .zip(strides)
+            .map(|(&i, &s)| i as isize * s)
+            .sum::<isize>()
+            * item;
+        let start = base.wrapping_add(off) as usize;
+        out.push(Run {
+            start,
+            end: start + run_len as usize,
+            owner,
+        });
+        for a in (0..outer).rev() {
+            index[a] += 1;
+            if index[a] < shape[a] {
+                break;
+            }
+            index[a] = 0;
+        }
+    }
+    true
+}
+
+/// The runs of `tensors`, or their whole byte spans when there are too many runs.
+fn all_runs(tensors: &[&Tensor]) -> Vec<Run> {
+    let mut out = Vec::new();
+    let mut budget = MAX_RUNS;
+    for (i, t) in tensors.iter().enumerate() {
+        let before = out.len();
+        if !runs_of(t, i, &mut out, budget) {
+            out.truncate(before);
+            let (lo, hi) = t.byte_span();
+            let base = t.data_ptr() as isize;
+            out.push(Run {
+                start: base.wrapping_add(lo) as usize,
+                end: base.wrapping_add(hi) as usize,
+                owner: i,
+            });
+        }
+        budget = budget.saturating_sub(out.len() - before);
+    }
+    out.sort_unstable_by_key(|r| (r.start, r.end));
+    out
+}
+
+/// The first pair of `targets` (indices, the first lower) that share memory, or a target that
+/// covers some element twice (`(j, j)`, from a zero stride); `None` when all are disjoint.
+pub(crate) fn shared_targets(targets: &[&Tensor]) -> Option<(usize, usize)> {
+    let runs = all_runs(targets);
+    let mut reach: Option<Run> = None; // the run reaching furthest so far
+    for r in runs {
+        if let Some(prev) = reach {
+            if r.start < prev.end {
+                return Some((prev.owner.min(r.owner), prev.owner.max(r.owner)));
+            }
+        }
+        if reach.is_none_or(|p| r.end > p.end) {
+            reach = Some(r);
+        }
+    }
+    None
+}
+
+/// For each of `sources`, whether it shares memory with any of `targets` (which are disjoint
+/// from each other: see [`shared_targets`]).
+pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<bool> {
+    let dst = all_runs(targets);
+    let src = all_runs(sources);
+    let mut shared = vec![false; sources.len()];
+    // Disjoint and sorted by start, the target runs are sorted by end too.
+    for s in src {
+        let k = dst.partition_point(|d| d.end <= s.start);
+        if dst.get(k).is_some_and(|d| d.start < s.end) {
+            shared[s.owner] = true;
+        }
+    }
+    shared
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn grid(rows: usize, cols: usize) -> Tensor {
+        Tensor::zeros(&[rows, cols], DType::Float32).unwrap()
+    }
+
+    /// A view of `a`'s memory with any shape and strides (in elements) from element `offset`.
+    fn strided(a: &Tensor, shape: &[usize], strides: &[isize], offset: isize) -> Tensor {
+        let (lo, hi) = a.byte_span();
+        let item = a.dtype().itemsize() as isize;
+        let reach: isize = shape
+            .iter()
+            .zip(strides)
+            .map(|(&n, &s)| (n as isize - 1) * s)
+            .sum::<isize>();
+        assert!(
+            offset >= 0 && (offset + reach + 1) * item <= hi - lo,
+            "inside the buffer"
+        );
+        // SAFETY: every element of the view lies inside `a`'s buffer (asserted just above, with
+        // non-negative strides), which `a`'s owner keeps alive; the view is read-only.
+        unsafe {
+            Tensor::from_raw_parts(
+                a.data_ptr().wrapping_offset(offset * item),
+                shape.to_vec(),
+                strides.to_vec(),
+                a.dtype(),
+                a.device(),
+                true,
+                a.owner().clone(),
+            )
+        }
+    }
+
+    #[test]
+    fn blocks_of_one_array_are_disjoint_and_overlaps_are_found() {
+        let a = grid(6, 8);
+        let blocks: Vec<Tensor> = [(0, 0), (0, 4), (3, 0), (3, 4)]
+            .iter()
+            .map(|&(r, c)| a.view(&[r, c], &[3, 4]).unwrap())
+            .collect();
+        let refs: Vec<&Tensor> = blocks.iter().collect();
+        assert_eq!(
+            shared_targets(&refs),
+            None,
+            "interleaved rows, no common element"
+        );
+        let shifted = a.view(&[2, 3], &[2, 2]).unwrap(); // meets blocks 0, 1 and 3's rows
+        let mut with = refs.clone();
+        with.push(&shifted);
+        assert!(shared_targets(&with).is_some());
+        let other = grid(6, 8);
+        let whole = a.view(&[0, 0], &[6, 8]).unwrap();
+        assert_eq!(
+            sources_sharing(&[&other, &whole, &blocks[2]], &refs),
+            vec![false, true, true]
+        );
+    }
+
+    #[test]
+    fn strided_views_and_zero_strides() {
+        let a = grid(4, 8);
+        // Every other column: runs of one element, disjoint from the odd columns.
+        let even = strided(&a, &[4, 4], &[8, 2], 0);
+        let odd = strided(&a, &[4, 4], &[8, 2], 1);
+        assert_eq!(shared_targets(&[&even, &odd]), None);
+        let again = strided(&a, &[2, 2], &[8, 2], 2);
+        assert_eq!(shared_targets(&[&even, &again]), Some((0, 1)));
+        // A zero stride repeats elements: a target covering one element twice.
+        let repeated = strided(&a, &[3, 2], &[0, 1], 0);
+        assert_eq!(shared_targets(&[&repeated]), Some((0, 0)));
+    }
+}
