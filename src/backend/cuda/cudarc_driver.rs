@@ -232,7 +232,9 @@ impl Driver for CudarcDriver {
             .map_err(driver_err("cuStreamSynchronize"))
     }
 
+    /// The event belongs to this device's context, made current here.
     fn event_create(&self) -> Result<u64> {
+        self.bind()?;
         let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(driver_err("cuEventCreate"))?;
         Ok(ev as usize as u64)
@@ -249,6 +251,8 @@ impl Driver for CudarcDriver {
     }
 
     unsafe fn stream_wait_event(&self, s: u64, ev: u64) -> Result<()> {
+        // `ev` may belong to another device's context (a peer's stream); `s` is ours.
+        self.bind()?;
         // SAFETY: the caller's contract: a live event and a live stream of this context.
         unsafe {
             result::stream::wait_event(
