@@ -555,6 +555,41 @@ fn out_of_range_indices_are_reported_and_nothing_is_written() {
 }
 
 #[test]
+fn scatter_into_a_long_axis_keeps_the_last_duplicate() {
+    // The CUDA backend keeps one winner slot per position of the axis in its scratch: 800 KB
+    // here, more than the scratch it starts with.
+    on_every_backend("scatter_into_a_long_axis_keeps_the_last_duplicate", |be| {
+        let len = 100_000;
+        let dst = upload(be, &Tensor::zeros(&[2, len], DType::Float32).unwrap());
+        let vals: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+        let vals = upload(be, &Tensor::from_slice(&vals, &[2, 5]).unwrap());
+        let raw = Tensor::from_slice(&[99_999i64, 0, 50_000, -1, 7], &[5]).unwrap();
+        let idx = be.normalise_indices(&raw, 1, len).unwrap();
+        be.scatter(&vals, &idx, 1, &dst).unwrap();
+        be.synchronize().unwrap();
+        let got = download(be, &dst).to_array::<f32>().unwrap();
+        for (row, base) in [(0, 0.), (1, 5.)] {
+            let at = |i: usize| got[[row, i]];
+            assert_eq!(
+                (at(0), at(7), at(50_000), at(len - 1)),
+                (base + 2., base + 5., base + 3., base + 4.),
+                "row {row}"
+            );
+            let nonzero = (0..len).filter(|&i| at(i) != 0.).count();
+            assert_eq!(nonzero, 4, "row {row}");
+        }
+        // Gathered back through the same long axis.
+        let out = be.empty(&[2, 5], DType::Float32).unwrap();
+        be.gather(&dst, &idx, 1, &out).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(
+            download_f32(be, &out),
+            vec![4., 2., 3., 4., 5., 9., 7., 8., 9., 10.]
+        );
+    });
+}
+
+#[test]
 fn indices_of_every_dtype_and_layout_are_normalised() {
     on_every_backend("indices_of_every_dtype_and_layout_are_normalised", |be| {
         let src = upload(
