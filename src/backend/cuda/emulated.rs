@@ -7,19 +7,20 @@
 //! may hold anything) and registered, so that every copy, memset and kernel access is checked
 //! to stay inside one live allocation: a kernel touching host memory, or a copy past the end
 //! of scratch, fails as `CUDA_ERROR_ILLEGAL_ADDRESS` / `CUDA_ERROR_INVALID_VALUE` instead of
-//! going unnoticed. Work runs when it is queued, so streams and events only check their
-//! handles. Emulated devices are `kDLCUDA:1000` and up, reachable only through
+//! going unnoticed. Queued work runs only when the host waits for it
+//! (`emulated_streams.rs`), so a missing wait shows up as stale data. Emulated devices are `kDLCUDA:1000` and up, reachable only through
 //! [`CudaBackend::emulated`] and from each other: [`crate::backend::backend_for`] never
 //! returns them, so users never get one as a `kDLCUDA` device.
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::driver::{Driver, Kernel};
+use super::emulated_streams as streams;
 use super::host_kernels::{self, LaunchError, Region};
 use super::jobs::BLOCK;
 use super::nvrtc::SOURCES;
@@ -43,11 +44,6 @@ type Allocations = BTreeMap<u64, (Layout, Option<i32>)>;
 fn memory() -> &'static Mutex<Allocations> {
     static MEMORY: OnceLock<Mutex<Allocations>> = OnceLock::new();
     MEMORY.get_or_init(Default::default)
-}
-
-fn events() -> &'static Mutex<HashSet<u64>> {
-    static EVENTS: OnceLock<Mutex<HashSet<u64>>> = OnceLock::new();
-    EVENTS.get_or_init(Default::default)
 }
 
 fn backends() -> &'static Mutex<HashMap<i32, Arc<CudaBackend>>> {
@@ -123,35 +119,50 @@ pub(crate) struct EmulatedDriver {
     launches: AtomicU64,
 }
 
-fn is_stream(s: u64) -> bool {
-    s == 1
-        || s == 2
-        || backends()
-            .lock()
-            .expect("emulated backend registry lock")
-            .keys()
-            .any(|&n| s == STREAM_BASE + n as u64)
+/// Whether `len` bytes at `addr` lie in one pinned host allocation.
+fn is_pinned(addr: u64, len: usize) -> bool {
+    let mem = memory().lock().expect("emulated memory lock");
+    mem.range(..=addr).next_back().is_some_and(|(&at, (l, d))| {
+        d.is_none() && addr - at <= l.size() as u64 && len as u64 <= l.size() as u64 - (addr - at)
+    })
 }
 
-fn check_event(ev: u64, op: &str) -> Result<()> {
-    if events().lock().expect("emulated event lock").contains(&ev) {
-        Ok(())
-    } else {
-        Err(fail(
-            op,
-            format!("CUDA_ERROR_INVALID_HANDLE: event {ev:#x}"),
-        ))
+/// The byte sizes of a kernel's parameters, in order (kernels/*.cu).
+fn param_sizes(kernel: Kernel) -> &'static [usize] {
+    match kernel {
+        Kernel::Copy(_) => &[8, 4, 4],
+        Kernel::Gather(_) | Kernel::Scatter(_) => &[8, 4, 4, 8, 8],
+        Kernel::Winners => &[8, 8, 8, 8, 8],
+        Kernel::Check(_) => &[8, 8, 8, 8, 4, 8, 8],
     }
 }
 
-fn check_stream(s: u64, op: &str) -> Result<()> {
-    if is_stream(s) {
-        Ok(())
-    } else {
-        Err(fail(
+/// Runs `kernel` on the host over the device memory live now.
+fn run_kernel(kernel: Kernel, grid: u32, mut args: Vec<u64>, seed: u64) -> Result<()> {
+    // Kernels may touch device memory only, of any emulated device (peer access).
+    let regions: Vec<Region> = memory()
+        .lock()
+        .expect("emulated memory lock")
+        .iter()
+        .filter(|(_, (_, d))| d.is_some())
+        .map(|(&at, (l, _))| Region::new(at, l.size(), true))
+        .collect();
+    // A 4-byte parameter is read from the low half of its slot (little-endian).
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+    let op = format!("launching {}", kernel.entry());
+    // SAFETY: `params` point at the values the backend launched with, in the kernel's
+    // order; every global access of the kernel is checked against `regions` (job tables and
+    // status words are read plainly: the backend placed them in scratch).
+    match unsafe { host_kernels::launch(kernel.entry(), grid, BLOCK, &mut params, seed, &regions) } {
+        Ok(()) => Ok(()),
+        Err(LaunchError::Fault(f)) => Err(fail(
             op,
-            format!("CUDA_ERROR_INVALID_HANDLE: stream {s:#x}"),
-        ))
+            format!(
+                "CUDA_ERROR_ILLEGAL_ADDRESS: {f:?} (kind 1 misaligned, 2 outside device \
+                 memory, 3 read-only)"
+            ),
+        )),
+        Err(e) => Err(fail(op, format!("CUDA_ERROR_INVALID_VALUE: {e:?}"))),
     }
 }
 
@@ -205,7 +216,9 @@ impl Driver for EmulatedDriver {
     }
 
     unsafe fn free(&self, ptr: u64) {
-        // SAFETY: the caller's contract; work runs as it is queued, so none is pending.
+        // As cuMemFree: queued work that may use the memory runs first.
+        streams::drain_all();
+        // SAFETY: the caller's contract; no work is queued any more.
         unsafe { release(ptr, Some(self.n)) }
     }
 
@@ -214,92 +227,119 @@ impl Driver for EmulatedDriver {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8) {
-        // SAFETY: the caller's contract.
+        streams::drain_all();
+        // SAFETY: the caller's contract; no work is queued any more.
         unsafe { release(ptr as u64, None) }
     }
 
     unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
         check_range(dst, bytes, "cuMemsetD8Async")?;
-        // SAFETY: checked just above to lie in one live allocation.
-        unsafe { (dst as *mut u8).write_bytes(0, bytes) };
-        Ok(())
+        let op = move || {
+            // SAFETY: checked to lie in one allocation, which frees only after queued work.
+            unsafe { (dst as *mut u8).write_bytes(0, bytes) };
+            Ok(())
+        };
+        streams::enqueue(self.stream(), Box::new(op), "cuMemsetD8Async")
     }
 
     unsafe fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
         check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
-        // SAFETY: `dst` was checked to hold `src.len()` bytes of a device allocation, which
-        // `src` (host memory) cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-        Ok(())
+        let len = src.len();
+        // A pinned source is read when the copy runs; a pageable one is staged now.
+        let op: streams::Op = if is_pinned(src.as_ptr() as u64, len) {
+            let from = src.as_ptr() as u64;
+            Box::new(move || {
+                // SAFETY: pinned memory the caller leaves alone until the copy has run, and
+                // a device allocation that frees only after queued work; they do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, dst as *mut u8, len) };
+                Ok(())
+            })
+        } else {
+            let staged = src.to_vec();
+            Box::new(move || {
+                // SAFETY: as above; `staged` is our own.
+                unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, len) };
+                Ok(())
+            })
+        };
+        streams::enqueue(self.stream(), op, "cuMemcpyHtoDAsync")
     }
 
     unsafe fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
         check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
-        // SAFETY: `src` was checked to hold `dst.len()` bytes of a device allocation, which
-        // the exclusively borrowed `dst` cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+        let (to, len) = (dst.as_mut_ptr() as u64, dst.len());
+        let op = move || {
+            // SAFETY: `src` holds `len` bytes of a device allocation; `to` is the caller's
+            // buffer, pinned and left alone until it synchronises, or pageable and
+            // borrowed for this call, which runs the copy before returning.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, to as *mut u8, len) };
+            Ok(())
+        };
+        streams::enqueue(self.stream(), Box::new(op), "cuMemcpyDtoHAsync")?;
+        if is_pinned(to, len) {
+            Ok(())
+        } else {
+            // Into pageable memory the copy is synchronous, and reports earlier failures.
+            streams::synchronize(self.stream())
+        }
     }
 
     unsafe fn launch(&self, kernel: Kernel, grid: u32, params: &mut [*mut c_void]) -> Result<()> {
-        // Kernels may touch device memory only, of any emulated device (peer access).
-        let regions: Vec<Region> = memory()
-            .lock()
-            .expect("emulated memory lock")
+        let sizes = param_sizes(kernel);
+        if params.len() != sizes.len() {
+            return Err(fail(
+                format!("launching {}", kernel.entry()),
+                format!(
+                    "CUDA_ERROR_INVALID_VALUE: {} parameters for {}",
+                    params.len(),
+                    sizes.len()
+                ),
+            ));
+        }
+        // The values are taken now, as the driver does.
+        let args: Vec<u64> = params
             .iter()
-            .filter(|(_, (_, d))| d.is_some())
-            .map(|(&at, (l, _))| Region::new(at, l.size(), true))
+            .zip(sizes)
+            .map(|(&p, &size)| {
+                // SAFETY: the caller's contract: each parameter points at a live value of
+                // the kernel's parameter type, of `size` bytes.
+                unsafe {
+                    if size == 4 {
+                        u64::from(p.cast::<u32>().read_unaligned())
+                    } else {
+                        p.cast::<u64>().read_unaligned()
+                    }
+                }
+            })
             .collect();
         // Threads run in order on one launch in four, shuffled otherwise.
         let seed = self.launches.fetch_add(1, Ordering::Relaxed) % 4;
-        let op = format!("launching {}", kernel.entry());
-        // SAFETY: the caller's contract on `params`; every global access of the kernel is
-        // checked against `regions` (job tables and status words are read plainly: the
-        // caller placed them in scratch).
-        match unsafe { host_kernels::launch(kernel.entry(), grid, BLOCK, params, seed, &regions) } {
-            Ok(()) => Ok(()),
-            Err(LaunchError::Fault(f)) => Err(fail(
-                op,
-                format!("CUDA_ERROR_ILLEGAL_ADDRESS: {f:?} (kind 1 misaligned, 2 outside device memory, 3 read-only)"),
-            )),
-            Err(e) => Err(fail(op, format!("CUDA_ERROR_INVALID_VALUE: {e:?}"))),
-        }
+        let op = move || run_kernel(kernel, grid, args, seed);
+        streams::enqueue(self.stream(), Box::new(op), "cuLaunchKernel")
     }
 
     fn synchronize(&self) -> Result<()> {
-        Ok(())
+        streams::synchronize(self.stream())
     }
 
     fn event_create(&self) -> Result<u64> {
-        static NEXT: AtomicU64 = AtomicU64::new(0x0e0e_0000);
-        let ev = NEXT.fetch_add(1, Ordering::Relaxed);
-        events().lock().expect("emulated event lock").insert(ev);
-        Ok(ev)
+        Ok(streams::event_create())
     }
 
     unsafe fn event_record(&self, ev: u64, stream: u64) -> Result<()> {
-        check_event(ev, "cuEventRecord")?;
-        check_stream(stream, "cuEventRecord")
+        streams::event_record(ev, stream)
     }
 
     unsafe fn event_synchronize(&self, ev: u64) -> Result<()> {
-        check_event(ev, "cuEventSynchronize")
+        streams::event_synchronize(ev)
     }
 
     unsafe fn stream_wait_event(&self, stream: u64, ev: u64) -> Result<()> {
-        check_event(ev, "cuStreamWaitEvent")?;
-        check_stream(stream, "cuStreamWaitEvent")
+        streams::stream_wait_event(stream, ev)
     }
 
     unsafe fn event_destroy(&self, ev: u64) -> Result<()> {
-        if events().lock().expect("emulated event lock").remove(&ev) {
-            Ok(())
-        } else {
-            Err(fail(
-                "cuEventDestroy",
-                format!("CUDA_ERROR_INVALID_HANDLE: event {ev:#x}"),
-            ))
-        }
+        streams::event_destroy(ev)
     }
 
     /// Emulated devices 0 and 1 reach each other's memory; any other pair does not, so
@@ -340,6 +380,7 @@ impl CudaBackend {
                     n,
                     launches: AtomicU64::new(0),
                 });
+                streams::add_stream(driver.stream());
                 Arc::new(CudaBackend::over(
                     Device::cuda(EMULATED_ID_BASE + n),
                     driver,

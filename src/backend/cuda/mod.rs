@@ -20,6 +20,7 @@
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 //! | `host_kernels.rs` | the kernel source built for the host, for tests (feature `kernel-host-tests`) |
 //! | `emulated.rs` | the driver emulated on the host over it, for tests (feature `kernel-host-tests`) |
+//! | `emulated_streams.rs` | the emulation's streams and events: work runs when the host waits |
 
 mod jobs;
 pub mod nvrtc;
@@ -29,6 +30,8 @@ mod cudarc_driver;
 mod driver;
 #[cfg(feature = "kernel-host-tests")]
 mod emulated;
+#[cfg(feature = "kernel-host-tests")]
+mod emulated_streams;
 #[cfg(feature = "kernel-host-tests")]
 mod host_kernels;
 mod index;
