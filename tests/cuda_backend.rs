@@ -216,6 +216,7 @@ fn contiguous_host(t: &Tensor) -> Tensor {
 /// (source start, destination start, shape)
 type Box3 = (Vec<usize>, Vec<usize>, Vec<usize>);
 
+/// Runs `boxes` in two `copy_boxes` calls queued back to back, then waits once.
 fn run_boxes(b: &dyn Backend, src: &Tensor, dst: &Tensor, boxes: &[Box3]) {
     let copies: Vec<BoxCopy> = boxes
         .iter()
@@ -227,7 +228,9 @@ fn run_boxes(b: &dyn Backend, src: &Tensor, dst: &Tensor, boxes: &[Box3]) {
             shape: shape.clone(),
         })
         .collect();
-    b.copy_boxes(&copies).unwrap();
+    let (first, second) = copies.split_at(copies.len() / 2);
+    b.copy_boxes(first).unwrap();
+    b.copy_boxes(second).unwrap();
     b.synchronize().unwrap();
 }
 
@@ -667,8 +670,12 @@ fn transfers_handle_strided_tensors_on_both_sides() {
             .unwrap();
         // To and from other devices, both ways, strided.
         for other in other_devices(be) {
+            // The source is still being written by work queued on this device: the other
+            // device must wait for it.
+            let queued = be.empty(&[3, 4, 5], DType::Int32).unwrap();
+            run_queued(be, &dev, &queued);
             let there = other.empty(&[3, 4, 5], DType::Int32).unwrap();
-            other.transfer(&reversed(&dev, 0), &there).unwrap();
+            other.transfer(&reversed(&queued, 0), &there).unwrap();
             let want = reversed(&reversed(&reversed(&host, 1), 2), 0)
                 .to_array::<i32>()
                 .unwrap();
@@ -688,6 +695,19 @@ fn transfers_handle_strided_tensors_on_both_sides() {
             );
         }
     });
+}
+
+/// Queues the copy of all of `src` into `dst` on `be` without waiting for it.
+fn run_queued(be: &dyn Backend, src: &Tensor, dst: &Tensor) {
+    let zero = vec![0; src.ndim()];
+    be.copy_boxes(&[BoxCopy {
+        src,
+        src_start: zero.clone(),
+        dst,
+        dst_start: zero,
+        shape: src.shape().to_vec(),
+    }])
+    .unwrap();
 }
 
 #[test]

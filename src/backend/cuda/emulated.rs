@@ -153,7 +153,8 @@ fn run_kernel(kernel: Kernel, grid: u32, mut args: Vec<u64>, seed: u64) -> Resul
     // SAFETY: `params` point at the values the backend launched with, in the kernel's
     // order; every global access of the kernel is checked against `regions` (job tables and
     // status words are read plainly: the backend placed them in scratch).
-    match unsafe { host_kernels::launch(kernel.entry(), grid, BLOCK, &mut params, seed, &regions) } {
+    match unsafe { host_kernels::launch(kernel.entry(), grid, BLOCK, &mut params, seed, &regions) }
+    {
         Ok(()) => Ok(()),
         Err(LaunchError::Fault(f)) => Err(fail(
             op,
