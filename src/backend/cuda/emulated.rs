@@ -493,4 +493,43 @@ mod tests {
         // SAFETY: as above.
         assert!(unsafe { be.driver.event_destroy(ev) }.is_err());
     }
+
+    /// Reads `n` bytes of emulated device memory directly, without waiting for anything.
+    fn peek(t: &Tensor, n: usize) -> Vec<u8> {
+        // SAFETY: emulated device memory is host memory of at least `n` bytes here.
+        unsafe { std::slice::from_raw_parts(t.data_ptr(), n) }.to_vec()
+    }
+
+    #[test]
+    fn a_consumer_stream_waits_for_the_work_queued_before_the_export() {
+        let be = backend(6);
+        let t = be.empty(&[16], DType::UInt8).unwrap();
+        // SAFETY: 16 bytes of `t`, on our stream.
+        unsafe { be.driver.memset_zero(t.data_ptr() as u64, 16) }.unwrap();
+        // DLPack export to a consumer on the legacy default stream (1).
+        be.make_consumer_wait(Some(1)).unwrap();
+        assert_eq!(peek(&t, 16), vec![POISON; 16], "nothing has run yet");
+        // The consumer's stream reaches a point after the wait: our zeroing has run.
+        let ev = streams::event_create();
+        streams::event_record(ev, 1).unwrap();
+        streams::event_synchronize(ev).unwrap();
+        assert_eq!(peek(&t, 16), vec![0; 16]);
+        streams::event_destroy(ev).unwrap();
+
+        // Import: our stream waits for the producer's work on the per-thread stream (2).
+        let ev = streams::event_create();
+        let (at, mark) = (t.data_ptr() as u64, 0x5au8);
+        let produce = move || {
+            // SAFETY: 16 bytes of `t`, alive until the end of the test (it synchronises).
+            unsafe { (at as *mut u8).write_bytes(mark, 16) };
+            Ok(())
+        };
+        streams::enqueue(2, Box::new(produce), "producer").unwrap();
+        be.wait_for_producer(Some(2)).unwrap();
+        streams::event_record(ev, be.driver.stream()).unwrap();
+        streams::event_synchronize(ev).unwrap();
+        assert_eq!(peek(&t, 16), vec![mark; 16]);
+        streams::event_destroy(ev).unwrap();
+        be.synchronize().unwrap();
+    }
 }
