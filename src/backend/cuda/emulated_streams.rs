@@ -4,6 +4,10 @@
 //! stream up to that event. That is the latest schedule a GPU may choose, so a wait the
 //! backend forgets shows up as stale data instead of passing by luck. An error of queued work
 //! is kept and returned by the stream's next synchronisation, as the driver does.
+//!
+//! A stream runs on one thread at a time, and a wait runs the other stream while holding
+//! its own: two streams with waits on each other queued and run from two threads at once
+//! would block each other (a GPU would not). The tests never queue such a pair.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
