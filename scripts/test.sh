@@ -39,7 +39,9 @@ step_clippy-cuda() {
 step_cargo-test() { cargo test && cargo run --quiet --example quickstart; }
 # The CUDA backend's host-side tests, the kernel source itself run on the host over the
 # backend's job tables (feature kernel-host-tests: kernels/*.cu compiled as C++ through
-# kernels/host/shim.h, compared with the CPU backend), and every kernel compiled to PTX by
+# kernels/host/shim.h, compared with the CPU backend), the backend's own path over the host
+# emulation of the driver (tests/cuda_backend.rs: each test body on the CPU and the emulated
+# CUDA backend, and on a GPU when there is one), and every kernel compiled to PTX by
 # NVRTC (no GPU needed); DLPART_REQUIRE_NVRTC turns a missing libnvrtc into a failure rather
 # than a skip.
 # The kernels compile with both NVRTC majors a GPU machine may carry: 12 (the default loader

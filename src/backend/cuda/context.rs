@@ -1,15 +1,13 @@
-//! Driver plumbing: loading libcuda, per-device contexts, compiled modules, device and pinned
-//! allocations, and the scratch space that kernel launches use for their job tables.
+//! Driver plumbing: driver errors, device and pinned allocations, and the scratch space that
+//! kernel launches use for their job tables.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use cudarc::driver::result::{self, DriverError};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys;
 
-use super::nvrtc::{self, Image, SOURCES};
+use super::driver::Driver;
 use crate::error::{Error, Result};
 
 /// Maps a driver error onto [`Error::Backend`], naming the operation.
@@ -57,113 +55,22 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
-/// The kernels of one device, loaded from the images compiled for its architecture.
-pub(crate) struct Kernels {
-    pub copy: Vec<CudaFunction>,
-    pub gather: Vec<CudaFunction>,
-    pub scatter: Vec<CudaFunction>,
-    pub winners: CudaFunction,
-    /// `check_indices_{1,2,4,8}`, by [`INDEX_WORDS`].
-    pub check: Vec<CudaFunction>,
-}
-
-/// The index widths `check_indices` is stamped for: every integer dtype.
-pub(crate) const INDEX_WORDS: [usize; 4] = [1, 2, 4, 8];
-
-/// Compiled images per target architecture, shared by devices of the same kind.
-fn images_for(arch: &str) -> Result<Arc<Vec<Image>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<Image>>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(i) = cache.lock().expect("image cache lock").get(arch) {
-        return Ok(i.clone());
-    }
-    // Compiled outside the lock and one thread per source: NVRTC takes seconds.
-    let images = std::thread::scope(|scope| {
-        let jobs: Vec<_> = SOURCES
-            .iter()
-            .map(|s| scope.spawn(move || nvrtc::compile(s, arch)))
-            .collect();
-        jobs.into_iter()
-            .map(|j| j.join().expect("NVRTC panics are caught in compile"))
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let images = Arc::new(images);
-    cache
-        .lock()
-        .expect("image cache lock")
-        .insert(arch.to_string(), images.clone());
-    Ok(images)
-}
-
-impl Kernels {
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
-        let cc = ctx
-            .compute_capability()
-            .map_err(driver_err("cuDeviceGetAttribute(compute capability)"))?;
-        let arch = nvrtc::arch_for(cc, &nvrtc::supported_archs()?)?;
-        let images = images_for(&arch)?;
-        let mut functions: HashMap<&str, CudaFunction> = HashMap::new();
-        for (src, image) in SOURCES.iter().zip(images.iter()) {
-            let ptx = match image {
-                Image::Cubin(b) => Ptx::from_binary(b.clone()),
-                Image::Ptx(p) => Ptx::from_src(p.clone()),
-            };
-            let module = ctx.load_module(ptx).map_err(driver_err(format!(
-                "cuModuleLoadData(kernels/{}, {arch})",
-                src.name
-            )))?;
-            for &entry in src.entries {
-                let f = module
-                    .load_function(entry)
-                    .map_err(driver_err(format!("cuModuleGetFunction({entry})")))?;
-                functions.insert(entry, f);
-            }
-        }
-        let mut take = |name: &str| {
-            functions
-                .remove(name)
-                .expect("entry point listed in SOURCES")
-        };
-        let words = super::jobs::WORDS;
-        Ok(Kernels {
-            copy: words
-                .iter()
-                .map(|w| take(&format!("copy_box_{w}")))
-                .collect(),
-            gather: words.iter().map(|w| take(&format!("gather_{w}"))).collect(),
-            scatter: words
-                .iter()
-                .map(|w| take(&format!("scatter_{w}")))
-                .collect(),
-            winners: take("scatter_winners"),
-            check: INDEX_WORDS
-                .iter()
-                .map(|w| take(&format!("check_indices_{w}")))
-                .collect(),
-        })
-    }
-}
-
 /// Device memory from `cuMemAlloc`, released by `cuMemFree` when the last view of it goes.
 /// `cuMemFree` waits for work still using the memory, whichever stream queued it.
 pub struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
+    ptr: u64,
     bytes: usize,
-    ctx: Arc<CudaContext>,
+    driver: Arc<dyn Driver>,
 }
 
 impl DeviceBuffer {
     /// `bytes` (> 0) of uninitialised device memory, 256-byte aligned.
-    pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        ctx.bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        // SAFETY: the context is current; the returned pointer is owned by the new value.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
-            .map_err(driver_err(format!("cuMemAlloc({bytes} bytes)")))?;
+    pub(crate) fn alloc(driver: &Arc<dyn Driver>, bytes: usize) -> Result<Self> {
+        let ptr = driver.alloc(bytes)?;
         Ok(DeviceBuffer {
             ptr,
             bytes,
-            ctx: ctx.clone(),
+            driver: driver.clone(),
         })
     }
 
@@ -185,10 +92,8 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failed free leaks the allocation.
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here.
-        let _ = unsafe { result::free_sync(self.ptr) };
+        // SAFETY: `ptr` came from this driver's `alloc` and is freed once, here.
+        unsafe { self.driver.free(self.ptr) };
     }
 }
 
@@ -196,23 +101,19 @@ impl Drop for DeviceBuffer {
 pub(crate) struct PinnedBuffer {
     ptr: *mut u8,
     bytes: usize,
-    ctx: Arc<CudaContext>,
+    driver: Arc<dyn Driver>,
 }
 
 // SAFETY: plain host memory owned by this value; users synchronise access through `&mut`.
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
-    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        ctx.bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        // SAFETY: the context is current; the memory is owned by the new value.
-        let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
-            .map_err(driver_err(format!("cuMemAllocHost({bytes} bytes)")))?;
+    pub fn alloc(driver: &Arc<dyn Driver>, bytes: usize) -> Result<Self> {
+        let ptr = driver.alloc_pinned(bytes)?;
         Ok(PinnedBuffer {
-            ptr: ptr as *mut u8,
+            ptr,
             bytes,
-            ctx: ctx.clone(),
+            driver: driver.clone(),
         })
     }
 
@@ -224,72 +125,67 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from cuMemAllocHost and is freed once, here.
-        let _ = unsafe { result::free_host(self.ptr as *mut _) };
+        // SAFETY: `ptr` came from this driver's `alloc_pinned` and is freed once, here; the
+        // users of a staging buffer synchronise before dropping it.
+        unsafe { self.driver.free_pinned(self.ptr) };
     }
 }
 
 /// Device scratch (job tables, index status, scatter winners) and the pinned staging the
 /// job tables are uploaded from, so that uploads stay asynchronous.
 pub(crate) struct Scratch {
+    driver: Arc<dyn Driver>,
     device: Option<DeviceBuffer>,
     host: Option<PinnedBuffer>,
     /// Recorded after the last upload from `host`; `host` is rewritten only after it fires.
-    uploaded: Option<sys::CUevent>,
+    uploaded: Option<u64>,
 }
 
-// SAFETY: the raw event handle is only used while the owning backend's mutex is held.
-unsafe impl Send for Scratch {}
-
 impl Scratch {
-    pub fn new() -> Self {
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
         Scratch {
+            driver,
             device: None,
             host: None,
             uploaded: None,
         }
     }
 
-    /// Device scratch of at least `bytes`; regrowing waits for `stream` to drain first.
-    pub fn device(&mut self, stream: &CudaStream, bytes: usize) -> Result<u64> {
+    /// Device scratch of at least `bytes`; regrowing waits for the stream to drain first.
+    pub fn device(&mut self, bytes: usize) -> Result<u64> {
         if self.device.as_ref().is_none_or(|d| d.len() < bytes) {
-            stream
-                .synchronize()
-                .map_err(driver_err("cuStreamSynchronize"))?;
+            self.driver.synchronize()?;
             self.device = None;
             let cap = bytes.next_power_of_two().max(1 << 16);
-            self.device = Some(DeviceBuffer::alloc(stream.context(), cap)?);
+            self.device = Some(DeviceBuffer::alloc(&self.driver, cap)?);
         }
         Ok(self.device.as_ref().expect("allocated above").device_ptr())
     }
 
-    /// Copies `bytes` to `dst` on `stream` through pinned memory without waiting for it.
-    pub fn upload(&mut self, stream: &CudaStream, dst: u64, bytes: &[u8]) -> Result<()> {
+    /// Copies `bytes` to `dst` on the stream through pinned memory without waiting for it.
+    /// `dst` must have room for them: it is scratch from [`Scratch::device`].
+    pub fn upload(&mut self, dst: u64, bytes: &[u8]) -> Result<()> {
         if let Some(ev) = self.uploaded {
             // SAFETY: `ev` is a live event created below; waiting on it has no other effect.
-            unsafe { result::event::synchronize(ev) }.map_err(driver_err("cuEventSynchronize"))?;
+            unsafe { self.driver.event_synchronize(ev) }?;
         }
         if self.host.as_ref().is_none_or(|h| h.bytes < bytes.len()) {
             self.host = None;
             let cap = bytes.len().next_power_of_two().max(1 << 14);
-            self.host = Some(PinnedBuffer::alloc(stream.context(), cap)?);
+            self.host = Some(PinnedBuffer::alloc(&self.driver, cap)?);
         }
         let host = self.host.as_mut().expect("allocated above").as_mut_slice();
         host[..bytes.len()].copy_from_slice(bytes);
         // SAFETY: `dst` has room for `bytes.len()` bytes (sized by `device`); the pinned
         // source stays untouched until the event recorded next has fired.
-        unsafe { result::memcpy_htod_async(dst, &host[..bytes.len()], stream.cu_stream()) }
-            .map_err(driver_err("cuMemcpyHtoDAsync(job table)"))?;
+        unsafe { self.driver.copy_htod(dst, &host[..bytes.len()]) }?;
         let ev = match self.uploaded {
             Some(ev) => ev,
-            None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map_err(driver_err("cuEventCreate"))?,
+            None => self.driver.event_create()?,
         };
         self.uploaded = Some(ev);
-        // SAFETY: `ev` and the stream are live.
-        unsafe { result::event::record(ev, stream.cu_stream()) }
-            .map_err(driver_err("cuEventRecord"))
+        // SAFETY: `ev` and the driver's stream are live.
+        unsafe { self.driver.event_record(ev, self.driver.stream()) }
     }
 }
 
@@ -297,7 +193,7 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         if let Some(ev) = self.uploaded.take() {
             // SAFETY: the event was created by `upload` and is destroyed once, here.
-            let _ = unsafe { result::event::destroy(ev) };
+            let _ = unsafe { self.driver.event_destroy(ev) };
         }
     }
 }

@@ -2,7 +2,7 @@
 //! build.rs from kernels/host/), launched with the driver's calling convention: each
 //! parameter points at one argument value, as for `cuLaunchKernel`. A launch runs its threads
 //! one at a time in an order picked by a seed, and checks every global access (see
-//! kernels/host/shim.h). Tests only.
+//! kernels/host/shim.h). Tests only: the emulated driver (`emulated.rs`) launches through it.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 

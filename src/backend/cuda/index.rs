@@ -8,9 +8,7 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::result;
-
-use super::context::{driver_err, INDEX_WORDS};
+use super::driver::Kernel;
 use super::index_check::{
     index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
 };
@@ -25,13 +23,14 @@ impl CudaBackend {
     /// Reads the two status words at `status` once the work queued before is done.
     fn read_status(&self, status: u64) -> Result<[u64; 2]> {
         let mut words = [0u64; 2];
+        let mut bytes = [0u8; 16];
         // SAFETY: `status` points at two u64 in scratch; a device-to-pageable copy returns
         // only when complete, and it is ordered after the kernels on this stream.
-        unsafe { result::memcpy_dtoh_async(&mut words, status, self.stream.cu_stream()) }
-            .map_err(driver_err("cuMemcpyDtoHAsync(index status)"))?;
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
+        unsafe { self.driver.copy_dtoh(&mut bytes, status) }?;
+        self.driver.synchronize()?;
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
         Ok(words)
     }
 
@@ -108,19 +107,14 @@ impl CudaBackend {
         len: usize,
         out: Option<&Tensor>,
     ) -> Result<Verdict> {
-        let k = self.kernels()?;
-        let w = INDEX_WORDS
-            .iter()
-            .position(|&w| w == check.word)
-            .expect("integer item sizes have a check kernel");
+        self.load_kernels()?;
         self.bind()?;
         let n = idx.shape()[0];
         // Held until the status is read, so no other call reuses the scratch before that.
         let mut scratch = self.scratch.lock().expect("scratch lock");
-        let status = scratch.device(&self.stream, 16)?;
+        let status = scratch.device(16)?;
         // SAFETY: the scratch allocation holds at least 16 bytes (asked for just above).
-        unsafe { result::memset_d8_async(status, 0, 16, self.stream.cu_stream()) }
-            .map_err(driver_err("cuMemsetD8Async(index status)"))?;
+        unsafe { self.driver.memset_zero(status, 16) }?;
         let (mut ip, mut sp, mut np, mut lp, mut signed, mut op, mut stp) = (
             idx.data_ptr() as u64,
             idx.strides()[0] as i64,
@@ -145,19 +139,9 @@ impl CudaBackend {
         // staged it otherwise); `out`, when given, holds `n` int64 on this device; `status`
         // is two zeroed u64 of scratch.
         unsafe {
-            result::launch_kernel(
-                k.check[w].cu_function(),
-                (grid, 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(driver_err(format!(
-            "launching check_indices_{}",
-            check.word
-        )))?;
+            self.driver
+                .launch(Kernel::Check(check.word), grid, &mut params)
+        }?;
         Ok(verdict(self.read_status(status)?, n))
     }
 
@@ -170,13 +154,8 @@ impl CudaBackend {
         let mut bytes = [0u8; 8];
         // SAFETY: `position < n`, so `at` addresses one item of `idx` on this device; the
         // copy into pageable memory returns when complete, after the work queued before.
-        unsafe {
-            result::memcpy_dtoh_async(&mut bytes[..item], at as u64, self.stream.cu_stream())
-        }
-        .map_err(driver_err("cuMemcpyDtoHAsync(bad index)"))?;
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
+        unsafe { self.driver.copy_dtoh(&mut bytes[..item], at as u64) }?;
+        self.driver.synchronize()?;
         Ok(Error::IndexOutOfRange {
             index: index_value(&bytes[..item], idx.dtype()),
             axis,
@@ -275,7 +254,6 @@ impl CudaBackend {
             if mode != Mode::Scatter {
                 return Ok(());
             }
-            let k = self.kernels()?;
             let (mut ip, mut np, mut lp, mut wp, mut sp) = (
                 idx.data_ptr() as u64,
                 n as u64,
@@ -293,17 +271,7 @@ impl CudaBackend {
             let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
             // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64*)`; the index
             // array holds `n` int64 on this device; `winner` has `len` zeroed slots.
-            unsafe {
-                result::launch_kernel(
-                    k.winners.cu_function(),
-                    (grid, 1, 1),
-                    (BLOCK, 1, 1),
-                    0,
-                    self.stream.cu_stream(),
-                    &mut params,
-                )
-            }
-            .map_err(driver_err("launching scatter_winners"))
+            unsafe { self.driver.launch(Kernel::Winners, grid, &mut params) }
         })?;
         self.check_status(status, axis, len)
     }

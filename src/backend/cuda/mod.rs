@@ -11,18 +11,28 @@
 //! |---|---|
 //! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
 //! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
-//! | `context.rs` | driver loading, kernel modules, device/pinned buffers, scratch |
+//! | `driver.rs` | the driver operations the backend uses, behind one interface |
+//! | `cudarc_driver.rs` | that interface on a GPU: cudarc, kernel modules |
+//! | `context.rs` | driver errors, device/pinned buffers, scratch |
 //! | `index_check.rs` | where indices must be and what the index check found (pure host code) |
 //! | `index.rs` | the index check, gather and scatter launches |
 //! | `stream.rs` | DLPack stream values and event-based waits |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 //! | `host_kernels.rs` | the kernel source built for the host, for tests (feature `kernel-host-tests`) |
+//! | `emulated.rs` | the driver emulated on the host over it, for tests (feature `kernel-host-tests`) |
+//! | `emulated_streams.rs` | the emulation's streams and events: work runs when the host waits |
 
 mod jobs;
 pub mod nvrtc;
 
 mod context;
-#[cfg(all(test, feature = "kernel-host-tests"))]
+mod cudarc_driver;
+mod driver;
+#[cfg(feature = "kernel-host-tests")]
+mod emulated;
+#[cfg(feature = "kernel-host-tests")]
+mod emulated_streams;
+#[cfg(feature = "kernel-host-tests")]
 mod host_kernels;
 mod index;
 mod index_check;
@@ -37,26 +47,27 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::result;
-use cudarc::driver::{sys, CudaContext, CudaStream};
-
 use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::tensor::{checked_numel, contiguous_strides, Tensor};
-use context::{driver_err, guarded, Kernels, Scratch};
-use jobs::{Launch, Mode, Transfer, BLOCK, MAX_JOB_NUMEL};
+use context::{guarded, Scratch};
+use cudarc_driver::CudarcDriver;
+use driver::{Driver, Kernel};
+use jobs::{Launch, Mode, Transfer, MAX_JOB_NUMEL};
 
 /// Kernels on one CUDA device. Obtain it with [`CudaBackend::get`] (or
-/// [`crate::backend::backend_for`]); all work goes to [`CudaBackend::stream`].
+/// [`crate::backend::backend_for`]); all work goes to one stream of the device
+/// ([`Backend::dlpack_stream`]).
 pub struct CudaBackend {
     device: Device,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    driver: Arc<dyn Driver>,
     sm_count: u32,
-    kernels: Mutex<Option<Arc<Kernels>>>,
     scratch: Mutex<Scratch>,
+    /// Runs on the host emulation of the driver (tests only): its peers are emulated too,
+    /// and no call needs libcuda.
+    emulated: bool,
 }
 
 impl CudaBackend {
@@ -79,68 +90,50 @@ impl CudaBackend {
         if let Some(b) = map.get(&device.id) {
             return Ok(b.clone());
         }
-        let b = Arc::new(guarded(|| Self::create(device))?);
+        let driver: Arc<dyn Driver> = Arc::new(guarded(|| CudarcDriver::new(device))?);
+        let b = Arc::new(Self::over(device, driver, false));
         map.insert(device.id, b.clone());
         Ok(b)
     }
 
-    fn create(device: Device) -> Result<CudaBackend> {
-        result::init().map_err(|e| {
-            context::unavailable(format!("cuInit failed: {}", driver_err("cuInit")(e)))
-        })?;
-        let count = CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))?;
-        if device.id >= count {
-            return Err(Error::InvalidDevice {
-                text: device.to_string(),
-                reason: format!("this machine has {count} CUDA device(s)"),
-            });
-        }
-        let ctx = CudaContext::new(device.id as usize).map_err(driver_err(format!(
-            "retaining the primary context of {device}"
-        )))?;
-        let sm = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(driver_err("cuDeviceGetAttribute(multiprocessor count)"))?;
-        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
-        Ok(CudaBackend {
+    fn over(device: Device, driver: Arc<dyn Driver>, emulated: bool) -> CudaBackend {
+        CudaBackend {
             device,
-            ctx,
-            stream,
-            sm_count: sm.max(1) as u32,
-            kernels: Mutex::new(None),
-            scratch: Mutex::new(Scratch::new()),
-        })
+            sm_count: driver.sm_count(),
+            scratch: Mutex::new(Scratch::new(driver.clone())),
+            driver,
+            emulated,
+        }
     }
 
-    /// The stream all of this backend's work is queued on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The backend of another CUDA device, for transfers between devices: an emulated
+    /// backend only ever reaches emulated peers.
+    fn peer(&self, device: Device) -> Result<Arc<CudaBackend>> {
+        #[cfg(feature = "kernel-host-tests")]
+        if self.emulated {
+            return emulated::backend_of(device);
+        }
+        CudaBackend::get(device)
     }
 
-    /// The retained primary context of the device.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// Runs a driver call, turning a missing libcuda into [`Error::BackendUnavailable`]; the
+    /// host emulation needs no libcuda.
+    fn guarded<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if self.emulated {
+            return f();
+        }
+        guarded(f)
     }
 
     /// Makes the context current on the calling thread (driver calls need it).
     pub(crate) fn bind(&self) -> Result<()> {
-        guarded(|| {
-            self.ctx
-                .bind_to_thread()
-                .map_err(driver_err("cuCtxSetCurrent"))
-        })
+        self.guarded(|| self.driver.bind())
     }
 
-    /// The kernels, compiled and loaded on first use (about a second of NVRTC per
+    /// Compiles and loads the kernels on first use (about a second of NVRTC per
     /// architecture and process).
-    fn kernels(&self) -> Result<Arc<Kernels>> {
-        let mut k = self.kernels.lock().expect("kernel cache lock");
-        if let Some(k) = k.as_ref() {
-            return Ok(k.clone());
-        }
-        let loaded = Arc::new(guarded(|| Kernels::load(&self.ctx))?);
-        *k = Some(loaded.clone());
-        Ok(loaded)
+    fn load_kernels(&self) -> Result<()> {
+        self.guarded(|| self.driver.load_kernels())
     }
 
     fn check_device(&self, t: &Tensor, role: &str, op: &str) -> Result<()> {
@@ -173,7 +166,7 @@ impl CudaBackend {
         extra: usize,
         before: impl FnOnce(u64) -> Result<()>,
     ) -> Result<u64> {
-        let kernels = self.kernels()?;
+        self.load_kernels()?;
         // Launches go to our stream, which belongs to our context: make it current even if
         // a call on another device's backend switched contexts on this thread.
         self.bind()?;
@@ -182,13 +175,10 @@ impl CudaBackend {
             .map(|l| l.jobs.len() * size_of::<jobs::CudaJob>())
             .sum();
         let extra_at = table_bytes.next_multiple_of(256);
-        let base = scratch.device(&self.stream, extra_at + extra)?;
+        let base = scratch.device(extra_at + extra)?;
         if extra > 0 {
             // SAFETY: the region lies inside the scratch allocation sized just above.
-            unsafe {
-                result::memset_d8_async(base + extra_at as u64, 0, extra, self.stream.cu_stream())
-            }
-            .map_err(driver_err("cuMemsetD8Async(scratch)"))?;
+            unsafe { self.driver.memset_zero(base + extra_at as u64, extra) }?;
         }
         before(base + extra_at as u64)?;
         if table_bytes > 0 {
@@ -197,20 +187,16 @@ impl CudaBackend {
                 .flat_map(|l| l.jobs.iter())
                 .flat_map(|j| j.to_bytes())
                 .collect();
-            scratch.upload(&self.stream, base, &bytes)?;
+            scratch.upload(base, &bytes)?;
         }
         let status = base + extra_at as u64;
         let winner = status + 16;
         let mut table = base;
         for l in launches {
-            let w = jobs::WORDS
-                .iter()
-                .position(|&w| w == l.word)
-                .expect("planned word size");
-            let f = match l.mode {
-                Mode::Box => &kernels.copy[w],
-                Mode::Gather => &kernels.gather[w],
-                Mode::Scatter => &kernels.scatter[w],
+            let kernel = match l.mode {
+                Mode::Box => Kernel::Copy(l.word),
+                Mode::Gather => Kernel::Gather(l.word),
+                Mode::Scatter => Kernel::Scatter(l.word),
             };
             let grid = l.ntiles.clamp(1, self.sm_count * 8);
             let (mut t, mut n, mut tiles, mut wp, mut sp) =
@@ -228,20 +214,7 @@ impl CudaBackend {
             // table pointer, two u32, and for index kernels two pointers); the job table was
             // uploaded on this stream before the launch; every address in it was derived
             // from tensors on this device whose boxes the caller checked to be in bounds.
-            unsafe {
-                result::launch_kernel(
-                    f.cu_function(),
-                    (grid, 1, 1),
-                    (BLOCK, 1, 1),
-                    0,
-                    self.stream.cu_stream(),
-                    &mut params,
-                )
-            }
-            .map_err(driver_err(format!(
-                "launching {:?} kernel for {}-byte words",
-                l.mode, l.word
-            )))?;
+            unsafe { self.driver.launch(kernel, grid, &mut params) }?;
             table += (l.jobs.len() * size_of::<jobs::CudaJob>()) as u64;
         }
         Ok(status)
@@ -272,7 +245,7 @@ impl Backend for CudaBackend {
         let (data, owner): (*mut u8, crate::tensor::Owner) = if bytes == 0 {
             (std::ptr::null_mut(), Arc::new(()))
         } else {
-            let buf = guarded(|| DeviceBuffer::alloc(&self.ctx, bytes))?;
+            let buf = self.guarded(|| DeviceBuffer::alloc(&self.driver, bytes))?;
             (buf.device_ptr() as *mut u8, Arc::new(buf))
         };
         // SAFETY: the allocation holds numel * itemsize bytes laid out in C order for
@@ -340,9 +313,7 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))
+        self.driver.synchronize()
     }
 
     /// Host <-> this device, or between this device and another CUDA device (see
@@ -355,16 +326,16 @@ impl Backend for CudaBackend {
                 reason: format!("neither side is on the backend's device {}", self.device),
             });
         }
-        copy_tensor(src, dst)
+        self.copy_between(src, dst)
     }
 
     /// This backend's stream, which all its work is queued on.
     fn dlpack_stream(&self) -> Option<i64> {
-        Some(self.stream.cu_stream() as usize as i64)
+        Some(self.driver.stream() as i64)
     }
 
     /// Queues an event wait on the consumer's stream; nothing blocks the host.
     fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
-        wait_on(self.device, stream, self.dlpack_stream())
+        self.wait_streams(stream, self.dlpack_stream())
     }
 }

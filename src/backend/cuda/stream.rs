@@ -7,10 +7,6 @@
 //! work by recording an event on its own stream and having the consumer's stream wait on
 //! it; nothing blocks the host.
 
-use cudarc::driver::result;
-use cudarc::driver::sys;
-
-use super::context::{driver_err, guarded};
 use super::CudaBackend;
 use crate::backend::Backend;
 use crate::device::Device;
@@ -59,14 +55,25 @@ impl DlpackStream {
     }
 
     /// The driver handle; `None` for [`DlpackStream::NoSync`].
-    fn raw(self) -> Option<sys::CUstream> {
+    fn raw(self) -> Option<u64> {
         match self {
-            DlpackStream::Legacy => Some(1usize as sys::CUstream),
-            DlpackStream::PerThread => Some(2usize as sys::CUstream),
-            DlpackStream::Handle(h) => Some(h as usize as sys::CUstream),
+            DlpackStream::Legacy => Some(1),
+            DlpackStream::PerThread => Some(2),
+            DlpackStream::Handle(h) => Some(h),
             DlpackStream::NoSync => None,
         }
     }
+}
+
+/// The raw `(consumer, producer)` streams to order, or `None` when there is nothing to do:
+/// either is -1, or both name the same stream.
+fn streams_to_order(consumer: Option<i64>, producer: Option<i64>) -> Result<Option<(u64, u64)>> {
+    let consumer = DlpackStream::from_dlpack(consumer)?;
+    let producer = DlpackStream::from_dlpack(producer)?;
+    Ok(match (consumer.raw(), producer.raw()) {
+        (Some(c), Some(p)) if c != p => Some((c, p)),
+        _ => None,
+    })
 }
 
 /// Makes `consumer` wait (on the device, not the host) for all work queued so far on
@@ -76,45 +83,42 @@ impl DlpackStream {
 /// The caller guarantees that handles > 2 are live streams of that device's primary
 /// context (DLPack's contract for the `stream` argument).
 pub fn wait_on(device: Device, consumer: Option<i64>, producer: Option<i64>) -> Result<()> {
-    let consumer = DlpackStream::from_dlpack(consumer)?;
-    let producer = DlpackStream::from_dlpack(producer)?;
-    let (Some(c), Some(p)) = (consumer.raw(), producer.raw()) else {
-        return Ok(());
-    };
-    if c == p {
-        return Ok(());
+    match streams_to_order(consumer, producer)? {
+        None => Ok(()),
+        Some((c, p)) => CudaBackend::get(device)?.order_streams(c, p),
     }
-    let backend = CudaBackend::get(device)?;
-    backend.bind()?;
-    guarded(|| {
-        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(driver_err("cuEventCreate"))?;
-        // SAFETY: `ev` is a fresh event of the current context; `p` and `c` are live
-        // streams of it (the caller's contract, or the backend's own stream).
-        let queued = unsafe { result::event::record(ev, p) }
-            .map_err(driver_err("cuEventRecord(producer stream)"))
-            .and_then(|()| {
-                // SAFETY: as above.
-                unsafe {
-                    result::stream::wait_event(
-                        c,
-                        ev,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                }
-                .map_err(driver_err("cuStreamWaitEvent(consumer stream)"))
-            });
-        // SAFETY: destroying an event with a pending wait is allowed: the driver releases it
-        // once the wait is resolved.
-        let destroyed = unsafe { result::event::destroy(ev) }.map_err(driver_err("cuEventDestroy"));
-        queued.and(destroyed)
-    })
 }
 
 impl CudaBackend {
     /// Makes this backend's stream wait for everything queued on `producer`.
     pub fn wait_for_producer(&self, producer: Option<i64>) -> Result<()> {
-        wait_on(self.device, self.dlpack_stream(), producer)
+        self.wait_streams(self.dlpack_stream(), producer)
+    }
+
+    /// [`wait_on`] for this backend's device.
+    pub(super) fn wait_streams(&self, consumer: Option<i64>, producer: Option<i64>) -> Result<()> {
+        match streams_to_order(consumer, producer)? {
+            None => Ok(()),
+            Some((c, p)) => self.order_streams(c, p),
+        }
+    }
+
+    /// Queues on `consumer` a wait for the work queued so far on `producer`.
+    fn order_streams(&self, consumer: u64, producer: u64) -> Result<()> {
+        self.bind()?;
+        self.guarded(|| {
+            let ev = self.driver.event_create()?;
+            // SAFETY: `ev` is a fresh event of the current context; both streams are live
+            // streams of it (the caller's contract, or the backend's own stream).
+            let queued = unsafe { self.driver.event_record(ev, producer) }.and_then(|()| {
+                // SAFETY: as above.
+                unsafe { self.driver.stream_wait_event(consumer, ev) }
+            });
+            // SAFETY: created just above and destroyed once; destroying an event with a
+            // pending wait is allowed: the driver releases it once the wait is resolved.
+            let destroyed = unsafe { self.driver.event_destroy(ev) };
+            queued.and(destroyed)
+        })
     }
 }
 

@@ -8,9 +8,7 @@
 
 use std::borrow::Cow;
 
-use cudarc::driver::{result, sys};
-
-use super::context::{driver_err, guarded, PinnedBuffer};
+use super::context::PinnedBuffer;
 use super::jobs::Transfer;
 use super::CudaBackend;
 use crate::backend::cpu::copy_strided;
@@ -95,19 +93,11 @@ impl CudaBackend {
         // SAFETY: `target` is contiguous on this device with exactly `bytes.len()` bytes of
         // elements; the call returns after a pageable source has been staged, and we
         // synchronise below before `bytes` can go away.
-        unsafe {
-            result::memcpy_htod_async(target.data_ptr() as u64, bytes, self.stream.cu_stream())
-        }
-        .map_err(driver_err(format!(
-            "cuMemcpyHtoDAsync({} bytes)",
-            bytes.len()
-        )))?;
+        unsafe { self.driver.copy_htod(target.data_ptr() as u64, bytes) }?;
         if !dst.is_contiguous() {
             self.box_copy(&target, dst)?;
         }
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))
+        self.driver.synchronize()
     }
 
     /// Reads the C-order elements of `src` on this device into `out` and waits.
@@ -121,14 +111,8 @@ impl CudaBackend {
         };
         // SAFETY: `from` is contiguous on this device with `out.len()` bytes of elements;
         // the copy is ordered after the packing kernel and completes before we return.
-        unsafe { result::memcpy_dtoh_async(out, from.data_ptr() as u64, self.stream.cu_stream()) }
-            .map_err(driver_err(format!(
-                "cuMemcpyDtoHAsync({} bytes)",
-                out.len()
-            )))?;
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))
+        unsafe { self.driver.copy_dtoh(out, from.data_ptr() as u64) }?;
+        self.driver.synchronize()
     }
 
     /// Copies the host tensor `src` (any host-accessible device) into `dst` on this device.
@@ -145,7 +129,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        guarded(|| self.upload(&host_bytes(src), dst))
+        self.guarded(|| self.upload(&host_bytes(src), dst))
     }
 
     /// Copies `src` on this device into the host tensor `dst`.
@@ -163,7 +147,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        guarded(|| {
+        self.guarded(|| {
             if dst.is_contiguous() {
                 // SAFETY: `dst` is contiguous, writable host memory of `n` bytes, not aliased
                 // by anything we read.
@@ -207,9 +191,9 @@ impl CudaBackend {
             self.box_copy(src, dst)?;
             return self.synchronize();
         }
-        let peer = CudaBackend::get(src.device())?;
+        let peer = self.peer(src.device())?;
         self.bind()?;
-        guarded(|| {
+        self.guarded(|| {
             if self.enable_peer_access(&peer)? {
                 // Our kernel must not read `src` before the source device's queued work.
                 self.wait_on_other(&peer)?;
@@ -226,7 +210,7 @@ impl CudaBackend {
                 }])?;
                 return self.synchronize();
             }
-            let mut staging = PinnedBuffer::alloc(&self.ctx, src.nbytes())?;
+            let mut staging = PinnedBuffer::alloc(&self.driver, src.nbytes())?;
             let bytes = &mut staging.as_mut_slice()[..src.nbytes()];
             peer.bind()?;
             peer.download(src, bytes)?;
@@ -237,32 +221,40 @@ impl CudaBackend {
 
     /// Lets this device's kernels read `peer`'s memory; false when the hardware cannot.
     fn enable_peer_access(&self, peer: &CudaBackend) -> Result<bool> {
-        let mut can = 0;
-        // SAFETY: `can` is valid for writes; both devices are valid ordinals.
-        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), peer.ctx.cu_device()) }
-            .result()
-            .map_err(driver_err("cuDeviceCanAccessPeer"))?;
-        if can == 0 {
-            return Ok(false);
-        }
-        // SAFETY: our context is current (bound by the caller); `peer`'s context is live.
-        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
-            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-                Ok(true)
-            }
-            e => Err(driver_err("cuCtxEnablePeerAccess")(result::DriverError(e))),
-        }
+        self.driver.enable_peer_access(peer.driver.as_ref())
     }
 
     /// Makes our stream wait for the work queued on `other`'s stream (another device).
     fn wait_on_other(&self, other: &CudaBackend) -> Result<()> {
-        let ev = other
-            .stream
-            .record_event(None)
-            .map_err(driver_err("cuEventRecord(peer stream)"))?;
-        self.stream
-            .wait(&ev)
-            .map_err(driver_err("cuStreamWaitEvent(peer event)"))
+        let ev = other.driver.event_create()?;
+        // SAFETY: `ev` is a fresh event of `other`'s context, recorded on its own stream;
+        // our stream may wait on an event of another context.
+        let queued = unsafe { other.driver.event_record(ev, other.driver.stream()) }
+            // SAFETY: as above; our stream is live.
+            .and_then(|()| unsafe { self.driver.stream_wait_event(self.driver.stream(), ev) });
+        // SAFETY: created above, destroyed once; a pending wait still resolves.
+        let destroyed = unsafe { other.driver.event_destroy(ev) };
+        queued.and(destroyed)
+    }
+
+    /// [`Backend::transfer`]: `src` and `dst` on this device, another CUDA device this one
+    /// reaches, or host memory; one of them is on this device.
+    pub(super) fn copy_between(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        let (s, d) = (src.device(), dst.device());
+        if d == self.device && s.is_host_accessible() {
+            self.copy_host_to_device(src, dst)
+        } else if s == self.device && d.is_host_accessible() {
+            self.copy_device_to_host(src, dst)
+        } else if d == self.device {
+            self.copy_device_to_device(src, dst)
+        } else if s == self.device && d.kind == DeviceType::Cuda {
+            self.peer(d)?.copy_device_to_device(src, dst)
+        } else {
+            Err(Error::UnsupportedDevice {
+                device: format!("{s} -> {d}"),
+                op: "copy_tensor (CUDA transfers)".into(),
+            })
+        }
     }
 }
 

@@ -1,0 +1,294 @@
+//! The driver on a GPU: libcuda through cudarc, kernels compiled by NVRTC for the device's
+//! architecture and loaded once per device.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::result;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::context::{driver_err, unavailable};
+use super::driver::{Driver, Kernel};
+use super::jobs::BLOCK;
+use super::nvrtc::{self, Image, SOURCES};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Every kernel of one device by entry name, loaded from the images for its architecture.
+type Functions = HashMap<&'static str, CudaFunction>;
+
+/// The primary context of one device, the backend's non-blocking stream on it, and the
+/// kernels, loaded on first use.
+pub(crate) struct CudarcDriver {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    sm_count: u32,
+    kernels: Mutex<Option<Arc<Functions>>>,
+}
+
+impl CudarcDriver {
+    /// Retains `device`'s primary context and creates a stream on it. The caller has
+    /// checked that libcuda loads (see `context::guarded`).
+    pub fn new(device: Device) -> Result<CudarcDriver> {
+        result::init()
+            .map_err(|e| unavailable(format!("cuInit failed: {}", driver_err("cuInit")(e))))?;
+        let count = CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))?;
+        if device.id >= count {
+            return Err(Error::InvalidDevice {
+                text: device.to_string(),
+                reason: format!("this machine has {count} CUDA device(s)"),
+            });
+        }
+        let ctx = CudaContext::new(device.id as usize).map_err(driver_err(format!(
+            "retaining the primary context of {device}"
+        )))?;
+        let sm = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute(multiprocessor count)"))?;
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        Ok(CudarcDriver {
+            ctx,
+            stream,
+            sm_count: sm.max(1) as u32,
+            kernels: Mutex::new(None),
+        })
+    }
+
+    /// The kernels, compiled and loaded on first use (about a second of NVRTC per
+    /// architecture and process).
+    fn kernels(&self) -> Result<Arc<Functions>> {
+        let mut k = self.kernels.lock().expect("kernel cache lock");
+        if let Some(k) = k.as_ref() {
+            return Ok(k.clone());
+        }
+        let loaded = Arc::new(load(&self.ctx)?);
+        *k = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+}
+
+/// Compiled images per target architecture, shared by devices of the same kind.
+fn images_for(arch: &str) -> Result<Arc<Vec<Image>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<Image>>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(i) = cache.lock().expect("image cache lock").get(arch) {
+        return Ok(i.clone());
+    }
+    // Compiled outside the lock and one thread per source: NVRTC takes seconds.
+    let images = std::thread::scope(|scope| {
+        let jobs: Vec<_> = SOURCES
+            .iter()
+            .map(|s| scope.spawn(move || nvrtc::compile(s, arch)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().expect("NVRTC panics are caught in compile"))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let images = Arc::new(images);
+    cache
+        .lock()
+        .expect("image cache lock")
+        .insert(arch.to_string(), images.clone());
+    Ok(images)
+}
+
+fn load(ctx: &Arc<CudaContext>) -> Result<Functions> {
+    let cc = ctx
+        .compute_capability()
+        .map_err(driver_err("cuDeviceGetAttribute(compute capability)"))?;
+    let arch = nvrtc::arch_for(cc, &nvrtc::supported_archs()?)?;
+    let images = images_for(&arch)?;
+    let mut functions = Functions::new();
+    for (src, image) in SOURCES.iter().zip(images.iter()) {
+        let ptx = match image {
+            Image::Cubin(b) => Ptx::from_binary(b.clone()),
+            Image::Ptx(p) => Ptx::from_src(p.clone()),
+        };
+        let module = ctx.load_module(ptx).map_err(driver_err(format!(
+            "cuModuleLoadData(kernels/{}, {arch})",
+            src.name
+        )))?;
+        for &entry in src.entries {
+            let f = module
+                .load_function(entry)
+                .map_err(driver_err(format!("cuModuleGetFunction({entry})")))?;
+            functions.insert(entry, f);
+        }
+    }
+    Ok(functions)
+}
+
+fn event(e: u64) -> sys::CUevent {
+    e as usize as sys::CUevent
+}
+
+fn stream(s: u64) -> sys::CUstream {
+    s as usize as sys::CUstream
+}
+
+impl Driver for CudarcDriver {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))
+    }
+
+    fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    fn stream(&self) -> u64 {
+        self.cu_stream() as usize as u64
+    }
+
+    fn load_kernels(&self) -> Result<()> {
+        self.kernels().map(drop)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<u64> {
+        self.bind()?;
+        // SAFETY: the context is current; the caller owns the returned pointer.
+        unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(driver_err(format!("cuMemAlloc({bytes} bytes)")))
+    }
+
+    unsafe fn free(&self, ptr: u64) {
+        // Errors cannot be reported from a drop; a failed free leaks the allocation.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the caller's contract: `ptr` came from cuMemAlloc in this context, once.
+        let _ = unsafe { result::free_sync(ptr) };
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        self.bind()?;
+        // SAFETY: the context is current; the caller owns the returned memory.
+        let p = unsafe { result::malloc_host(bytes.max(1), 0) }
+            .map_err(driver_err(format!("cuMemAllocHost({bytes} bytes)")))?;
+        Ok(p.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the caller's contract: `ptr` came from cuMemAllocHost, freed once.
+        let _ = unsafe { result::free_host(ptr.cast()) };
+    }
+
+    unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract: the range lies in one allocation of this device.
+        unsafe { result::memset_d8_async(dst, 0, bytes, self.cu_stream()) }
+            .map_err(driver_err(format!("cuMemsetD8Async({bytes} bytes)")))
+    }
+
+    unsafe fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: the caller's contract: `dst` has room for `src`; a pageable source is
+        // staged before the call returns, a pinned one the caller keeps untouched.
+        unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }.map_err(driver_err(
+            format!("cuMemcpyHtoDAsync({} bytes)", src.len()),
+        ))
+    }
+
+    unsafe fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        let n = dst.len();
+        // SAFETY: the caller's contract: `src` holds `n` bytes; `dst` is borrowed mutably
+        // for the call, and a pinned one the caller leaves alone until it synchronises.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
+            .map_err(driver_err(format!("cuMemcpyDtoHAsync({n} bytes)")))
+    }
+
+    unsafe fn launch(&self, kernel: Kernel, grid: u32, params: &mut [*mut c_void]) -> Result<()> {
+        let kernels = self.kernels()?;
+        let f = kernels
+            .get(kernel.entry())
+            .expect("every kernel is listed in SOURCES");
+        // SAFETY: the caller's contract on `params`; the function and stream belong to this
+        // context.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                self.cu_stream(),
+                params,
+            )
+        }
+        .map_err(driver_err(format!("launching {}", kernel.entry())))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// The event belongs to this device's context, made current here.
+    fn event_create(&self) -> Result<u64> {
+        self.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(driver_err("cuEventCreate"))?;
+        Ok(ev as usize as u64)
+    }
+
+    unsafe fn event_record(&self, ev: u64, s: u64) -> Result<()> {
+        // SAFETY: the caller's contract: a live event and a live stream of this context.
+        unsafe { result::event::record(event(ev), stream(s)) }.map_err(driver_err("cuEventRecord"))
+    }
+
+    unsafe fn event_synchronize(&self, ev: u64) -> Result<()> {
+        // SAFETY: the caller's contract: a live event.
+        unsafe { result::event::synchronize(event(ev)) }.map_err(driver_err("cuEventSynchronize"))
+    }
+
+    unsafe fn stream_wait_event(&self, s: u64, ev: u64) -> Result<()> {
+        // `ev` may belong to another device's context (a peer's stream); `s` is ours.
+        self.bind()?;
+        // SAFETY: the caller's contract: a live event and a live stream of this context.
+        unsafe {
+            result::stream::wait_event(
+                stream(s),
+                event(ev),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(driver_err("cuStreamWaitEvent"))
+    }
+
+    unsafe fn event_destroy(&self, ev: u64) -> Result<()> {
+        // SAFETY: the caller's contract: created here, destroyed once. A pending wait on it
+        // is resolved by the driver after the destroy.
+        unsafe { result::event::destroy(event(ev)) }.map_err(driver_err("cuEventDestroy"))
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Driver) -> Result<bool> {
+        let Some(peer) = peer.as_any().downcast_ref::<CudarcDriver>() else {
+            return Ok(false);
+        };
+        let mut can = 0;
+        // SAFETY: `can` is valid for writes; both devices are valid ordinals.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), peer.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err("cuDeviceCanAccessPeer"))?;
+        if can == 0 {
+            return Ok(false);
+        }
+        self.bind()?;
+        // SAFETY: our context is current; `peer`'s context is live.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(true)
+            }
+            e => Err(driver_err("cuCtxEnablePeerAccess")(result::DriverError(e))),
+        }
+    }
+}
