@@ -79,7 +79,8 @@ pub fn repartition<S: Borrow<Tensor>>(
             out.into_iter().map(|t| t.expect("every target")).collect()
         }
     };
-    run_copies(plan, src, &out, &backends)?;
+    // SAFETY: the targets were just allocated, each on its own memory.
+    unsafe { run_copies(plan, src, &out, &backends)? };
     Ok(out)
 }
 
@@ -126,7 +127,8 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     let sources: Vec<&Tensor> = src.iter().map(Borrow::borrow).collect();
     let shared = crate::overlap::sources_sharing(&sources, &targets);
     if !shared.contains(&true) {
-        return run_copies(plan, src, dst, &backends);
+        // SAFETY: the targets were checked disjoint, and no source shares their memory.
+        return unsafe { run_copies(plan, src, dst, &backends) };
     }
     let staged: Vec<Tensor> = sources
         .iter()
@@ -139,7 +141,9 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
             }
         })
         .collect::<Result<_>>()?;
-    run_copies(plan, &staged, dst, &backends)
+    // SAFETY: the targets were checked disjoint, and every source that shared their memory
+    // was copied aside into `staged`.
+    unsafe { run_copies(plan, &staged, dst, &backends) }
 }
 
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;
@@ -189,7 +193,11 @@ fn check_devices<S: Borrow<Tensor>>(
 /// backend runs the whole plan ([`Backend::copy_plan`]: checked per tensor, not per box);
 /// otherwise one batch per executing device: same-device copies run on that device, and
 /// host-to-host transfers (kDLCPU <-> kDLCUDAHost) on the CPU.
-fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
+///
+/// # Safety
+/// The targets share no element with each other or with any source (the contract of
+/// [`Backend::copy_plan`]).
+unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     plan: &Plan,
     src: &[S],
     dst: &[D],
@@ -212,7 +220,8 @@ fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
             Some(b) => b.clone(),
             None => backend_for(dev)?,
         };
-        backend.copy_plan(plan, &srcs, &dsts)?;
+        // SAFETY: this function's contract.
+        unsafe { backend.copy_plan(plan, &srcs, &dsts)? };
         return backend.synchronize();
     }
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
@@ -233,7 +242,9 @@ fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
             Some(b) => b.clone(),
             None => backend_for(*dev)?,
         };
-        backend.copy_boxes(jobs)?;
+        // SAFETY: the boxes of disjoint targets are disjoint, and no target shares memory with
+        // a source (this function's contract).
+        unsafe { backend.copy_boxes_unchecked(jobs)? };
         backend.synchronize()?;
     }
     Ok(())
@@ -383,13 +394,15 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         let backend = backend_for(here)?;
         let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
         let zeros = vec![0; t.ndim()];
-        backend.copy_boxes(&[BoxCopy {
+        let job = BoxCopy {
             src: t,
             src_start: zeros.clone(),
             dst: &out,
             dst_start: zeros,
             shape: t.shape().to_vec(),
-        }])?;
+        };
+        // SAFETY: `out` was just allocated: it shares no memory with `t`.
+        unsafe { backend.copy_boxes_unchecked(&[job])? };
         backend.synchronize()?;
         return Ok(out);
     }

@@ -1,5 +1,6 @@
 //! Which tensors share memory: the check that lets `ops::repartition_into` hand the backends
-//! copies whose destinations are disjoint from each other and from every other copy's source.
+//! copies whose destinations are disjoint from each other and from every other copy's source,
+//! and that `Backend::copy_boxes` runs on the jobs its callers give it.
 //!
 //! Each tensor is cut into its *runs*, the address ranges of its innermost rows (one element
 //! each when the innermost axis is not contiguous). Sorted by address, runs of different
@@ -7,6 +8,8 @@
 //! runs than [`MAX_RUNS`] is judged by its whole byte span instead, which may see sharing
 //! where there is none: targets are then refused, and sources staged, both safe.
 
+use crate::backend::BoxCopy;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Beyond this many runs in all, tensors are compared by their byte spans.
@@ -122,6 +125,48 @@ pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<b
     shared
 }
 
+/// Checks the contract of `Backend::copy_boxes_unchecked` on `jobs`: no two destination boxes
+/// share an element, and no job's source box shares one with another job's destination box.
+pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
+    let dst: Vec<Tensor> = jobs
+        .iter()
+        .map(|j| j.dst.view(&j.dst_start, &j.shape))
+        .collect::<Result<_>>()?;
+    let dst_refs: Vec<&Tensor> = dst.iter().collect();
+    if let Some((a, b)) = shared_targets(&dst_refs) {
+        return Err(Error::buffer(if a == b {
+            format!("box copy {a} writes some element more than once")
+        } else {
+            format!("box copies {a} and {b} write the same memory: they would race")
+        }));
+    }
+    let src: Vec<Tensor> = jobs
+        .iter()
+        .map(|j| j.src.view(&j.src_start, &j.shape))
+        .collect::<Result<_>>()?;
+    let src_refs: Vec<&Tensor> = src.iter().collect();
+    for (i, shared) in sources_sharing(&src_refs, &dst_refs)
+        .into_iter()
+        .enumerate()
+    {
+        if !shared {
+            continue;
+        }
+        // Sharing with its own destination is fine: the backends handle a box that reads
+        // what it writes.
+        let others: Vec<&Tensor> = (0..dst.len())
+            .filter(|&k| k != i)
+            .map(|k| &dst[k])
+            .collect();
+        if sources_sharing(&[&src[i]], &others)[0] {
+            return Err(Error::buffer(format!(
+                "box copy {i} reads memory another box copy writes: they would race"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +241,76 @@ mod tests {
         // A zero stride repeats elements: a target covering one element twice.
         let repeated = strided(&a, &[3, 2], &[0, 1], 0);
         assert_eq!(shared_targets(&[&repeated]), Some((0, 0)));
+    }
+
+    #[test]
+    fn box_copies_that_would_race_are_refused() {
+        let a = grid(4, 4);
+        let b = grid(4, 4);
+        let ok = [
+            BoxCopy {
+                src: &a,
+                src_start: vec![0, 0],
+                dst: &b,
+                dst_start: vec![0, 0],
+                shape: vec![2, 2],
+            },
+            BoxCopy {
+                src: &a,
+                src_start: vec![2, 2],
+                dst: &b,
+                dst_start: vec![2, 2],
+                shape: vec![2, 2],
+            },
+            // reads what it writes: fine
+            BoxCopy {
+                src: &a,
+                src_start: vec![0, 2],
+                dst: &a,
+                dst_start: vec![0, 2],
+                shape: vec![2, 2],
+            },
+        ];
+        assert!(check_jobs(&ok).is_ok());
+        let twice = [
+            BoxCopy {
+                src: &a,
+                src_start: vec![0, 0],
+                dst: &b,
+                dst_start: vec![0, 0],
+                shape: vec![2, 2],
+            },
+            BoxCopy {
+                src: &a,
+                src_start: vec![2, 2],
+                dst: &b,
+                dst_start: vec![1, 1],
+                shape: vec![2, 2],
+            },
+        ];
+        assert!(check_jobs(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("0 and 1 write the same"));
+        let crossed = [
+            BoxCopy {
+                src: &a,
+                src_start: vec![0, 0],
+                dst: &b,
+                dst_start: vec![0, 0],
+                shape: vec![2, 2],
+            },
+            BoxCopy {
+                src: &b,
+                src_start: vec![1, 1],
+                dst: &a,
+                dst_start: vec![2, 2],
+                shape: vec![2, 2],
+            },
+        ];
+        assert!(check_jobs(&crossed)
+            .unwrap_err()
+            .to_string()
+            .contains("reads memory another"));
     }
 }

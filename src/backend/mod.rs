@@ -48,18 +48,36 @@ pub trait Backend: Send + Sync {
         Ok(out)
     }
 
-    /// Runs every copy. Destination boxes do not overlap each other, and no job's destination
-    /// overlaps another job's source (a source overlapping its own destination is fine).
-    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
+    /// Runs every copy, after checking that the jobs' destination boxes share no element with
+    /// each other or with another job's source box (a source overlapping its own destination
+    /// is fine); jobs that do are refused with [`Error::Buffer`], as their copies would race.
+    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+        crate::overlap::check_jobs(jobs)?;
+        // SAFETY: the destinations were just checked disjoint from each other and from every
+        // other job's source.
+        unsafe { self.copy_boxes_unchecked(jobs) }
+    }
+
+    /// Runs every copy, without the overlap check of [`Backend::copy_boxes`].
+    ///
+    /// # Safety
+    /// Destination boxes share no element with each other, and no job's destination shares an
+    /// element with another job's source (a source overlapping its own destination is fine):
+    /// the backend writes the boxes from several threads or kernels at once.
+    unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()>;
 
     /// Runs every copy of `plan`, from `src[op.src]` into `dst[op.dst]` for each [`BoxCopy`](crate::plan::BoxCopy):
     /// `src` and `dst` hold one tensor per partition of the plan's source and target grid (C
     /// order), of the partitions' shapes, of one dtype, all on this backend's device (or, on
-    /// the CPU, in host-accessible memory). The contract on overlaps is that of
-    /// [`Backend::copy_boxes`]. The default hands the plan's copies to
-    /// [`Backend::copy_boxes`]; a backend may check the tensors once each instead of once per
-    /// box, which is what thousands of small boxes cost.
-    fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
+    /// the CPU, in host-accessible memory). The default hands the plan's copies to
+    /// [`Backend::copy_boxes_unchecked`]; a backend may check the tensors once each instead of
+    /// once per box, which is what thousands of small boxes cost.
+    ///
+    /// # Safety
+    /// The target tensors share no element with each other, and no target shares an element
+    /// with a source tensor (the contract of [`Backend::copy_boxes_unchecked`] for every box
+    /// of the plan; `ops` checks it, or allocates the targets itself).
+    unsafe fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
         let mut jobs = Vec::with_capacity(plan.len());
         for op in plan.ops() {
             let (s, d) = (src.get(op.src), dst.get(op.dst));
@@ -77,7 +95,9 @@ pub trait Backend: Send + Sync {
                 shape: op.shape,
             });
         }
-        self.copy_boxes(&jobs)
+        // SAFETY: the caller guarantees the targets disjoint from each other and from the
+        // sources, so every box's destination is too.
+        unsafe { self.copy_boxes_unchecked(&jobs) }
     }
 
     /// Checks `indices` (1-d, any integer dtype) against an axis `axis` of length `len`, on

@@ -323,7 +323,7 @@ impl Backend for CpuBackend {
         Ok(r)
     }
 
-    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+    unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         let mut ptrs = Vec::with_capacity(jobs.len());
         let mut temps = Vec::new();
         for (n, j) in jobs.iter().enumerate() {
@@ -380,7 +380,7 @@ impl Backend for CpuBackend {
 
     /// Checks every tensor once against the plan's grids, then copies the boxes without
     /// a per-box allocation or plan (see `repart.rs`).
-    fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
+    unsafe fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
         repart::copy_plan(self, plan, src, dst, &copy::TUNING)
     }
 
@@ -418,13 +418,15 @@ impl Backend for CpuBackend {
             ));
         }
         let zero = vec![0; src.ndim()];
-        self.copy_boxes(&[BoxCopy {
+        let job = BoxCopy {
             src,
             src_start: zero.clone(),
             dst,
             dst_start: zero,
             shape: src.shape().to_vec(),
-        }])
+        };
+        // SAFETY: one job: there is no other job whose boxes it could meet.
+        unsafe { self.copy_boxes_unchecked(&[job]) }
     }
 }
 

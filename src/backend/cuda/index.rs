@@ -178,13 +178,15 @@ impl CudaBackend {
             return Ok(indices.clone());
         }
         let out = self.empty(indices.shape(), DType::Int64)?;
-        self.copy_boxes(&[BoxCopy {
+        let job = BoxCopy {
             src: indices,
             src_start: vec![0],
             dst: &out,
             dst_start: vec![0],
             shape: indices.shape().to_vec(),
-        }])?;
+        };
+        // SAFETY: one job, into `out`, which was just allocated.
+        unsafe { self.copy_boxes_unchecked(&[job])? };
         Ok(out)
     }
 

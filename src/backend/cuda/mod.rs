@@ -263,7 +263,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn copy_boxes(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+    unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         self.bind()?;
         let mut transfers = Vec::with_capacity(jobs.len());
         for j in jobs {

@@ -78,13 +78,15 @@ impl CudaBackend {
     /// Queues the copy of all of `src` into `dst`, both on this device.
     pub(super) fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         let zero = vec![0; src.ndim()];
-        self.copy_boxes(&[BoxCopy {
+        let job = BoxCopy {
             src,
             src_start: zero.clone(),
             dst,
             dst_start: zero,
             shape: src.shape().to_vec(),
-        }])
+        };
+        // SAFETY: one job: there is no other job whose boxes it could meet.
+        unsafe { self.copy_boxes_unchecked(&[job]) }
     }
 
     /// Writes `bytes` (the C-order elements) into `dst` on this device and waits.
