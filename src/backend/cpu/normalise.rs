@@ -2,14 +2,16 @@
 //!
 //! [`Backend::normalise_indices`]: crate::backend::Backend::normalise_indices
 
-use std::mem::MaybeUninit;
+use std::mem::{size_of, MaybeUninit};
+use std::sync::Arc;
 
 use ndarray::Array1;
 use rayon::prelude::*;
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{HostBuffer, Tensor};
 
 /// Index arrays shorter than this are checked on the calling thread.
 const PARALLEL_INDICES: usize = 1 << 20;
@@ -56,13 +58,24 @@ unsafe fn copy_and_count(src: *const i64, dst: &mut [MaybeUninit<i64>], len: usi
     outside
 }
 
-/// The copy of `n` contiguous int64 indices at `src`, and how many are outside `[0, len)`.
+/// The copy of `n` (> 0) contiguous int64 indices at `src` as a host tensor dlpart owns, and
+/// how many are outside `[0, len)`.
+///
+/// The copy lives in a [`HostBuffer`], whose freed large buffers are reused: a fresh 512 MiB
+/// allocation for 64M indices is faulted in and zeroed by the kernel page by page, which
+/// costs about as much as the copy itself, on every gather in a loop.
 ///
 /// # Safety
 /// As for [`copy_and_count`], with `n` values.
-unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Vec<i64>, usize)> {
-    let mut out = alloc_indices(n)?;
-    let spare = &mut out.spare_capacity_mut()[..n];
+unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor, usize)> {
+    let nbytes = n
+        .checked_mul(size_of::<i64>())
+        .ok_or_else(|| Error::shape("too many indices", n.to_string()))?;
+    let buf = Arc::new(HostBuffer::uninit(nbytes));
+    let dst = buf.as_ptr().cast::<MaybeUninit<i64>>();
+    // SAFETY: the buffer holds `nbytes` bytes, aligned for any element (`HostBuffer::ALIGN`),
+    // and nothing else can reach it yet.
+    let spare = unsafe { std::slice::from_raw_parts_mut(dst, n) };
     let outside = if n < PARALLEL_INDICES {
         // SAFETY: forwarded caller contract.
         unsafe { copy_and_count(src, spare, len) }
@@ -75,10 +88,20 @@ unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Vec<i64
             .map(|(c, chunk)| unsafe { copy_and_count(src.get().add(c * CHUNK), chunk, len) })
             .sum()
     };
-    // SAFETY: `copy_and_count` wrote every one of the first `n` elements (all blocks of all
-    // chunks), within the capacity reserved above.
-    unsafe { out.set_len(n) };
-    Ok((out, outside))
+    // SAFETY: `copy_and_count` wrote all `n` int64 values of the buffer (every block of every
+    // chunk), which `buf`, the owner, keeps alive; C-order strides for one axis of `n`.
+    let t = unsafe {
+        Tensor::from_raw_parts(
+            buf.as_ptr(),
+            vec![n],
+            vec![1],
+            DType::Int64,
+            Device::CPU,
+            false,
+            buf,
+        )
+    };
+    Ok((t, outside))
 }
 
 /// A pointer the index threads share; they only read through it.
@@ -128,11 +151,13 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
     {
         // SAFETY: a host-accessible contiguous int64 tensor of `n` elements, kept alive by
         // `indices` during the call, and aligned (checked just above).
-        let (mut fixed, outside) = unsafe { copy_indices(ptr, n, len)? };
+        let (copy, outside) = unsafe { copy_indices(ptr, n, len)? };
         if outside == 0 {
-            return Ok(Tensor::from_ndarray(Array1::from_vec(fixed)));
+            return Ok(copy);
         }
         // Negative or bad indices: everything from here on reads dlpart's copy only.
+        // SAFETY: the copy holds `n` int64 values, made just above; nothing else has it yet.
+        let fixed = unsafe { std::slice::from_raw_parts_mut(copy.data_ptr().cast::<i64>(), n) };
         let bad = fixed.iter().find(|&&v| v < lo || v >= hi).copied();
         if let Some(bad) = bad {
             return Err(out_of_range(bad as i128));
@@ -148,7 +173,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
         } else {
             fixed.par_iter_mut().for_each(wrap);
         }
-        return Ok(Tensor::from_ndarray(Array1::from_vec(fixed)));
+        return Ok(copy);
     }
     let stride = indices.strides()[0];
     let mut out = alloc_indices(n)?;
