@@ -64,7 +64,10 @@ fn ints_into(
         let at = position
             .map(|p| format!(" at position {}", tuple_string(p)))
             .unwrap_or_default();
-        let found = obj.repr().map(|r| r.to_string()).unwrap_or_default();
+        let found = obj.repr().map_or_else(
+            |_| format!("a {} whose repr() raised", type_name(obj)),
+            |r| r.to_string(),
+        );
         ProtocolError::new_err(format!(
             "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {found}"
         ))

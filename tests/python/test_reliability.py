@@ -291,3 +291,17 @@ def test_plain_values_are_no_data_and_no_handle(data):
     for check in (dlpart.validate, dlpart.from_partitioned):
         with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\).*\"data\""):
             check(_dict(data))
+
+
+@pytest.mark.parametrize("key", ["dtype", "device", "location", "start"])
+def test_deep_nesting_is_a_protocol_error_naming_the_key(key):
+    """A value nested 100,000 deep makes repr() and str() raise RecursionError."""
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    entry = {"start": (0,), "shape": (2,), "data": np.zeros(2), key: deep}
+    d = {"shape": (2,), "partition_tiling": (1,), "partitions": {(0,): entry}}
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        named = rf"position \(0,\).*{key}|{key}.*position \(0,\)"
+        with pytest.raises(dlpart.ProtocolError, match=named):
+            check(d)

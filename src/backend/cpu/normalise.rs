@@ -219,6 +219,16 @@ fn read_index(t: &Tensor, offset: isize) -> Result<i128> {
 mod tests {
     use super::*;
 
+    /// Short lists, lists of several copy blocks and (natively) lists long enough for threads;
+    /// Miri would take minutes over a million indices.
+    fn sizes() -> [usize; 3] {
+        if cfg!(miri) {
+            [5, 2 * BLOCK + 5, 3 * BLOCK]
+        } else {
+            [5, 2 * BLOCK + 5, PARALLEL_INDICES + 5]
+        }
+    }
+
     /// Rewrites every index of `t` (a contiguous int64 tensor dlpart owns) to `v`.
     fn overwrite(t: &Tensor, v: i64) {
         let n = t.shape()[0];
@@ -230,7 +240,7 @@ mod tests {
     #[test]
     fn the_normalised_indices_are_a_copy_the_caller_cannot_change() {
         // Short and long (parallel) lists, in range and with negative indices.
-        for n in [3, PARALLEL_INDICES + 5] {
+        for n in sizes() {
             for first in [0i64, -1] {
                 let mut values: Vec<i64> = (0..n as i64).map(|i| i % 7).collect();
                 values[0] = first;
@@ -249,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_bad_index_anywhere_is_reported() {
-        for n in [5, PARALLEL_INDICES + 5] {
+        for n in sizes() {
             for (at, bad) in [(0, 7i64), (n - 1, -8), (n / 2, i64::MIN), (n / 3, i64::MAX)] {
                 let mut values = vec![1i64; n];
                 values[at] = bad;
