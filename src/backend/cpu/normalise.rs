@@ -58,6 +58,45 @@ unsafe fn copy_and_count(src: *const i64, dst: &mut [MaybeUninit<i64>], len: usi
     outside
 }
 
+/// [`copy_and_count`] for lists far larger than the caches, with streaming stores: the copy
+/// is read back only by the kernel, long after, so filling cache lines with it would read
+/// every line first for nothing. Each index is loaded once, counted from the register and
+/// stored from it.
+///
+/// # Safety
+/// As for [`copy_and_count`].
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+unsafe fn copy_and_count_long(src: *const i64, dst: &mut [MaybeUninit<i64>], len: usize) -> usize {
+    use std::arch::x86_64::{_mm_sfence, _mm_stream_si64};
+    let d = dst.as_mut_ptr().cast::<i64>();
+    let mut outside = 0;
+    for i in 0..dst.len() {
+        // SAFETY: element `i < dst.len()` of both (the caller's contract); MOVNTI is SSE2,
+        // part of every x86_64, and takes any 8-byte aligned address (`dst` is aligned).
+        let v = unsafe {
+            let v = src.add(i).read();
+            _mm_stream_si64(d.add(i), v);
+            v
+        };
+        outside += usize::from(v as u64 >= len as u64);
+    }
+    // Streaming stores are weakly ordered: make them visible before the threads that read
+    // the copy are told it is done.
+    // SAFETY: SFENCE is SSE, part of every x86_64.
+    unsafe { _mm_sfence() };
+    outside
+}
+
+/// [`copy_and_count`] where streaming stores are not used.
+///
+/// # Safety
+/// As for [`copy_and_count`].
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+unsafe fn copy_and_count_long(src: *const i64, dst: &mut [MaybeUninit<i64>], len: usize) -> usize {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_and_count(src, dst, len) }
+}
+
 /// The copy of `n` (> 0) contiguous int64 indices at `src` as a host tensor dlpart owns, and
 /// how many are outside `[0, len)`.
 ///
@@ -85,7 +124,7 @@ unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor,
             .par_chunks_mut(CHUNK)
             .enumerate()
             // SAFETY: chunk `c` starts `c * CHUNK` elements into both (the caller's contract).
-            .map(|(c, chunk)| unsafe { copy_and_count(src.get().add(c * CHUNK), chunk, len) })
+            .map(|(c, chunk)| unsafe { copy_and_count_long(src.get().add(c * CHUNK), chunk, len) })
             .sum()
     };
     // SAFETY: `copy_and_count` wrote all `n` int64 values of the buffer (every block of every
