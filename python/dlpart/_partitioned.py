@@ -224,13 +224,17 @@ class PartitionedArray:
             return self
         getter = self._get or get
         handles = [h for _, h in pending]
-        raw = getter(handles)
+        with _blamed("get", [self._position(flat) for flat, _ in pending]):
+            raw = getter(handles)
         if not isinstance(raw, (list, tuple)) or len(raw) != len(pending):
-            raw = [getter(h) for h in handles]
+            raw = []
+            for flat, h in pending:
+                with _blamed("get", [self._position(flat)]):
+                    raw.append(getter(h))
         tensors: List[Tensor] = []
         try:
             for (flat, _), obj in zip(pending, raw):
-                tensors.append(_import_data(obj, flat))
+                tensors.append(_import_data(obj, self._position(flat)))
             self._core.set_fetched([flat for flat, _ in pending], tensors)
         except BaseException:
             # The traceback keeps this frame alive: let go of every tensor imported so far.
@@ -240,15 +244,17 @@ class PartitionedArray:
         if self._framework is None:
             self._framework = _framework_of(raw[0])
         if self._partitions is not None:  # Partition objects handed out see the data too
-            tiling = self.tiling
             for (flat, _), t in zip(pending, tensors):
-                pos = []
-                for n in reversed(tiling):
-                    flat, i = divmod(flat, n)
-                    pos.append(i)
-                p = self._partitions[tuple(reversed(pos))]
+                p = self._partitions[self._position(flat)]
                 p._tensor, p._handle = t, None
         return self
+
+    def _position(self, flat: int) -> Position:
+        pos = []
+        for n in reversed(self.tiling):
+            flat, i = divmod(flat, n)
+            pos.append(i)
+        return tuple(reversed(pos))
 
     def tensors(self) -> List[Tensor]:
         """Every partition's tensor in C order of positions (fetching handles first)."""
@@ -443,15 +449,45 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor
     return [_core.from_dlpack(o) for o in outs]
 
 
-def _import_data(obj, flat) -> Tensor:
+class _blamed:
+    """Re-raises an exception of user code met while ``key`` of the entries at ``positions`` was
+    read as a `ProtocolError` naming them, the original chained as its cause. dlpart's own
+    errors and `BufferError` (a DLPack failure) keep their class, with the names added;
+    `MemoryError` and what is no `Exception` (`KeyboardInterrupt`) pass through unchanged."""
+
+    def __init__(self, key: str, positions):
+        self.key, self.positions = key, positions
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or not isinstance(e, Exception) or isinstance(e, (MemoryError, ProtocolError)):
+            return False
+        where = ", ".join(str(p) for p in self.positions[:8])
+        if len(self.positions) > 8:
+            where += f", ... ({len(self.positions)} partitions)"
+        try:
+            what = str(e)
+        except Exception:  # noqa: BLE001 - a str() that raises is reported as such
+            what = "(an exception whose str() raised)"
+        msg = (f"__partitioned__['partitions'] at position {where}: {self.key!r}: "
+               f"{type(e).__name__}: {what}")
+        kind = next((k for k in (DeviceError, _core.BackendUnavailableError, BufferError)
+                     if isinstance(e, k)), ProtocolError)
+        raise kind(msg) from e
+
+
+def _import_data(obj, position) -> Tensor:
     if isinstance(obj, Tensor):
         return obj
     if not hasattr(obj, "__dlpack__"):
         raise ProtocolError(
-            f"__partitioned__['partitions']: 'get' returned {type(obj).__name__} for partition "
-            f"{flat} (C order), which is not a DLPack array"
+            f"__partitioned__['partitions'] at position {position}: 'get' returned "
+            f"{type(obj).__name__}, which is not a DLPack array"
         )
-    return _core.from_dlpack(obj)
+    with _blamed("data", [position]):
+        return _core.from_dlpack(obj)
 
 
 def _as_dict(obj) -> Mapping:

@@ -104,9 +104,11 @@ pub trait Backend: Send + Sync {
     /// this backend's device, and returns them as [`Backend::gather`] and [`Backend::scatter`]
     /// take them: a 1-d int64 tensor on this device with every value in `[0, len)`. Negative
     /// values count from the end, as in numpy; a value outside `[-len, len)` is
-    /// [`Error::IndexOutOfRange`] naming the first such one, before anything is written. The
-    /// result may be `indices` itself. Host indices are accepted by every backend (a device
-    /// backend copies them over first); indices on another device are refused.
+    /// [`Error::IndexOutOfRange`] naming the first such one, before anything is written. Host
+    /// indices are accepted by every backend (a device backend copies them over first);
+    /// indices on another device are refused. The CPU backend always returns a copy it owns,
+    /// read once from `indices` and checked there: the caller's memory may be rewritten by
+    /// another thread after the check, so the kernels must never read it again.
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor>;
 
     /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor
@@ -207,9 +209,10 @@ mod tests {
             ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
             vec![9, 2, 1]
         );
-        // In range contiguous int64 indices come back as they are.
+        // Even in-range contiguous int64 indices come back as a copy: the kernels must never
+        // read the caller's memory, which another thread may rewrite after the check.
         let plain = Tensor::from_slice(&[0i64, 4], &[2]).unwrap();
-        assert_eq!(
+        assert_ne!(
             b.normalise_indices(&plain, 0, 5).unwrap().data_ptr(),
             plain.data_ptr()
         );

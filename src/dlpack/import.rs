@@ -123,16 +123,39 @@ impl ForeignTensor {
                     tuple_string(raw_shape)
                 ))
             })?;
-        let numel = checked_numel(&shape)?;
+        let numel = checked_numel(&shape).map_err(|_| {
+            Error::buffer(format!(
+                "DLPack tensor of shape {} has more elements than fit a usize",
+                tuple_string(&shape)
+            ))
+        })?;
+        let itemsize = dtype.itemsize();
+        // Every byte count must fit an isize: `Tensor::nbytes` and the copy kernels rely on it.
+        if numel
+            .checked_mul(itemsize)
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(Error::buffer(format!(
+                "DLPack tensor of shape {} and dtype {dtype} has more bytes than fit an isize",
+                tuple_string(&shape)
+            )));
+        }
         let strides: Vec<isize> = if ndim == 0 || t.strides.is_null() {
             // DLPack < 1.2 allowed NULL strides to mean C order.
             contiguous_strides(&shape)
         } else {
             // SAFETY: a non-NULL `strides` of a valid DLTensor holds `ndim` entries.
             let s = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-            s.iter().map(|&x| x as isize).collect()
+            s.iter()
+                .map(|&x| isize::try_from(x))
+                .collect::<Result<Vec<isize>, _>>()
+                .map_err(|_| {
+                    Error::buffer(format!(
+                        "DLPack strides {} do not fit this platform",
+                        tuple_string(s)
+                    ))
+                })?
         };
-        let itemsize = dtype.itemsize();
         let data = if numel == 0 {
             // Zero-size tensors may carry NULL or any pointer; never dereferenced.
             std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
@@ -146,18 +169,10 @@ impl ForeignTensor {
             let offset = isize::try_from(t.byte_offset).map_err(|_| {
                 Error::buffer(format!("DLPack byte_offset {} is too large", t.byte_offset))
             })?;
-            let ext = shape
-                .iter()
-                .zip(&strides)
-                .try_fold(0isize, |acc, (&n, &s)| {
-                    (n as isize - 1)
-                        .checked_mul(s)
-                        .and_then(|x| x.checked_mul(itemsize as isize))
-                        .and_then(|x| acc.checked_add(x.abs()))
-                });
-            if ext.is_none() {
+            if byte_span(t.data as usize, offset, &shape, &strides, itemsize).is_none() {
                 return Err(Error::buffer(format!(
-                    "DLPack strides {} overflow for shape {}",
+                    "DLPack strides {} with byte_offset {offset} overflow for shape {} of \
+                     {dtype}: the elements would not lie in the address space",
                     tuple_string(&strides),
                     tuple_string(&shape)
                 )));
@@ -183,6 +198,34 @@ impl ForeignTensor {
             )
         })
     }
+}
+
+/// The bytes `[lo, hi)` the elements of a non-empty tensor span, as addresses, with every
+/// step checked: `None` when any offset overflows an isize or the span leaves the address
+/// space. Checked arithmetic behaves the same in debug and release builds.
+fn byte_span(
+    data: usize,
+    offset: isize,
+    shape: &[usize],
+    strides: &[isize],
+    itemsize: usize,
+) -> Option<(usize, usize)> {
+    let item = isize::try_from(itemsize).ok()?;
+    let (mut lo, mut hi) = (offset, offset.checked_add(item)?);
+    for (&n, &s) in shape.iter().zip(strides) {
+        let step = isize::try_from(n - 1)
+            .ok()?
+            .checked_mul(s)?
+            .checked_mul(item)?;
+        if step < 0 {
+            lo = lo.checked_add(step)?;
+        } else {
+            hi = hi.checked_add(step)?;
+        }
+    }
+    let lo = data.checked_add_signed(lo)?;
+    let hi = data.checked_add_signed(hi)?;
+    (hi.checked_sub(lo)? <= isize::MAX as usize).then_some((lo, hi))
 }
 
 impl Drop for ForeignTensor {
@@ -370,6 +413,32 @@ mod tests {
         let e = import(produce(&DELETED, vec![], vec![-1], Some(vec![1]), |_| {})).unwrap_err();
         assert!(e.to_string().contains("(-1,)"), "{e}");
         assert_eq!(DELETED.load(Ordering::SeqCst), n + 1);
+    }
+
+    #[test]
+    fn layouts_whose_arithmetic_overflows_are_refused_in_every_build() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        let min_extent = (isize::MIN / 4) as i64; // (2 - 1) * stride * 4 bytes == isize::MIN
+        let cases: [(Vec<i64>, Vec<i64>, u64); 6] = [
+            (vec![2], vec![min_extent], 0),
+            (vec![2, 2], vec![min_extent / 2, min_extent / 2], 0),
+            (vec![2], vec![i64::MAX / 4 + 1], 0),
+            (vec![1 << 62], vec![1], 0), // numel fits, nbytes does not
+            (vec![1 << 62, 1 << 62], vec![0, 0], 0), // numel does not fit
+            (vec![2], vec![1], u64::MAX / 2),
+        ];
+        for (i, (shape, strides, offset)) in cases.into_iter().enumerate() {
+            let e = import(produce(
+                &DELETED,
+                vec![1.0, 2.0],
+                shape.clone(),
+                Some(strides),
+                |m| m.dl_tensor.byte_offset = offset,
+            ))
+            .unwrap_err();
+            assert!(matches!(e, Error::Buffer { .. }), "{shape:?}: {e}");
+            assert_eq!(DELETED.load(Ordering::SeqCst), i + 1);
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::plan::Plan;
 
 use super::device::device_arg;
 use super::errors::to_py;
-use super::tensor::{from_dlpack, PyTensor};
+use super::tensor::{axis_arg, from_dlpack, PyTensor};
 
 fn grid(shape: &[usize], splits: Vec<Vec<usize>>) -> PyResult<Grid> {
     Grid::from_splits(shape, splits).map_err(to_py)
@@ -52,10 +52,11 @@ fn gather(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
-    axis: usize,
+    axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
     let (x, idx) = (tensor_arg(x)?, tensor_arg(indices)?);
+    let axis = axis_arg("gather", axis, x.inner.ndim())?;
     let out = out.map(tensor_arg).transpose()?;
     let r = py
         .detach(|| crate::ops::gather(&x.inner, &idx.inner, axis, out.as_ref().map(|o| &o.inner)))
@@ -72,9 +73,10 @@ fn scatter(
     values: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    axis: usize,
+    axis: i64,
 ) -> PyResult<()> {
     let (v, idx, o) = (tensor_arg(values)?, tensor_arg(indices)?, tensor_arg(out)?);
+    let axis = axis_arg("scatter", axis, o.inner.ndim())?;
     py.detach(|| crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis))
         .map_err(to_py)
 }

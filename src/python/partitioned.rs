@@ -5,10 +5,13 @@
 //! handles resolved through the dict's `get`, the array-API namespace route for devices
 //! without dlpart kernels, and the `Partition` objects made when `.partitions` is asked for.
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyBufferError, PyException, PyMemoryError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet,
+    PyString, PyTuple,
+};
 
 use crate::device::Device;
 use crate::dtype::DType;
@@ -19,9 +22,9 @@ use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray
 use crate::plan::Plan;
 
 use super::device::{device_arg, PyDevice};
-use super::errors::{to_py, ProtocolError};
+use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
-use super::tensor::{import as import_array, import_producer, is_producer, PyTensor};
+use super::tensor::{axis_arg, import as import_array, import_producer, is_producer, PyTensor};
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
 #[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
@@ -62,7 +65,10 @@ fn ints_into(
         let at = position
             .map(|p| format!(" at position {}", tuple_string(p)))
             .unwrap_or_default();
-        let found = obj.repr().map(|r| r.to_string()).unwrap_or_default();
+        let found = obj.repr().map_or_else(
+            |_| format!("a {} whose repr() raised", type_name(obj)),
+            |r| r.to_string(),
+        );
         ProtocolError::new_err(format!(
             "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {found}"
         ))
@@ -90,6 +96,58 @@ fn ints_into(
         out.push(item(&x?)?);
     }
     Ok(())
+}
+
+/// `e`, raised while `key` of the entry at `position` was read (by a producer's `__dlpack__`, a
+/// `__hash__`, a `__str__`, ...), as a dlpart error that names both, with `e` as its cause.
+///
+/// A `ProtocolError` names them already and a `MemoryError` or a `BaseException` that is no
+/// `Exception` (`KeyboardInterrupt`) must stay what it is: they pass through. The DLPack
+/// failures of `data` keep their class (`BufferError`, `DeviceError`, ...); everything else is
+/// a `ProtocolError`.
+fn in_entry(py: Python<'_>, e: PyErr, key: &str, position: &[usize]) -> PyErr {
+    if !e.is_instance_of::<PyException>(py)
+        || e.is_instance_of::<ProtocolError>(py)
+        || e.is_instance_of::<PyMemoryError>(py)
+    {
+        return e;
+    }
+    let what = e.value(py).str().map_or_else(
+        |_| "(an exception whose str() raised)".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    let msg = format!(
+        "__partitioned__[\"partitions\"] at position {}: {key:?}: {}: {what}",
+        tuple_string(position),
+        type_name(e.value(py).as_any())
+    );
+    let keep = key == "data"
+        && (e.is_instance_of::<PyBufferError>(py)
+            || e.is_instance_of::<DeviceError>(py)
+            || e.is_instance_of::<BackendUnavailableError>(py));
+    let wrapped = if keep {
+        PyErr::from_type(e.get_type(py), msg)
+    } else {
+        ProtocolError::new_err(msg)
+    };
+    wrapped.set_cause(py, Some(e));
+    wrapped
+}
+
+/// Whether `obj` is a plain Python value (a string, a number, a container), which can be
+/// neither a DLPack array nor a handle.
+fn is_plain_value(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyInt>()
+        || obj.is_instance_of::<PyFloat>()
+        || obj.is_instance_of::<PyComplex>()
+        || obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
 }
 
 fn missing_key(key: &str) -> PyErr {
@@ -196,7 +254,7 @@ fn read_dict<'py>(
         if !g.is_callable() {
             return Err(ProtocolError::new_err(format!(
                 "__partitioned__[\"get\"]: expected a callable, found {}",
-                g.repr()?
+                type_name(&g)
             )));
         }
     }
@@ -224,27 +282,44 @@ fn read_dict<'py>(
         let position = position.as_slice();
         let flat = grid.flat_index(position).map_err(to_py)?;
         order[flat] = k;
-        let location = entry.get_item(k_location)?;
+        let location = entry
+            .get_item(k_location)
+            .map_err(|e| in_entry(py, e, "location", position))?;
         // An entry of only start, shape, data (all checked above) and location has no
         // `device` or `dtype` key to look up: two of six lookups per entry saved for draft-2
         // producers, dlpart's own dicts among them.
         let more = entry.len() > 3 + usize::from(location.is_some());
         let device_key = if more {
-            entry.get_item(k_device)?
+            entry
+                .get_item(k_device)
+                .map_err(|e| in_entry(py, e, "device", position))?
         } else {
             None
         };
-        let extra = framework_device(device_key.as_ref(), "device", position)?;
+        let extra = framework_device(device_key.as_ref(), "device", position)
+            .map_err(|e| in_entry(py, e, "device", position))?;
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
         if !obj.is_none() {
             let producer = match import {
-                Import::Yes { .. } => is_producer(obj)?,
+                Import::Yes { .. } => {
+                    is_producer(obj).map_err(|e| in_entry(py, e, "data", position))?
+                }
                 Import::No => false,
             };
+            if !producer && is_plain_value(obj) {
+                return Err(ProtocolError::new_err(format!(
+                    "__partitioned__[\"partitions\"] at position {}: \"data\" must be a DLPack \
+                     array, None or a handle (a Dask future, a Ray ObjectRef, ...), found {}",
+                    tuple_string(position),
+                    type_name(obj)
+                )));
+            }
             match (import, producer) {
                 (Import::Yes { device, copy }, true) => {
-                    let t = import_producer(obj, device, copy)?.inner;
+                    let t = import_producer(obj, device, copy)
+                        .map_err(|e| in_entry(py, e, "data", position))?
+                        .inner;
                     fallback = t.device();
                     moved = device.is_some();
                     if namespace.is_none()
@@ -252,7 +327,8 @@ fn read_dict<'py>(
                         && crate::backend::backend_for(t.device()).is_err()
                     {
                         if let Ok(ns) = obj.getattr("__array_namespace__") {
-                            namespace = Some(ns.call0()?.unbind());
+                            let ns = ns.call0().map_err(|e| in_entry(py, e, "data", position))?;
+                            namespace = Some(ns.unbind());
                         }
                     } else {
                         native = Some(t.device());
@@ -268,14 +344,20 @@ fn read_dict<'py>(
         }
         if !moved {
             // Data moved here by the import is located by its tensor.
-            locations.set_with(flat, |all| {
-                reader.read(location.as_ref(), position, fallback, all)
-            })?;
+            locations
+                .set_with(flat, |all| {
+                    reader.read(location.as_ref(), position, fallback, all)
+                })
+                .map_err(|e| in_entry(py, e, "location", position))?;
         }
         if more && stated.is_none() {
-            if let Some(dt) = entry.get_item(k_dtype)?.filter(|v| !v.is_none()) {
-                stated = dt.str()?.to_string().replace("torch.", "").parse().ok();
-            }
+            let dtype = || -> PyResult<Option<DType>> {
+                let Some(dt) = entry.get_item(k_dtype)?.filter(|v| !v.is_none()) else {
+                    return Ok(None);
+                };
+                Ok(dt.str()?.to_string().replace("torch.", "").parse().ok())
+            };
+            stated = dtype().map_err(|e| in_entry(py, e, "dtype", position))?;
         }
     }
     let mut pa =
@@ -785,10 +867,11 @@ impl PyPartitioned {
         &self,
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
-        axis: usize,
+        axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
         let idx = tensor_arg(indices)?;
+        let axis = axis_arg("gather", axis, self.inner.shape().len())?;
         py.detach(|| self.inner.gather(&idx, axis, transfer))
             .map(wrap)
             .map_err(to_py)
@@ -801,10 +884,11 @@ impl PyPartitioned {
         py: Python<'_>,
         values: &Bound<'_, PyAny>,
         indices: &Bound<'_, PyAny>,
-        axis: usize,
+        axis: i64,
         transfer: bool,
     ) -> PyResult<()> {
         let (v, idx) = (tensor_arg(values)?, tensor_arg(indices)?);
+        let axis = axis_arg("scatter", axis, self.inner.shape().len())?;
         py.detach(|| self.inner.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
     }

@@ -1,6 +1,6 @@
 //! `dlpart.Tensor` and `dlpart.from_dlpack`.
 
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -171,8 +171,19 @@ impl PyTensor {
     }
 
     #[getter]
-    fn nbytes(&self) -> usize {
-        self.inner.nbytes()
+    fn nbytes(&self) -> PyResult<usize> {
+        // Checked here too: a tensor's byte count is validated where it enters (import, pickle),
+        // but a wrong answer must never come back silently.
+        self.inner
+            .numel()
+            .checked_mul(self.inner.dtype().itemsize())
+            .ok_or_else(|| {
+                PyOverflowError::new_err(format!(
+                    "the byte count of a {} tensor of shape {} overflows",
+                    self.inner.dtype(),
+                    tuple_string(self.inner.shape())
+                ))
+            })
     }
 
     #[getter]
@@ -219,7 +230,9 @@ impl PyTensor {
     }
 
     /// A zero-copy view of the box `start .. start + shape`.
-    fn view(&self, start: Vec<usize>, shape: Vec<usize>) -> PyResult<Self> {
+    fn view(&self, start: Vec<i64>, shape: Vec<i64>) -> PyResult<Self> {
+        let start = non_negative("view", "start", &start)?;
+        let shape = non_negative("view", "shape", &shape)?;
         self.inner
             .view(&start, &shape)
             .map(PyTensor::new)
@@ -246,10 +259,18 @@ impl PyTensor {
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
+        max_version: Option<(i64, i64)>,
         dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((major, minor)) = max_version {
+            if major < 0 || minor < 0 {
+                return Err(PyValueError::new_err(format!(
+                    "__dlpack__: max_version must be a (major, minor) pair of non-negative \
+                     ints, not ({major}, {minor})"
+                )));
+            }
+        }
         if let Some(s) = &stream {
             stream_ok(self.inner.device(), s)?;
         }
@@ -296,7 +317,8 @@ impl PyTensor {
             PyBytes::new(py, bytes),
             PyTuple::new(py, t.shape())?,
             t.dtype().name(),
-            t.device().to_string(),
+            // The bytes come back in plain host memory, whatever host memory they left.
+            Device::CPU.to_string(),
             t.readonly(),
         );
         Ok((f, args.into_pyobject(py)?))
@@ -304,28 +326,96 @@ impl PyTensor {
 }
 
 /// Rebuilds a pickled tensor.
+///
+/// Everything is checked before anything is allocated: a pickle is untrusted input, and a
+/// tiny one must not declare a shape whose allocation kills the process. The bytes land in
+/// plain host memory, so only host device tags are accepted, and they come back as `kDLCPU`.
 #[pyfunction]
 pub fn _tensor_from_bytes(
     data: &[u8],
-    shape: Vec<usize>,
+    shape: Vec<i64>,
     dtype: &str,
     device: &str,
     readonly: bool,
 ) -> PyResult<PyTensor> {
+    let shape = non_negative("_tensor_from_bytes", "shape", &shape)?;
     let dtype: crate::DType = dtype.parse().map_err(to_py)?;
     let device: Device = device.parse().map_err(to_py)?;
-    let t = Tensor::zeros(&shape, dtype).map_err(to_py)?;
-    if data.len() != t.nbytes() {
+    if !device.is_host_accessible() {
+        return Err(PyValueError::new_err(format!(
+            "a tensor rebuilt from bytes lives in host memory: device {device} is refused"
+        )));
+    }
+    let nbytes = crate::tensor::checked_numel(&shape)
+        .ok()
+        .and_then(|n| n.checked_mul(dtype.itemsize()));
+    if nbytes != Some(data.len()) {
         return Err(PyValueError::new_err(format!(
             "{} bytes do not fill a {dtype} tensor of shape {}",
             data.len(),
             tuple_string(&shape)
         )));
     }
-    // SAFETY: `t` is a fresh contiguous allocation of exactly `data.len()` bytes.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), t.data_ptr(), data.len()) };
-    let t = retag(&t, device).with_readonly(readonly).map_err(to_py)?;
+    // 16-byte words: aligned for every dtype, complex128 included.
+    let mut words: Vec<u128> = Vec::new();
+    words
+        .try_reserve_exact(data.len().div_ceil(16))
+        .map_err(|_| {
+            PyMemoryError::new_err(format!(
+                "cannot allocate {} bytes for an unpickled tensor",
+                data.len()
+            ))
+        })?;
+    // SAFETY: `words` has room for at least `data.len()` bytes (reserved just above), and a
+    // fresh Vec does not overlap `data`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_mut_ptr().cast(), data.len());
+    }
+    let ptr = words.as_mut_ptr().cast::<u8>();
+    let strides = crate::tensor::contiguous_strides(&shape);
+    // SAFETY: the allocation holds `data.len() == numel * itemsize` initialised bytes at
+    // `ptr` (copied above; the Vec's length stays 0, so nothing reads it as u128s), C-order
+    // strides keep every element inside it, and moving the Vec into the owner leaves its heap
+    // buffer in place; nothing else can reach it.
+    let t = unsafe {
+        Tensor::from_raw_parts(
+            ptr,
+            shape,
+            strides,
+            dtype,
+            Device::CPU,
+            readonly,
+            std::sync::Arc::new(words),
+        )
+    };
     Ok(PyTensor::new(t))
+}
+
+/// `axis` of an `ndim`-d array for `func`: negative ones count from the end, as in numpy; one
+/// below `-ndim` is a `ValueError` saying so (pyo3 would raise a bare `OverflowError`).
+pub(crate) fn axis_arg(func: &str, axis: i64, ndim: usize) -> PyResult<usize> {
+    let a = if axis < 0 { axis + ndim as i64 } else { axis };
+    usize::try_from(a).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{func}: axis {axis} is out of range for a {ndim}-d array (negative axes count \
+             from the end, down to -{ndim})"
+        ))
+    })
+}
+
+/// `values` as sizes or positions for `arg` of `func`, each non-negative: a negative one is a
+/// `ValueError` saying which argument and why (pyo3 would raise a bare `OverflowError`).
+pub(crate) fn non_negative(func: &str, arg: &str, values: &[i64]) -> PyResult<Vec<usize>> {
+    values
+        .iter()
+        .map(|&v| usize::try_from(v))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| {
+            PyValueError::new_err(format!(
+                "{func}: {arg} must hold non-negative ints, not {}",
+                tuple_string(values)
+            ))
+        })
 }
 
 /// Imports any DLPack producer (or a DLPack capsule) as a `dlpart.Tensor`, zero-copy when
@@ -448,6 +538,16 @@ fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
     })
 }
 
+/// Whether `e` is the `TypeError` a callable raises for keywords it does not take: CPython
+/// says "unexpected keyword argument", "takes no keyword arguments" or "is an invalid keyword
+/// argument", always with the word "keyword".
+fn is_keyword_error(py: Python<'_>, e: &PyErr) -> bool {
+    e.is_instance_of::<PyTypeError>(py)
+        && e.value(py)
+            .str()
+            .is_ok_and(|m| m.to_string_lossy().contains("keyword"))
+}
+
 /// Imports the producer `x` (see [`is_producer`]): calls `x.__dlpack__` as DLPack >= 1.0
 /// asks, falling back to the legacy call on `TypeError`, then applies what the producer did
 /// not do of the device and copy requests.
@@ -480,11 +580,13 @@ pub(crate) fn import_producer(
         dl_device: dl_device.as_ref(),
         copy,
     };
+    // Only a TypeError about the keywords themselves means an older producer: any other
+    // failure is the producer's answer, and calling it again would repeat its side effects.
     let (cap, asked) = match call_versioned(x, stream, kw) {
         Ok(cap) => (cap, true),
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => match call_legacy(x, stream) {
+        Err(e) if is_keyword_error(py, &e) => match call_legacy(x, stream) {
             Ok(cap) => (cap, false),
-            Err(e2) if e2.is_instance_of::<PyTypeError>(py) => {
+            Err(e2) if is_keyword_error(py, &e2) => {
                 (x.call_method0(intern!(py, "__dlpack__"))?, false)
             }
             Err(e2) => return Err(e2),

@@ -75,3 +75,260 @@ def test_repartition_into_targets_that_share_memory_is_refused_naming_both():
     repeated.flags.writeable = True
     with pytest.raises(BufferError, match=r"\(0,\) refers to some element more than once"):
         dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(repeated, buf[4:]))
+
+
+# -- index arrays rewritten by another thread -------------------------------------------------
+
+_RACE = r"""
+import sys, threading
+import numpy as np
+import dlpart
+
+op = sys.argv[1]
+n = 1 << 16
+src = np.arange(64, dtype=np.float32)
+idx = np.arange(n, dtype=np.int64) % 64
+last = int(idx[-1])
+stop = False
+
+def flip():
+    # Rewrites one index of the caller's array, again and again, while dlpart works on it
+    # (the GIL is released): most of the time every index is in range.
+    while not stop:
+        idx[-1] = 1 << 40
+        idx[-1] = last
+
+t = threading.Thread(target=flip)
+t.start()
+errors = 0
+try:
+    for _ in range(600):
+        try:
+            if op == "gather":
+                out = np.from_dlpack(dlpart.gather(src, idx))
+                assert ((out >= 0) & (out < 64)).all()
+            else:
+                out = np.zeros(64, dtype=np.float32)
+                try:
+                    dlpart.scatter(np.ones(n, dtype=np.float32), idx, out)
+                except IndexError:
+                    # An out-of-range index is an error before anything is written.
+                    assert not out.any(), "scatter wrote, then raised IndexError"
+                    raise
+                assert out.all()
+        except IndexError:
+            errors += 1
+finally:
+    stop = True
+    t.join()
+print("ok", errors)
+"""
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_indices_rewritten_by_another_thread_never_reach_the_kernel(op):
+    """Each index is read once, into dlpart's memory, and checked there: a thread that rewrites
+    the caller's index array after the check cannot make the kernel read or write outside the
+    array (in a child process: a crash must fail the test, not end the run)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _RACE, op], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+# -- layout arithmetic on untrusted descriptors ------------------------------------------------
+
+def test_an_extent_of_exactly_isize_min_is_refused():
+    """(2 - 1) * stride * 4 bytes == isize::MIN: its abs() overflows; checked, it is refused."""
+    from dlpart._core import _testing
+
+    data = np.arange(2, dtype=np.float32).tobytes()
+    for shape, strides in [([2], [-(1 << 61)]), ([2, 2], [-(1 << 60), -(1 << 60)])]:
+        cap = _testing.make_capsule(data, shape, strides=strides)
+        with pytest.raises(BufferError, match="overflow"):
+            dlpart.from_dlpack(cap)
+
+
+def test_a_byte_count_that_overflows_is_refused_at_import():
+    """numel fits a usize, numel * itemsize does not: Tensor.nbytes would wrap to 0."""
+    from dlpart._core import _testing
+
+    cap = _testing.make_capsule(b"\0" * 8, [1 << 62], strides=[0])
+    with pytest.raises(BufferError, match="bytes"):
+        dlpart.from_dlpack(cap)
+
+
+# -- the pickle constructor --------------------------------------------------------------------
+
+def test_a_tiny_pickle_declaring_a_huge_shape_allocates_nothing():
+    from dlpart._core import _tensor_from_bytes
+
+    with pytest.raises(ValueError, match="do not fill"):
+        _tensor_from_bytes(b"abcd", [1 << 40, 1 << 20], "float32", "kDLCPU", False)
+    with pytest.raises(ValueError, match="do not fill"):
+        _tensor_from_bytes(b"abcd", [1 << 62, 8], "float32", "kDLCPU", False)
+    with pytest.raises(ValueError, match="non-negative"):
+        _tensor_from_bytes(b"abcd", [-1], "float32", "kDLCPU", False)
+
+
+def test_bytes_come_back_only_as_host_memory():
+    import pickle
+
+    from dlpart._core import _tensor_from_bytes
+
+    for device in ["kDLCUDA:0", "kDLOneAPI:0", "kDLROCM:1"]:
+        with pytest.raises(ValueError, match=device):
+            _tensor_from_bytes(b"\0" * 8, [2], "float32", device, False)
+    t = _tensor_from_bytes(np.arange(3, dtype=np.float64).tobytes(), [3], "float64", "kDLCPU",
+                           True)
+    assert str(t.device) == "kDLCPU" and t.readonly
+    back = pickle.loads(pickle.dumps(t))
+    assert str(back.device) == "kDLCPU" and back.readonly and back.nbytes == 24
+    np.testing.assert_array_equal(np.from_dlpack(back), [0.0, 1.0, 2.0])
+
+
+# -- the keyword fallback ----------------------------------------------------------------------
+
+def test_a_type_error_that_is_not_about_keywords_is_not_retried():
+    calls = []
+
+    class Producer:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kwargs):
+            calls.append(kwargs)
+            raise TypeError("this array cannot be exported")
+
+    with pytest.raises(TypeError, match="cannot be exported"):
+        dlpart.from_dlpack(Producer())
+    assert len(calls) == 1
+
+
+def test_a_producer_without_the_new_keywords_is_still_imported():
+    calls = []
+    a = np.arange(3.0)
+
+    class Old:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, stream=None):
+            calls.append(stream)
+            return a.__dlpack__()
+
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_dlpack(Old())), a)
+    assert len(calls) == 1
+
+
+# -- negative numbers to dlpart's own API ------------------------------------------------------
+
+def test_negative_numbers_say_which_argument_is_wrong():
+    t = dlpart.from_dlpack(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(ValueError, match="max_version"):
+        t.__dlpack__(max_version=(-1, 0))
+    with pytest.raises(ValueError, match="max_version"):
+        t.__dlpack__(max_version=(1, -3))
+    with pytest.raises(ValueError, match="start"):
+        t.view([-1, 0], [1, 1])
+    with pytest.raises(ValueError, match="shape"):
+        t.view([0, 0], [1, -1])
+    with pytest.raises(ValueError, match="axis -3"):
+        dlpart._core.gather(t, np.array([0]), -3)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart._core.gather(t, np.array([2]), -1)),
+                                  [[2.0], [5.0]])
+
+
+# -- exceptions of user objects inside a dict --------------------------------------------------
+
+def _dict(data, **extra):
+    entry = {"start": (0,), "shape": (2,), "data": data, **extra}
+    return {"shape": (2,), "partition_tiling": (1,), "partitions": {(0,): entry}}
+
+
+class _Raises:
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, kind", [(RuntimeError("no export"), dlpart.ProtocolError),
+                                       (BufferError("no export"), BufferError),
+                                       (KeyError("no export"), dlpart.ProtocolError)])
+def test_a_producer_that_raises_is_named_with_its_position(exc, kind):
+    with pytest.raises(kind, match=r"position \(0,\).*'data'|position \(0,\).*\"data\"") as e:
+        dlpart.from_partitioned(_dict(_Raises(exc)))
+    assert e.value.__cause__ is exc
+
+
+def test_numpy_object_arrays_are_named_with_their_position():
+    with pytest.raises(BufferError, match=r"position \(0,\)") as e:
+        dlpart.from_partitioned(_dict(np.array([None, 1], dtype=object)))
+    assert isinstance(e.value.__cause__, BufferError)
+
+
+def test_a_device_key_that_raises_is_a_protocol_error():
+    class BadStr:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\).*device") as e:
+            check(_dict(np.zeros(2), device=BadStr()))
+        assert isinstance(e.value.__cause__, RuntimeError)
+        with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\)"):
+            check(_dict(np.zeros(2), device="kDLNowhere:0"))
+
+
+def test_a_get_that_raises_names_the_positions():
+    class Handle:
+        pass
+
+    def get(handles):
+        raise RuntimeError("store is down")
+
+    d = _dict(Handle())
+    d["get"] = get
+    pa = dlpart.from_partitioned(d)
+    with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\).*'get'") as e:
+        pa.assemble()
+    assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_a_non_callable_get_whose_repr_raises_is_a_protocol_error():
+    class Odd:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    d = _dict(np.zeros(2))
+    d["get"] = Odd()
+    with pytest.raises(dlpart.ProtocolError, match="get"):
+        dlpart.from_partitioned(d)
+
+
+@pytest.mark.parametrize("data", ["a string", 1.5, 3, {"k": 1}, [1, 2], b"xy"])
+def test_plain_values_are_no_data_and_no_handle(data):
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\).*\"data\""):
+            check(_dict(data))
+
+
+@pytest.mark.parametrize("key", ["dtype", "device", "location", "start"])
+def test_deep_nesting_is_a_protocol_error_naming_the_key(key):
+    """A value nested 100,000 deep makes repr() and str() raise RecursionError."""
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    entry = {"start": (0,), "shape": (2,), "data": np.zeros(2), key: deep}
+    d = {"shape": (2,), "partition_tiling": (1,), "partitions": {(0,): entry}}
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        named = rf"position \(0,\).*{key}|{key}.*position \(0,\)"
+        with pytest.raises(dlpart.ProtocolError, match=named):
+            check(d)
