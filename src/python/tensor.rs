@@ -289,6 +289,37 @@ impl PyTensor {
         export_capsule(py, &t, versioned, copied)
     }
 
+    /// numpy's conversion protocol: `np.asarray(t)` of host data is a view of the same memory
+    /// (read-only data stays read-only); `dtype` or `copy=True` ask for a converted copy.
+    /// Device data raises `BufferError`: move it with `Tensor.to('cpu')` first.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let t = &slf.get().inner;
+        if !t.device().is_host_accessible() {
+            return Err(PyBufferError::new_err(format!(
+                "numpy holds host memory only: this tensor is on {}; call .to('cpu') first",
+                t.device()
+            )));
+        }
+        let numpy = py.import(intern!(py, "numpy"))?;
+        let view = numpy.call_method1(intern!(py, "from_dlpack"), (slf,))?;
+        if dtype.is_none() && copy != Some(true) {
+            return Ok(view);
+        }
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item(intern!(py, "copy"), copy != Some(false))?;
+        let dtype = match dtype {
+            Some(d) => d.clone(),
+            None => view.getattr(intern!(py, "dtype"))?,
+        };
+        view.call_method(intern!(py, "astype"), (dtype,), Some(&kwargs))
+    }
+
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.inner.device().to_dlpack()
     }

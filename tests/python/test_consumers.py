@@ -156,3 +156,18 @@ def test_a_jax_array_imported_and_exported_again_cannot_be_written():
     view = pa.to_partitioned(framework="numpy")["partitions"][(1,)]["data"]
     assert not view.flags.writeable
     assert float(x[0]) == 0.0
+
+
+def test_host_tensors_convert_with_numpy_asarray_without_a_copy():
+    x = np.arange(12.0).reshape(3, 4)
+    t = dlpart.from_dlpack(x[1:])
+    a = np.asarray(t)
+    assert a.ctypes.data == x[1:].ctypes.data and (a == x[1:]).all()
+    made = dlpart.partition(x, (1, 2)).repartition((3, 1)).assemble()
+    assert np.asarray(made).ctypes.data == made.data_ptr  # dlpart's own memory, no copy
+    as32 = np.asarray(t, dtype=np.float32)
+    assert as32.dtype == np.float32 and (as32 == x[1:]).all()
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    ro = np.asarray(dlpart.from_dlpack(frozen))
+    assert not ro.flags.writeable  # read-only stays read-only

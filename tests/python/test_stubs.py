@@ -7,7 +7,7 @@ import dlpart
 import dlpart._core as core
 
 STUB = pathlib.Path(dlpart.__file__).with_name("_core.pyi")
-MAGIC_KEPT = {"__dlpack__", "__dlpack_device__", "__eq__", "__hash__", "__init__"}
+MAGIC_KEPT = {"__array__", "__dlpack__", "__dlpack_device__", "__eq__", "__hash__", "__init__"}
 
 
 def stub_names():
