@@ -243,74 +243,32 @@ mod tests {
         assert_eq!(shared_targets(&[&repeated]), Some((0, 0)));
     }
 
+    /// A 2x2 box copy from `src` at `s` to `dst` at `d`.
+    fn job<'a>(src: &'a Tensor, s: [usize; 2], dst: &'a Tensor, d: [usize; 2]) -> BoxCopy<'a> {
+        BoxCopy {
+            src,
+            src_start: s.to_vec(),
+            dst,
+            dst_start: d.to_vec(),
+            shape: vec![2, 2],
+        }
+    }
+
     #[test]
     fn box_copies_that_would_race_are_refused() {
-        let a = grid(4, 4);
-        let b = grid(4, 4);
+        let (a, b) = (grid(4, 4), grid(4, 4));
+        // the last one reads what it writes: fine
         let ok = [
-            BoxCopy {
-                src: &a,
-                src_start: vec![0, 0],
-                dst: &b,
-                dst_start: vec![0, 0],
-                shape: vec![2, 2],
-            },
-            BoxCopy {
-                src: &a,
-                src_start: vec![2, 2],
-                dst: &b,
-                dst_start: vec![2, 2],
-                shape: vec![2, 2],
-            },
-            // reads what it writes: fine
-            BoxCopy {
-                src: &a,
-                src_start: vec![0, 2],
-                dst: &a,
-                dst_start: vec![0, 2],
-                shape: vec![2, 2],
-            },
+            job(&a, [0, 0], &b, [0, 0]),
+            job(&a, [2, 2], &b, [2, 2]),
+            job(&a, [0, 2], &a, [0, 2]),
         ];
         assert!(check_jobs(&ok).is_ok());
-        let twice = [
-            BoxCopy {
-                src: &a,
-                src_start: vec![0, 0],
-                dst: &b,
-                dst_start: vec![0, 0],
-                shape: vec![2, 2],
-            },
-            BoxCopy {
-                src: &a,
-                src_start: vec![2, 2],
-                dst: &b,
-                dst_start: vec![1, 1],
-                shape: vec![2, 2],
-            },
-        ];
-        assert!(check_jobs(&twice)
-            .unwrap_err()
-            .to_string()
-            .contains("0 and 1 write the same"));
-        let crossed = [
-            BoxCopy {
-                src: &a,
-                src_start: vec![0, 0],
-                dst: &b,
-                dst_start: vec![0, 0],
-                shape: vec![2, 2],
-            },
-            BoxCopy {
-                src: &b,
-                src_start: vec![1, 1],
-                dst: &a,
-                dst_start: vec![2, 2],
-                shape: vec![2, 2],
-            },
-        ];
-        assert!(check_jobs(&crossed)
-            .unwrap_err()
-            .to_string()
-            .contains("reads memory another"));
+        let twice = [job(&a, [0, 0], &b, [0, 0]), job(&a, [2, 2], &b, [1, 1])];
+        let e = check_jobs(&twice).unwrap_err().to_string();
+        assert!(e.contains("0 and 1 write the same"), "{e}");
+        let crossed = [job(&a, [0, 0], &b, [0, 0]), job(&b, [1, 1], &a, [2, 2])];
+        let e = check_jobs(&crossed).unwrap_err().to_string();
+        assert!(e.contains("reads memory another"), "{e}");
     }
 }
