@@ -297,7 +297,8 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
 /// Normalises `indices` against an axis of length `len` on the backend of the indices' own
 /// device ([`Backend::normalise_indices`]): negative ones count from the end, as in numpy, and
 /// an index outside `[-len, len)` is [`Error::IndexOutOfRange`] naming it. Host indices come
-/// back as a host int64 tensor (themselves when they already are contiguous int64 in range).
+/// back as a host int64 tensor that dlpart owns: each index is read once, into it, so a thread
+/// rewriting the caller's array cannot change an index after its check.
 pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
     backend_for(indices.device())?.normalise_indices(indices, axis, len)
 }

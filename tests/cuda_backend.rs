@@ -628,10 +628,19 @@ fn indices_of_every_dtype_and_layout_are_normalised() {
             gather(&reinterpret(&raw, 1, DType::Int64, &[1], &[1])),
             vec![13.]
         );
-        // In-range contiguous int64 device indices are used as they are.
+        // In-range contiguous int64 indices: the CPU backend returns a copy it owns (each
+        // index read once, out of reach of a thread rewriting the caller's array); a device
+        // backend uses device indices as they are.
         let plain = upload(be, &Tensor::from_slice(&[0i64, 4], &[2]).unwrap());
         let same = be.normalise_indices(&plain, 0, 5).unwrap();
-        assert_eq!(same.data_ptr(), plain.data_ptr());
+        assert_eq!(same.device(), plain.device());
+        if be.device().is_host_accessible() {
+            assert_ne!(same.data_ptr(), plain.data_ptr());
+            let values = download(be, &same).to_array::<i64>().unwrap();
+            assert_eq!(values.into_raw_vec_and_offset().0, vec![0, 4]);
+        } else {
+            assert_eq!(same.data_ptr(), plain.data_ptr());
+        }
         let huge = upload(be, &Tensor::from_slice(&[1u64, u64::MAX], &[2]).unwrap());
         assert!(matches!(
             be.normalise_indices(&huge, 0, 5),
