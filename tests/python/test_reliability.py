@@ -71,8 +71,7 @@ def test_repartition_into_targets_that_share_memory_is_refused_naming_both():
     with pytest.raises(BufferError, match=r"\(0,\) and \(1,\) share memory"):
         dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(buf[:4], buf[2:6]))
     np.testing.assert_array_equal(buf, before)  # nothing written
-    repeated = np.lib.stride_tricks.as_strided(buf, shape=(4,), strides=(0,))
-    repeated.flags.writeable = True
+    repeated = np.lib.stride_tricks.as_strided(buf, shape=(4,), strides=(0,), writeable=True)
     with pytest.raises(BufferError, match=r"\(0,\) refers to some element more than once"):
         dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(repeated, buf[4:]))
 
