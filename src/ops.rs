@@ -394,14 +394,7 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     if here == device || (here.is_host_accessible() && device == Device::CPU) {
         let backend = backend_for(here)?;
         let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
-        let zeros = vec![0; t.ndim()];
-        let job = BoxCopy {
-            src: t,
-            src_start: zeros.clone(),
-            dst: &out,
-            dst_start: zeros,
-            shape: t.shape().to_vec(),
-        };
+        let job = BoxCopy::whole(t, &out);
         // SAFETY: `out` was just allocated: it shares no memory with `t`.
         unsafe { backend.copy_boxes_unchecked(&[job])? };
         backend.synchronize()?;

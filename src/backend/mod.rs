@@ -28,6 +28,20 @@ use crate::tensor::Tensor;
 /// themselves. Both tensors have the same dtype and live on the backend's device.
 pub type BoxCopy<'a> = crate::plan::BoxCopy<&'a Tensor>;
 
+impl<'a> BoxCopy<'a> {
+    /// The copy of all of `src` into `dst` (of the same shape).
+    pub fn whole(src: &'a Tensor, dst: &'a Tensor) -> Self {
+        let zeros = vec![0; src.ndim()];
+        BoxCopy {
+            src,
+            src_start: zeros.clone(),
+            dst,
+            dst_start: zeros,
+            shape: src.shape().to_vec(),
+        }
+    }
+}
+
 /// The operations every device backend provides.
 pub trait Backend: Send + Sync {
     /// The device this backend runs on.

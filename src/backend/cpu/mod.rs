@@ -417,14 +417,7 @@ impl Backend for CpuBackend {
                 ),
             ));
         }
-        let zero = vec![0; src.ndim()];
-        let job = BoxCopy {
-            src,
-            src_start: zero.clone(),
-            dst,
-            dst_start: zero,
-            shape: src.shape().to_vec(),
-        };
+        let job = BoxCopy::whole(src, dst);
         // SAFETY: one job: there is no other job whose boxes it could meet.
         unsafe { self.copy_boxes_unchecked(&[job]) }
     }

@@ -178,13 +178,7 @@ impl CudaBackend {
             return Ok(indices.clone());
         }
         let out = self.empty(indices.shape(), DType::Int64)?;
-        let job = BoxCopy {
-            src: indices,
-            src_start: vec![0],
-            dst: &out,
-            dst_start: vec![0],
-            shape: indices.shape().to_vec(),
-        };
+        let job = BoxCopy::whole(indices, &out);
         // SAFETY: one job, into `out`, which was just allocated.
         unsafe { self.copy_boxes_unchecked(&[job])? };
         Ok(out)

@@ -77,14 +77,7 @@ impl CudaBackend {
 
     /// Queues the copy of all of `src` into `dst`, both on this device.
     pub(super) fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
-        let zero = vec![0; src.ndim()];
-        let job = BoxCopy {
-            src,
-            src_start: zero.clone(),
-            dst,
-            dst_start: zero,
-            shape: src.shape().to_vec(),
-        };
+        let job = BoxCopy::whole(src, dst);
         // SAFETY: one job: there is no other job whose boxes it could meet.
         unsafe { self.copy_boxes_unchecked(&[job]) }
     }
