@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::device::Device;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
+use crate::tensor::Tensor;
 
 /// Where one source slab and one target slab overlap along an axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +47,20 @@ impl<P> BoxCopy<P> {
     /// The number of elements copied.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+}
+
+impl BoxCopy {
+    /// The same copy between the tensors of the partitions it names, `src[self.src]` into
+    /// `dst[self.dst]`, as a backend takes it; `None` when either list has no such partition.
+    pub fn on<'a>(self, src: &[&'a Tensor], dst: &[&'a Tensor]) -> Option<BoxCopy<&'a Tensor>> {
+        Some(BoxCopy {
+            src: src.get(self.src).copied()?,
+            src_start: self.src_start,
+            dst: dst.get(self.dst).copied()?,
+            dst_start: self.dst_start,
+            shape: self.shape,
+        })
     }
 }
 

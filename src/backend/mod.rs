@@ -92,23 +92,16 @@ pub trait Backend: Send + Sync {
     /// with a source tensor (the contract of [`Backend::copy_boxes_unchecked`] for every box
     /// of the plan; `ops` checks it, or allocates the targets itself).
     unsafe fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
-        let mut jobs = Vec::with_capacity(plan.len());
-        for op in plan.ops() {
-            let (s, d) = (src.get(op.src), dst.get(op.dst));
-            let (Some(&src), Some(&dst)) = (s, d) else {
-                return Err(Error::shape(
+        let jobs = plan
+            .ops()
+            .map(|op| op.on(src, dst))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::shape(
                     "copy_plan needs one tensor per partition of both grids",
                     format!("{} source and {} target tensors", src.len(), dst.len()),
-                ));
-            };
-            jobs.push(BoxCopy {
-                src,
-                src_start: op.src_start,
-                dst,
-                dst_start: op.dst_start,
-                shape: op.shape,
-            });
-        }
+                )
+            })?;
         // SAFETY: the caller guarantees the targets disjoint from each other and from the
         // sources, so every box's destination is too.
         unsafe { self.copy_boxes_unchecked(&jobs) }

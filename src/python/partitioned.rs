@@ -24,7 +24,9 @@ use crate::plan::Plan;
 use super::device::{device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
-use super::tensor::{axis_arg, import as import_array, import_producer, is_producer, PyTensor};
+use super::tensor::{
+    axis_arg, import as import_array, import_producer, is_numpy_array, is_producer, PyTensor,
+};
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
 #[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
@@ -307,7 +309,8 @@ fn read_dict<'py>(
                 }
                 Import::No => false,
             };
-            if !producer && is_plain_value(obj) {
+            // Arrays first: the eleven type checks of a plain value are for what is left.
+            if !producer && !is_numpy_array(obj) && is_plain_value(obj) {
                 return Err(ProtocolError::new_err(format!(
                     "__partitioned__[\"partitions\"] at position {}: \"data\" must be a DLPack \
                      array, None or a handle (a Dask future, a Ray ObjectRef, ...), found {}",

@@ -530,7 +530,7 @@ static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// Whether `x` is exactly a `numpy.ndarray` (not a subclass, which may override the DLPack
 /// methods). Never imports numpy: while it is not in `sys.modules` no array of it exists.
-fn is_numpy_array(x: &Bound<'_, PyAny>) -> bool {
+pub(crate) fn is_numpy_array(x: &Bound<'_, PyAny>) -> bool {
     let py = x.py();
     let ty = match NDARRAY.get(py) {
         Some(t) => t.bind(py),

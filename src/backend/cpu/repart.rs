@@ -416,15 +416,10 @@ fn copy_classified(
     unsafe { copy_boxes_tuned(&raw, Stores::Auto, tuning) };
 
     if !aliased.is_empty() {
+        // Every index was checked against both lists above.
         let jobs: Vec<BoxCopy<&Tensor>> = aliased
             .into_iter()
-            .map(|op| BoxCopy {
-                src: src[op.src],
-                src_start: op.src_start,
-                dst: dst[op.dst],
-                dst_start: op.dst_start,
-                shape: op.shape,
-            })
+            .filter_map(|op| op.on(src, dst))
             .collect();
         backend.copy_boxes(&jobs)?;
     }

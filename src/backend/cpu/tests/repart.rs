@@ -65,13 +65,7 @@ fn views(whole: &Tensor, grid: &Grid) -> Vec<Tensor> {
 fn reference(plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) {
     let jobs: Vec<BoxCopy<'_>> = plan
         .ops()
-        .map(|op| BoxCopy {
-            src: src[op.src],
-            src_start: op.src_start,
-            dst: dst[op.dst],
-            dst_start: op.dst_start,
-            shape: op.shape,
-        })
+        .map(|op| op.on(src, dst).expect("one tensor per partition"))
         .collect();
     CpuBackend {
         device: Device::CPU,
