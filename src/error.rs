@@ -6,7 +6,8 @@
 //! `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
 //! [`Error::InvalidDevice`] and [`Error::DeviceMismatch`] become `dlpart.DeviceError` (a
 //! `ValueError`); [`Error::IndexOutOfRange`] becomes `IndexError`; [`Error::BackendUnavailable`]
-//! becomes `dlpart.BackendUnavailableError` (a `RuntimeError`).
+//! becomes `dlpart.BackendUnavailableError` (a `RuntimeError`); [`Error::OutOfMemory`] becomes
+//! `MemoryError`.
 
 use std::fmt;
 
@@ -171,6 +172,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// An allocation that failed, or whose size cannot be allocated at all (beyond
+    /// `isize::MAX` bytes, or not even computable): an error value, never an abort.
+    #[error("cannot allocate {} of {device} memory for {what}", bytes_text(*bytes))]
+    OutOfMemory {
+        /// The bytes asked for (`usize::MAX` when the size itself overflows).
+        bytes: usize,
+        /// What the memory was for ("a tensor of shape (4, 5) float32", ...).
+        what: String,
+        /// Where: `"host"`, or a device as printed by [`crate::Device`].
+        device: String,
+    },
+
     /// A failure reported by a device runtime (CUDA driver, NVRTC, ...).
     #[error("{backend} error in {op}: {message}")]
     Backend {
@@ -199,6 +212,14 @@ fn protocol_message(
         s.push_str(&format!(" (grid invariant {n})"));
     }
     s
+}
+
+fn bytes_text(bytes: usize) -> String {
+    if bytes == usize::MAX {
+        "more bytes than the address space holds".into()
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn join_lines(errors: &[Error]) -> String {
@@ -240,6 +261,15 @@ impl Error {
         }
     }
 
+    /// Shorthand for [`Error::OutOfMemory`] in host memory.
+    pub fn host_oom(bytes: usize, what: impl Into<String>) -> Self {
+        Error::OutOfMemory {
+            bytes,
+            what: what.into(),
+            device: "host".into(),
+        }
+    }
+
     /// Folds a list of violations into one error: the error itself when there is one.
     pub fn from_many(mut errors: Vec<Error>) -> Option<Self> {
         match errors.len() {
@@ -262,6 +292,17 @@ mod tests {
         assert_eq!(tuple_string::<usize>(&[]), "()");
         assert_eq!(tuple_string(&[3]), "(3,)");
         assert_eq!(tuple_string(&[2, 4]), "(2, 4)");
+    }
+
+    #[test]
+    fn an_allocation_failure_names_the_bytes() {
+        assert_eq!(
+            Error::host_oom(1 << 40, "a tensor").to_string(),
+            "cannot allocate 1099511627776 bytes of host memory for a tensor"
+        );
+        assert!(Error::host_oom(usize::MAX, "x")
+            .to_string()
+            .contains("more bytes than the address space holds"));
     }
 
     #[test]

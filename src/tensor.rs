@@ -180,7 +180,7 @@ impl Tensor {
         let nbytes = n
             .checked_mul(dtype.itemsize())
             .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
-        let buf = Arc::new(HostBuffer::zeroed(nbytes));
+        let buf = Arc::new(HostBuffer::zeroed(nbytes)?);
         let data = buf.as_ptr();
         // SAFETY: `buf` holds `nbytes = numel * itemsize` bytes and the strides are C-order for
         // `shape`, so every in-bounds index addresses memory inside it; the Arc keeps it alive.
@@ -566,6 +566,16 @@ macro_rules! element {
 element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 => UInt8,
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
 
+/// `n` zero bytes in a `Vec`, or [`Error::OutOfMemory`] for `what` when the host has no room:
+/// `vec![0; n]` would abort the process instead.
+pub(crate) fn zeroed_vec(n: usize, what: impl FnOnce() -> String) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::host_oom(n, what()))?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 /// A 64-byte aligned host allocation; from 2 MiB up, aligned to 2 MiB and backed by
 /// transparent huge pages where the kernel offers them, because first-touch page faults of 4 KiB
 /// pages cost several times the copy that fills a fresh output.
@@ -592,38 +602,43 @@ impl HostBuffer {
     /// Allocations of at least this many bytes get huge-page alignment and advice.
     pub const HUGE: usize = 2 << 20;
 
-    /// `nbytes` zeroed bytes (a dangling aligned pointer when `nbytes == 0`).
-    pub fn zeroed(nbytes: usize) -> Self {
-        let b = Self::uninit(nbytes);
+    /// `nbytes` zeroed bytes; [`Error::OutOfMemory`] when they cannot be had.
+    pub fn zeroed(nbytes: usize) -> Result<Self> {
+        let b = Self::uninit(nbytes)?;
         // SAFETY: `b` owns `layout.size() >= nbytes` writable bytes.
         unsafe { std::ptr::write_bytes(b.ptr, 0, b.layout.size()) };
-        b
+        Ok(b)
     }
 
     /// `nbytes` uninitialised bytes, for outputs that are overwritten entirely.
-    pub fn uninit(nbytes: usize) -> Self {
+    ///
+    /// A size the allocator refuses, or one beyond `isize::MAX` once rounded up, is an
+    /// [`Error::OutOfMemory`] naming `nbytes`: an output too large for the host is an error
+    /// the caller sees (`MemoryError` in Python), never an abort of the process.
+    pub fn uninit(nbytes: usize) -> Result<Self> {
         let huge = nbytes >= Self::HUGE;
-        let (size, align) = if huge {
-            (nbytes.div_ceil(Self::HUGE) * Self::HUGE, Self::HUGE)
+        let layout = if huge {
+            nbytes
+                .checked_next_multiple_of(Self::HUGE)
+                .and_then(|size| std::alloc::Layout::from_size_align(size, Self::HUGE).ok())
         } else {
-            (nbytes.max(1), Self::ALIGN)
-        };
-        let layout =
-            std::alloc::Layout::from_size_align(size, align).expect("allocation size fits isize");
+            std::alloc::Layout::from_size_align(nbytes.max(1), Self::ALIGN).ok()
+        }
+        .ok_or_else(|| Error::host_oom(nbytes, "a host buffer"))?;
         if huge {
             if let Some(ptr) = cache::take(layout) {
-                return HostBuffer { ptr, layout };
+                return Ok(HostBuffer { ptr, layout });
             }
         }
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return Err(Error::host_oom(nbytes, "a host buffer"));
         }
         if huge {
-            advise_huge_pages(ptr, size);
+            advise_huge_pages(ptr, layout.size());
         }
-        HostBuffer { ptr, layout }
+        Ok(HostBuffer { ptr, layout })
     }
 
     /// The first byte (dangling but aligned for an empty buffer).
@@ -696,7 +711,8 @@ mod cache {
         /// `limit`, releasing the oldest kept buffers to make room; false if it cannot fit
         /// (the caller releases it).
         pub(super) fn keep(&mut self, ptr: *mut u8, layout: Layout, limit: usize) -> bool {
-            if layout.size() > limit {
+            // Room in the list first: a failed allocation here releases the buffer instead.
+            if layout.size() > limit || self.free.try_reserve(1).is_err() {
                 return false;
             }
             while self.bytes + layout.size() > limit {
@@ -741,12 +757,12 @@ mod tests {
     fn a_freed_huge_buffer_is_handed_out_again_for_its_size() {
         // A size no other test allocates, so that no other thread takes the kept buffer.
         let n = (34 << 20) + 1;
-        let a = HostBuffer::uninit(n);
+        let a = HostBuffer::uninit(n).unwrap();
         let p = a.as_ptr();
         // SAFETY: `a` owns at least n writable bytes.
         unsafe { std::ptr::write_bytes(p, 0xFF, n) };
         drop(a);
-        let b = HostBuffer::zeroed(n);
+        let b = HostBuffer::zeroed(n).unwrap();
         assert_eq!(b.as_ptr(), p, "the kept buffer was not reused");
         // SAFETY: `b` owns at least n readable bytes.
         let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), n) };
@@ -754,6 +770,48 @@ mod tests {
             bytes.iter().all(|&x| x == 0),
             "zeroed() handed out old contents"
         );
+    }
+
+    /// Sizes the layout refuses (beyond `isize::MAX` once rounded up) never reach the
+    /// allocator, so this runs under Miri too.
+    #[test]
+    fn host_buffers_beyond_isize_max_are_errors_naming_the_bytes() {
+        let max = isize::MAX as usize;
+        for n in [max - HostBuffer::HUGE + 2, max, max + 1, usize::MAX] {
+            for r in [HostBuffer::uninit(n), HostBuffer::zeroed(n)] {
+                match r {
+                    Err(Error::OutOfMemory { bytes, .. }) => assert_eq!(bytes, n),
+                    Err(e) => panic!("{n} bytes: {e}"),
+                    Ok(_) => panic!("{n} bytes were allocated"),
+                }
+            }
+        }
+        let e = zeroed_vec(max + 1, || "a test".into()).unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfMemory { bytes, .. } if bytes == max + 1),
+            "{e}"
+        );
+    }
+
+    /// 2^62 bytes is a valid layout that no machine can map (x86-64 and AArch64 address at
+    /// most 2^57 bytes): the allocator refuses it whatever the overcommit policy.
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri stops at an allocation it cannot make")]
+    fn an_allocation_the_host_refuses_is_an_error_not_an_abort() {
+        let e = HostBuffer::uninit(1 << 62)
+            .err()
+            .expect("2^62 bytes allocated");
+        assert_eq!(
+            e.to_string(),
+            "cannot allocate 4611686018427387904 bytes of host memory for a host buffer"
+        );
+        let e = Tensor::zeros(&[1 << 30, 1 << 30], DType::Float32).unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfMemory { bytes, .. } if bytes == 1 << 62),
+            "{e}"
+        );
+        let e = zeroed_vec(1 << 62, || "a test".into()).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     }
 
     #[test]
@@ -820,7 +878,7 @@ mod tests {
             assert_eq!(t.shape(), shape.as_slice());
             assert_eq!(t.strides(), contiguous_strides(&shape).as_slice());
             assert!(matches!(t.shape, Axes::Heap(_)) == (nd > INLINE_AXES));
-            let buf = Arc::new(HostBuffer::uninit(t.nbytes()));
+            let buf = Arc::new(HostBuffer::uninit(t.nbytes()).unwrap());
             // SAFETY: `buf` holds the tensor's numel * 2 bytes, in C order.
             let c = unsafe {
                 Tensor::contiguous_unchecked(buf.as_ptr(), &shape, DType::Int16, Device::CPU, buf)

@@ -844,3 +844,16 @@ fn emulated_devices_are_not_reachable_through_backend_for() {
     }
     assert!(!is_emulated(Device::cuda(0)));
 }
+
+/// 2^62 bytes, a size no device or host can map, is an [`Error::OutOfMemory`] naming the
+/// bytes on every backend (a `MemoryError` in Python), never an abort or a driver error.
+#[test]
+fn an_allocation_the_device_refuses_is_out_of_memory() {
+    on_every_backend("an_allocation_the_device_refuses_is_out_of_memory", |be| {
+        match be.empty(&[1 << 30, 1 << 30], DType::Float32) {
+            Err(Error::OutOfMemory { bytes, .. }) => assert_eq!(bytes, 1 << 62),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("2^62 bytes allocated"),
+        }
+    });
+}

@@ -1,7 +1,7 @@
 //! Mapping [`Error`] onto Python exceptions.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -36,6 +36,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         Error::Protocol { .. } | Error::ProtocolMany { .. } => ProtocolError::new_err(msg),
         Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => DeviceError::new_err(msg),
         Error::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
+        Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         Error::BackendUnavailable { .. } => BackendUnavailableError::new_err(msg),
         Error::Shape { .. } | Error::DTypeMismatch { .. } => PyValueError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),

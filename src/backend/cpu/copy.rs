@@ -173,25 +173,45 @@ fn shared_loop<E: Send>(
         }
     };
     let helpers = threads().saturating_sub(1).min(count.saturating_sub(1));
-    rayon::in_place_scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|_| work());
-        }
+    if helpers == 0 {
+        // No scope: it would start rayon's pool, which may be what cannot start.
         work();
-    });
+    } else {
+        rayon::in_place_scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|_| work());
+            }
+            work();
+        });
+    }
     match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
     }
 }
 
-/// The number of threads work is cut for (a fixed 3 under Miri, see [`Tuning::run`]).
+/// The number of threads work is cut for (a fixed 3 under Miri, see [`Tuning::run`]): 1 when
+/// rayon's global pool cannot start, and then every parallel path runs on the calling thread.
 pub(crate) fn threads() -> usize {
     if cfg!(miri) {
         3
-    } else {
+    } else if rayon::current_thread_index().is_some() || global_pool_started() {
+        // In a pool's worker (the tests' own pools), that pool's threads.
         rayon::current_num_threads()
+    } else {
+        1
     }
+}
+
+/// Whether rayon's global pool is running, starting it on the first call.
+///
+/// rayon starts its pool on first use and panics when it cannot start the threads (no memory
+/// or address space left for their stacks, a process limit), then again on every later use:
+/// that panic would reach Python as a `PanicException`. Asked once here, a pool that cannot
+/// start means slower work on the calling thread instead.
+fn global_pool_started() -> bool {
+    static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| std::panic::catch_unwind(rayon::current_num_threads).is_ok())
 }
 
 /// Resolves `stores` for a call moving `bytes` in total.

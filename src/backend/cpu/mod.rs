@@ -275,7 +275,13 @@ impl Backend for CpuBackend {
         let nbytes = n
             .checked_mul(dtype.itemsize())
             .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
-        let buf = Arc::new(HostBuffer::uninit(nbytes));
+        let buf = HostBuffer::uninit(nbytes).map_err(|_| {
+            Error::host_oom(
+                nbytes,
+                format!("a {dtype} tensor of shape {}", tuple_string(shape)),
+            )
+        })?;
+        let buf = Arc::new(buf);
         // SAFETY: the buffer holds numel * itemsize bytes laid out in C order for `shape`.
         Ok(unsafe { Tensor::contiguous_unchecked(buf.as_ptr(), shape, dtype, self.device, buf) })
     }
@@ -293,12 +299,17 @@ impl Backend for CpuBackend {
                 .checked_mul(dtype.itemsize())
                 .filter(|&n| n < HostBuffer::HUGE)
                 .map(|n| n.next_multiple_of(ALIGN));
+            // A total that saturates is refused by the allocation below.
             offsets.push(nbytes.map(|n| {
-                total += n;
-                total - n
+                let at = total;
+                total = total.saturating_add(n);
+                at
             }));
         }
-        let arena = Arc::new(HostBuffer::uninit(total));
+        let arena = HostBuffer::uninit(total).map_err(|_| {
+            Error::host_oom(total, format!("{} small {dtype} tensors", shapes.len()))
+        })?;
+        let arena = Arc::new(arena);
         // An explicit loop into a Vec of the final size: collecting an iterator of Results
         // cannot size the Vec up front, and its regrowth (about 10 MB moved for 65,536
         // targets) made this take 6.3 ms instead of 1.6 ms here.
@@ -341,7 +352,7 @@ impl Backend for CpuBackend {
             ) {
                 // A job that reads memory it writes reads a packed copy of its source first,
                 // as numpy does for overlapping assignments.
-                temps.push((n, packed(view, itemsize)));
+                temps.push((n, packed(view, itemsize)?));
             }
             ptrs.push((src as *const u8, dst, itemsize));
         }
@@ -424,12 +435,16 @@ impl Backend for CpuBackend {
 }
 
 /// A C-order copy of the box `src` and its strides.
-fn packed(src: SrcView<'_>, itemsize: usize) -> (HostBuffer, Vec<isize>) {
-    let buf = HostBuffer::uninit(src.shape.iter().product::<usize>() * itemsize);
+/// A staging copy that does not fit in host memory is an [`Error::OutOfMemory`].
+fn packed(src: SrcView<'_>, itemsize: usize) -> Result<(HostBuffer, Vec<isize>)> {
+    // A size that saturates is refused by the allocation below.
+    let nbytes = crate::tensor::checked_numel(src.shape)?.saturating_mul(itemsize);
+    let what = || format!("staging a copy of shape {}", tuple_string(src.shape));
+    let buf = HostBuffer::uninit(nbytes).map_err(|_| Error::host_oom(nbytes, what()))?;
     // SAFETY: `src` is a valid box (checked by the caller) and `buf` holds exactly its
     // elements in C order; `buf` is new, so nothing else touches it.
     unsafe { pack(src, buf.as_ptr(), itemsize) };
-    (buf, contiguous_strides(src.shape))
+    Ok((buf, contiguous_strides(src.shape)))
 }
 
 /// Gather or scatter between tensors that may alias each other: an aliased source is copied
@@ -448,7 +463,7 @@ unsafe fn index_checked<const SCATTER: bool>(
         span(src.ptr, src.shape, src.strides, itemsize),
         span(dst.ptr, dst.shape, dst.strides, itemsize),
     );
-    let temp = aliased.then(|| packed(src, itemsize));
+    let temp = aliased.then(|| packed(src, itemsize)).transpose()?;
     let src = match &temp {
         Some((buf, strides)) => SrcView {
             ptr: buf.as_ptr(),

@@ -13,6 +13,8 @@ use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::tensor::{HostBuffer, Tensor};
 
+use super::copy::threads;
+
 /// Index arrays shorter than this are checked on the calling thread.
 const PARALLEL_INDICES: usize = 1 << 20;
 
@@ -26,10 +28,11 @@ const CHUNK: usize = 1 << 16;
 /// Room for `n` indices, or an error instead of an abort when the host has no memory left.
 fn alloc_indices(n: usize) -> Result<Vec<i64>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::Backend {
-        backend: "cpu",
-        op: format!("allocating {n} normalised indices"),
-        message: "out of host memory".into(),
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::host_oom(
+            n.saturating_mul(size_of::<i64>()),
+            format!("{n} normalised indices"),
+        )
     })?;
     Ok(v)
 }
@@ -107,15 +110,15 @@ unsafe fn copy_and_count_long(src: *const i64, dst: &mut [MaybeUninit<i64>], len
 /// # Safety
 /// As for [`copy_and_count`], with `n` values.
 unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor, usize)> {
-    let nbytes = n
-        .checked_mul(size_of::<i64>())
-        .ok_or_else(|| Error::shape("too many indices", n.to_string()))?;
-    let buf = Arc::new(HostBuffer::uninit(nbytes));
+    let nbytes = n.saturating_mul(size_of::<i64>());
+    let buf = HostBuffer::uninit(nbytes)
+        .map_err(|_| Error::host_oom(nbytes, format!("a copy of {n} indices")))?;
+    let buf = Arc::new(buf);
     let dst = buf.as_ptr().cast::<MaybeUninit<i64>>();
     // SAFETY: the buffer holds `nbytes` bytes, aligned for any element (`HostBuffer::ALIGN`),
     // and nothing else can reach it yet.
     let spare = unsafe { std::slice::from_raw_parts_mut(dst, n) };
-    let outside = if n < PARALLEL_INDICES {
+    let outside = if n < PARALLEL_INDICES || threads() == 1 {
         // SAFETY: forwarded caller contract.
         unsafe { copy_and_count(src, spare, len) }
     } else {
@@ -207,7 +210,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
             }
         };
         // Short lists on the calling thread: waking the pool costs more than the loop.
-        if n < PARALLEL_INDICES {
+        if n < PARALLEL_INDICES || threads() == 1 {
             fixed.iter_mut().for_each(wrap);
         } else {
             fixed.par_iter_mut().for_each(wrap);

@@ -55,6 +55,21 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
+/// A driver's out-of-memory failure as [`Error::OutOfMemory`] (a `MemoryError` in Python, as
+/// cupy raises), any other error unchanged.
+fn out_of_memory(e: Error, bytes: usize, device: &str) -> Error {
+    match e {
+        Error::Backend { message, op, .. } if message.starts_with("CUDA_ERROR_OUT_OF_MEMORY") => {
+            Error::OutOfMemory {
+                bytes,
+                what: op,
+                device: device.into(),
+            }
+        }
+        e => e,
+    }
+}
+
 /// Device memory from `cuMemAlloc`, released by `cuMemFree` when the last view of it goes.
 /// `cuMemFree` waits for work still using the memory, whichever stream queued it.
 pub struct DeviceBuffer {
@@ -66,7 +81,9 @@ pub struct DeviceBuffer {
 impl DeviceBuffer {
     /// `bytes` (> 0) of uninitialised device memory, 256-byte aligned.
     pub(crate) fn alloc(driver: &Arc<dyn Driver>, bytes: usize) -> Result<Self> {
-        let ptr = driver.alloc(bytes)?;
+        let ptr = driver
+            .alloc(bytes)
+            .map_err(|e| out_of_memory(e, bytes, "CUDA device"))?;
         Ok(DeviceBuffer {
             ptr,
             bytes,
@@ -109,7 +126,9 @@ unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
     pub fn alloc(driver: &Arc<dyn Driver>, bytes: usize) -> Result<Self> {
-        let ptr = driver.alloc_pinned(bytes)?;
+        let ptr = driver
+            .alloc_pinned(bytes)
+            .map_err(|e| out_of_memory(e, bytes, "pinned host"))?;
         Ok(PinnedBuffer {
             ptr,
             bytes,

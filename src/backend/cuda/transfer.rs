@@ -15,7 +15,7 @@ use crate::backend::cpu::copy_strided;
 use crate::backend::{Backend, BoxCopy};
 use crate::device::DeviceType;
 use crate::error::{tuple_string, Error, Result};
-use crate::tensor::{contiguous_strides, Tensor};
+use crate::tensor::{contiguous_strides, zeroed_vec, Tensor};
 
 fn check_pair(src: &Tensor, dst: &Tensor, op: &str) -> Result<()> {
     if src.shape() != dst.shape() || src.dtype() != dst.dtype() {
@@ -39,17 +39,19 @@ fn check_pair(src: &Tensor, dst: &Tensor, op: &str) -> Result<()> {
 }
 
 /// The elements of a host tensor in C order: borrowed when contiguous, packed otherwise.
-fn host_bytes(t: &Tensor) -> Cow<'_, [u8]> {
+fn host_bytes(t: &Tensor) -> Result<Cow<'_, [u8]>> {
     let n = t.nbytes();
     if n == 0 {
-        return Cow::Borrowed(&[]);
+        return Ok(Cow::Borrowed(&[]));
     }
     if t.is_contiguous() {
         // SAFETY: a contiguous tensor's elements are the `n` bytes from `data_ptr`, host
         // accessible (checked by the caller) and kept alive by `t`'s owner while `t` lives.
-        return Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.data_ptr(), n) });
+        return Ok(Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(t.data_ptr(), n)
+        }));
     }
-    let mut buf = vec![0u8; n];
+    let mut buf = zeroed_vec(n, || format!("packing {t:?} for an upload"))?;
     // SAFETY: `t`'s elements are readable host memory (tensor invariant, checked by the
     // caller); `buf` holds `n` bytes for the C-order destination; the two do not overlap.
     unsafe {
@@ -62,7 +64,7 @@ fn host_bytes(t: &Tensor) -> Cow<'_, [u8]> {
             t.dtype().itemsize(),
         )
     };
-    Cow::Owned(buf)
+    Ok(Cow::Owned(buf))
 }
 
 impl CudaBackend {
@@ -124,7 +126,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        self.guarded(|| self.upload(&host_bytes(src), dst))
+        self.guarded(|| self.upload(&host_bytes(src)?, dst))
     }
 
     /// Copies `src` on this device into the host tensor `dst`.
@@ -149,7 +151,7 @@ impl CudaBackend {
                 let out = unsafe { std::slice::from_raw_parts_mut(dst.data_ptr(), n) };
                 return self.download(src, out);
             }
-            let mut buf = vec![0u8; n];
+            let mut buf = zeroed_vec(n, || format!("staging a download of {src:?}"))?;
             self.download(src, &mut buf)?;
             // SAFETY: `buf` holds the C-order elements; `dst`'s elements are writable host
             // memory (checked above) and do not overlap `buf`.

@@ -248,3 +248,56 @@ fn empty_many_carves_small_tensors_from_one_allocation() {
     assert!(read(&ts[2]).iter().all(|&v| v == 4));
     assert!(read(&ts[0]).is_empty());
 }
+
+/// A tensor of `shape` whose every element is the one int32 of `keep` (all strides 0): a huge
+/// logical size over 4 bytes.
+fn repeated(keep: &Tensor, shape: &[usize]) -> Tensor {
+    // SAFETY: with zero strides every index addresses `keep`'s first element, which `keep`'s
+    // owner keeps alive.
+    unsafe {
+        Tensor::from_raw_parts(
+            keep.data_ptr(),
+            shape.to_vec(),
+            vec![0; shape.len()],
+            keep.dtype(),
+            Device::CPU,
+            false,
+            keep.owner().clone(),
+        )
+    }
+}
+
+/// Outputs, staging copies and index copies too large for the host are errors naming the
+/// bytes, not an abort (2^62 bytes: a valid layout no machine can map).
+#[test]
+#[cfg_attr(miri, ignore = "Miri stops at an allocation it cannot make")]
+fn allocations_the_host_refuses_are_out_of_memory_errors() {
+    let b = backend();
+    let huge: &[usize] = &[1 << 30, 1 << 30];
+    let oom = |r: Result<_, Error>, bytes: usize| match r {
+        Err(Error::OutOfMemory { bytes: b, .. }) => assert_eq!(b, bytes),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("allocated"),
+    };
+    oom(b.empty(huge, DType::Float32).map(drop), 1 << 62);
+    oom(
+        b.empty_many(&[&[2], huge], DType::Float32).map(drop),
+        1 << 62,
+    );
+    let one = iota(&[1]);
+    let src = repeated(&one, huge);
+    oom(crate::ops::to_device(&src, Device::CPU).map(drop), 1 << 62);
+    let idx = Tensor::from_slice(&[0i64, 1], &[2]).unwrap();
+    // The gathered output, then the copy of the indices.
+    let wide = repeated(&one, &[2, 1 << 59]);
+    oom(crate::ops::gather(&wide, &idx, 0, None).map(drop), 1 << 62);
+    let many = repeated(&idx, &[1 << 59]);
+    oom(crate::ops::gather(&src, &many, 1, None).map(drop), 1 << 62);
+    // The staging copy of a source that overlaps its destination.
+    let view = crate::backend::cpu::SrcView {
+        ptr: one.data_ptr(),
+        shape: huge,
+        strides: &[0, 0],
+    };
+    oom(super::super::packed(view, 4).map(drop), 1 << 62);
+}
