@@ -628,19 +628,21 @@ fn indices_of_every_dtype_and_layout_are_normalised() {
             gather(&reinterpret(&raw, 1, DType::Int64, &[1], &[1])),
             vec![13.]
         );
-        // In-range contiguous int64 indices: the CPU backend returns a copy it owns (each
-        // index read once, out of reach of a thread rewriting the caller's array); a device
-        // backend uses device indices as they are.
+        // In-range contiguous int64 indices on the device: every backend returns a copy it
+        // owns, each index read once, so rewriting the caller's array after the check (as
+        // another thread may) changes nothing the kernels read.
         let plain = upload(be, &Tensor::from_slice(&[0i64, 4], &[2]).unwrap());
-        let same = be.normalise_indices(&plain, 0, 5).unwrap();
-        assert_eq!(same.device(), plain.device());
-        if be.device().is_host_accessible() {
-            assert_ne!(same.data_ptr(), plain.data_ptr());
-            let values = download(be, &same).to_array::<i64>().unwrap();
-            assert_eq!(values.into_raw_vec_and_offset().0, vec![0, 4]);
-        } else {
-            assert_eq!(same.data_ptr(), plain.data_ptr());
-        }
+        let copy = be.normalise_indices(&plain, 0, 5).unwrap();
+        assert_eq!(copy.device(), plain.device());
+        assert_ne!(copy.data_ptr(), plain.data_ptr());
+        let rewritten = Tensor::from_slice(&[1i64 << 40, -(1i64 << 40)], &[2]).unwrap();
+        be.transfer(&rewritten, &plain).unwrap();
+        let values = download(be, &copy).to_array::<i64>().unwrap();
+        assert_eq!(values.into_raw_vec_and_offset().0, vec![0, 4]);
+        let out = be.empty(&[2], DType::Float32).unwrap();
+        be.gather(&src, &copy, 0, &out).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(download_f32(be, &out), vec![10., 14.]);
         let huge = upload(be, &Tensor::from_slice(&[1u64, u64::MAX], &[2]).unwrap());
         assert!(matches!(
             be.normalise_indices(&huge, 0, 5),
@@ -849,11 +851,12 @@ fn emulated_devices_are_not_reachable_through_backend_for() {
 /// bytes on every backend (a `MemoryError` in Python), never an abort or a driver error.
 #[test]
 fn an_allocation_the_device_refuses_is_out_of_memory() {
-    on_every_backend("an_allocation_the_device_refuses_is_out_of_memory", |be| {
-        match be.empty(&[1 << 30, 1 << 30], DType::Float32) {
+    on_every_backend(
+        "an_allocation_the_device_refuses_is_out_of_memory",
+        |be| match be.empty(&[1 << 30, 1 << 30], DType::Float32) {
             Err(Error::OutOfMemory { bytes, .. }) => assert_eq!(bytes, 1 << 62),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("2^62 bytes allocated"),
-        }
-    });
+        },
+    );
 }

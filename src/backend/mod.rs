@@ -113,9 +113,9 @@ pub trait Backend: Send + Sync {
     /// values count from the end, as in numpy; a value outside `[-len, len)` is
     /// [`Error::IndexOutOfRange`] naming the first such one, before anything is written. Host
     /// indices are accepted by every backend (a device backend copies them over first);
-    /// indices on another device are refused. The CPU backend always returns a copy it owns,
-    /// read once from `indices` and checked there: the caller's memory may be rewritten by
-    /// another thread after the check, so the kernels must never read it again.
+    /// indices on another device are refused. Every backend returns a copy it owns, read
+    /// once from `indices` and checked there: the caller's memory may be rewritten by another
+    /// thread after the check, so the kernels must never read it again.
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor>;
 
     /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`. `indices` is a 1-d int64 tensor

@@ -1,10 +1,11 @@
 //! Gather and scatter: the index check before them, validation, the scatter winner pass, and
 //! the index status check.
 //!
-//! Indices are checked on the device, by `check_indices_*` (kernels/index.cu) before any data
-//! moves: that is [`Backend::normalise_indices`] for CUDA. The gather and scatter kernels check
-//! every index again as they read it, so indices changed in between (by another stream) can
-//! fail the call but never address memory out of bounds.
+//! Indices are copied once into memory dlpart owns and checked there, on the device, by
+//! `check_indices_*` (kernels/index.cu) before any data moves: that is
+//! [`Backend::normalise_indices`] for CUDA. The gather and scatter kernels check every index
+//! again as they read it, so indices handed to them directly (not normalised) and changed
+//! meanwhile can fail the call but never address memory out of bounds.
 
 use std::ffi::c_void;
 
@@ -47,23 +48,26 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`Backend::normalise_indices`] on this device. Host indices are uploaded first. Then
-    /// `check_indices_*` checks them where they are: contiguous int64 indices all in
-    /// `[0, len)` are used as they are, as on the CPU; any others (negative ones, other dtypes,
-    /// strides) are read once more, checked again and written to a fresh int64 tensor.
+    /// [`Backend::normalise_indices`] on this device: always indices dlpart owns, each read
+    /// once from the caller's memory, as on the CPU. The caller's device memory may be
+    /// rewritten (by another thread, or work on another stream) after a check, so the kernels
+    /// never read it: `check_indices_*` reads every index once, checks that value and writes
+    /// it, moved into `[0, len)`, to a fresh int64 tensor. Host indices are uploaded into
+    /// dlpart's own device memory first; contiguous int64 ones all in `[0, len)` are then
+    /// used as they are, checked in place (the upload is the one copy).
     pub(super) fn normalise_on_device(
         &self,
         indices: &Tensor,
         axis: usize,
         len: usize,
     ) -> Result<Tensor> {
-        let indices = match index_home(self.device, indices)? {
-            IndexHome::Resident => indices.clone(),
+        let (indices, owned) = match index_home(self.device, indices)? {
+            IndexHome::Resident => (indices.clone(), false),
             IndexHome::Upload => {
                 index_check(indices.dtype(), 0, 1, 0)?; // refuse a float dtype before copying
                 let on_device = self.empty(indices.shape(), indices.dtype())?;
                 self.copy_host_to_device(indices, &on_device)?;
-                on_device
+                (on_device, true)
             }
         };
         let n = indices.shape()[0];
@@ -76,6 +80,8 @@ impl CudaBackend {
         if n == 0 {
             return self.empty(&[0], DType::Int64);
         }
+        // A staged copy is dlpart's own, but read once more below: the staging copy itself
+        // read the caller's indices once, and the check reads only the copy.
         let src = if check.stage {
             let aligned = self.empty(indices.shape(), indices.dtype())?;
             self.box_copy(&indices, &aligned)?;
@@ -84,7 +90,7 @@ impl CudaBackend {
             indices
         };
         let bad = |position| self.bad_index(&src, position, axis, len);
-        if check.in_place {
+        if check.in_place && owned {
             match self.check_indices(&src, check, len, None)? {
                 Verdict::Valid { negative: false } => return Ok(src),
                 Verdict::Valid { negative: true } => {}

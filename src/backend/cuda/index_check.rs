@@ -11,7 +11,8 @@ use crate::tensor::Tensor;
 /// Where the indices of a gather or scatter come from, for a backend on some device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IndexHome {
-    /// On the backend's device: checked there.
+    /// On the backend's device: copied once into dlpart's memory there, and checked in the
+    /// copy.
     Resident,
     /// In host memory: copied to the backend's device first, then checked there.
     Upload,
@@ -50,8 +51,8 @@ pub(crate) struct IndexCheck {
     /// The data does not start at a multiple of `word`, as a DLPack producer may hand out:
     /// the kernel reads aligned words, so the indices are first copied to a fresh tensor.
     pub stage: bool,
-    /// Contiguous, aligned int64: checked where they are (no copy) and used as they are
-    /// unless some index is negative, as on the CPU.
+    /// Contiguous, aligned int64: when dlpart owns them (uploaded from the host), checked
+    /// where they are and used as they are unless some index is negative.
     pub in_place: bool,
 }
 
