@@ -460,3 +460,110 @@ fn the_benchmark_plan_has_one_copy_per_pair_of_overlapping_slabs() {
     }
     assert_eq!((n, elems), (expect, 8192 * 8192));
 }
+
+/// Split points for an axis of `len`: a few drawn from the values arithmetic goes wrong at
+/// (0, the ends, the middle, just inside the end), sometimes out of order or past the end.
+fn extreme_splits(rng: &mut Rng, len: usize) -> Vec<usize> {
+    let inner = rng.range(0, 3);
+    let mut pts: Vec<usize> = (0..inner)
+        .map(|_| match rng.range(0, 5) {
+            0 => 0,
+            1 => len,
+            2 => len / 2,
+            3 => len.saturating_sub(1),
+            _ => (rng.next() as usize) % len.saturating_add(1).max(1),
+        })
+        .collect();
+    if rng.range(0, 7) > 0 {
+        pts.sort();
+    }
+    let mut s = vec![0];
+    s.extend(pts);
+    // Now and then an end that is not the axis length.
+    s.push(if rng.range(0, 15) == 0 { len ^ 1 } else { len });
+    s
+}
+
+/// The product of `dims` in u128, `None` when even that overflows.
+fn numel(dims: &[usize]) -> Option<u128> {
+    if dims.contains(&0) {
+        return Some(0);
+    }
+    dims.iter()
+        .try_fold(1u128, |acc, &n| acc.checked_mul(n as u128))
+}
+
+/// The planner fed grids over extents from 0 to `usize::MAX`: any grid the model accepts is
+/// planned without a panic or an overflow, each copy inside both its partitions, and the
+/// copies add up to the whole shape (counted in u128, which cannot overflow here).
+#[test]
+fn grids_of_extreme_extents_plan_without_panicking() {
+    const EXTENTS: [usize; 10] = [
+        0,
+        1,
+        2,
+        3,
+        7,
+        1 << 31,
+        1 << 40,
+        1 << 62,
+        1 << 63,
+        usize::MAX,
+    ];
+    let mut rng = Rng(11);
+    let (mut planned, mut refused) = (0, 0);
+    for _ in 0..3000 {
+        let nd = rng.range(0, 4);
+        let shape: Vec<usize> = (0..nd)
+            .map(|_| EXTENTS[rng.range(0, EXTENTS.len() - 1)])
+            .collect();
+        let mut grid = || {
+            let splits = shape.iter().map(|&n| extreme_splits(&mut rng, n)).collect();
+            Grid::from_splits(&shape, splits)
+        };
+        let (Ok(a), Ok(b)) = (grid(), grid()) else {
+            refused += 1;
+            continue;
+        };
+        let plan = Plan::new(&a, &b).unwrap();
+        let mut total = Some(0u128);
+        for op in plan.ops() {
+            let (sr, dr) = (a.region_at(op.src), b.region_at(op.dst));
+            for ax in 0..nd {
+                assert!(op.shape[ax] > 0, "{a} -> {b}: {op:?}");
+                assert!(
+                    op.src_start[ax] + op.shape[ax] <= sr.shape[ax],
+                    "{a} -> {b}: {op:?}"
+                );
+                assert!(
+                    op.dst_start[ax] + op.shape[ax] <= dr.shape[ax],
+                    "{a} -> {b}: {op:?}"
+                );
+                assert_eq!(
+                    sr.start[ax] + op.src_start[ax],
+                    dr.start[ax] + op.dst_start[ax]
+                );
+            }
+            total = numel(&op.shape).and_then(|n| total?.checked_add(n));
+        }
+        // Three axes of 2^64 overflow even u128: then only the absence of a panic counts.
+        let whole = numel(&shape);
+        if whole.is_some() {
+            assert_eq!(total, whole, "{a} -> {b}");
+        }
+        let bytes = whole.and_then(|n| n.checked_mul(16)).unwrap_or(u128::MAX);
+        assert_eq!(
+            plan.bytes(16) as u128,
+            bytes.min(u64::MAX as u128),
+            "{a} -> {b}"
+        );
+        let pairs = plan.bytes_by_device_pair(16, &|_| Device::CPU, &|_| Device::CPU);
+        assert!(pairs.len() <= 1);
+        planned += 1;
+    }
+    // Both outcomes are exercised.
+    assert!(
+        planned > 500 && refused > 100,
+        "{planned} planned, {refused} refused"
+    );
+}

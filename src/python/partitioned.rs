@@ -48,6 +48,15 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_default()
 }
 
+/// `obj`'s repr for an error message; a user object whose `repr()` raises is named by its
+/// type instead, so that its exception never escapes in place of the protocol error.
+fn described(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr().map_or_else(
+        |_| format!("a {} whose repr() raised", type_name(obj)),
+        |r| r.to_string(),
+    )
+}
+
 fn ints(obj: &Bound<'_, PyAny>, key: &str, position: Option<&[i64]>) -> PyResult<Vec<i64>> {
     let mut out = Vec::new();
     ints_into(obj, key, position, &mut out)?;
@@ -67,12 +76,9 @@ fn ints_into(
         let at = position
             .map(|p| format!(" at position {}", tuple_string(p)))
             .unwrap_or_default();
-        let found = obj.repr().map_or_else(
-            |_| format!("a {} whose repr() raised", type_name(obj)),
-            |r| r.to_string(),
-        );
         ProtocolError::new_err(format!(
-            "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {found}"
+            "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {}",
+            described(obj)
         ))
     };
     let item = |x: &Bound<'_, PyAny>| -> PyResult<i64> {
@@ -375,7 +381,7 @@ fn read_locals(value: &Bound<'_, PyAny>, grid: &Grid) -> PyResult<Vec<Vec<usize>
     if !(value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>()) {
         return Err(ProtocolError::new_err(format!(
             "__partitioned__[\"locals\"]: expected a list of positions, found {}",
-            value.repr()?
+            described(value)
         )));
     }
     let tiling = grid.tiling();
