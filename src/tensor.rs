@@ -567,7 +567,9 @@ element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
 
 /// `n` zero bytes in a `Vec`, or [`Error::OutOfMemory`] for `what` when the host has no room:
-/// `vec![0; n]` would abort the process instead.
+/// `vec![0; n]` would abort the process instead. Only the CUDA backend stages host bytes in a
+/// `Vec` (its uploads and downloads).
+#[cfg(any(feature = "cuda", test))]
 pub(crate) fn zeroed_vec(n: usize, what: impl FnOnce() -> String) -> Result<Vec<u8>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
