@@ -223,6 +223,31 @@ pub(crate) fn check_count(tiling: &[usize]) -> Result<()> {
     }
 }
 
+/// Host bytes one partition costs, rounded up, in the structures built for it: its tensor
+/// (or view) and data slot, its target device, its share of a plan, and the Python objects
+/// that wrap it.
+const PARTITION_BYTES: usize = 512;
+
+/// Grids of fewer partitions than this are not checked by [`check_room`]: their structures
+/// are small next to what any process has.
+const ROOM_CHECKED_FROM: usize = 1 << 16;
+
+/// Refuses, as [`Error::OutOfMemory`], a grid of `n` partitions whose per-partition
+/// structures the host cannot hold. Those are many small allocations (and a few of `n`
+/// entries), any of which would abort the process when memory runs out half-way through
+/// building them; asked for here first as one fallible allocation, given back at once, a grid
+/// of 2^28 partitions over a small array is an error instead.
+pub(crate) fn check_room(n: usize) -> Result<()> {
+    if n < ROOM_CHECKED_FROM {
+        return Ok(());
+    }
+    let bytes = n.saturating_mul(PARTITION_BYTES);
+    let mut probe: Vec<u8> = Vec::new();
+    probe
+        .try_reserve_exact(bytes)
+        .map_err(|_| Error::host_oom(bytes, format!("the structures of {n} partitions")))
+}
+
 /// `a == b` for a partition's shape, inline: the slice comparison calls `memcmp`, which for a
 /// few axes costs more than the comparison (7% of a profile of small_grid/1MiB, whose
 /// checks compare 12,288 shapes a call).
@@ -533,6 +558,23 @@ impl ExactSizeIterator for Positions {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grid_whose_partitions_the_host_cannot_hold_is_out_of_memory() {
+        assert!(check_room(ROOM_CHECKED_FROM).is_ok());
+        // Past the address space: refused without any allocation.
+        let e = check_room(usize::MAX / 2).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::OutOfMemory {
+                    bytes: usize::MAX,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 
     /// Section sizes that `numpy.array_split(np.arange(len), n)` returns, taken from numpy.
     #[test]

@@ -174,6 +174,7 @@ impl Layout {
                 Grid::from_splits(shape, splits)?
             }
         };
+        crate::grid::check_room(grid.num_partitions())?;
         let owners = match &self.placement {
             Placement::Dealt {
                 devices,

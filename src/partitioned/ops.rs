@@ -49,6 +49,7 @@ impl PartitionedArray {
                 format!("shape {}", tuple_string(t.shape())),
             ));
         }
+        crate::grid::check_room(grid.num_partitions())?;
         let views = grid
             .positions()
             .map(|position| {

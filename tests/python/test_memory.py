@@ -110,6 +110,19 @@ try:
     # thread pool cannot start.
     src.repartition_into(dst)
     dlpart.gather(a, idx, out=out)
+    # 2^28 partitions of a 256 MiB stride-0 view: their views, devices and plan are many small
+    # allocations that aborted the process when memory ran out half-way.
+    rep = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=(1 << 14, 1 << 14),
+                                          strides=(0, 0))
+    fine = (1 << 14, 1 << 14)
+    for make in (lambda: dlpart.partition(rep, fine),
+                 lambda: dlpart.partition(rep, (2, 2)).repartition(fine)):
+        try:
+            make()
+            many = "ok"
+        except MemoryError as e:
+            many = str(e)
+        assert "structures of 268435456 partitions" in many, many
 finally:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 assert np.array_equal(a, b), "repartition_into gave wrong data"
@@ -121,8 +134,9 @@ print(new_output)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and RLIMIT_AS")
 def test_under_an_address_space_limit_allocations_fail_cleanly_and_copies_still_run():
     """Real allocation failure at an ordinary size (32 MiB): a MemoryError naming the bytes;
-    and when rayon cannot start its threads (it panicked, a PanicException in Python, before
-    the fix), the work runs on the calling thread and is right."""
+    when rayon cannot start its threads (it panicked, a PanicException in Python, before the
+    fix), the work runs on the calling thread and is right; a grid of more partitions than
+    memory holds is a MemoryError before any is made."""
     r = subprocess.run([sys.executable, "-c", _LIMITED], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
