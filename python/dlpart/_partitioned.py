@@ -8,6 +8,7 @@ without dlpart kernels (kDLOneAPI), and `Partition` objects, made only when aske
 """
 
 import itertools
+import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core
@@ -15,6 +16,9 @@ from ._core import Device, DeviceError, ProtocolError, Tensor
 from ._location import Location, here, this_host
 
 Position = Tuple[int, ...]
+
+# The Rust core's records arrive under child loggers of this one ("dlpart.backend...").
+_log = logging.getLogger("dlpart")
 
 __all__ = ["Partition", "PartitionedArray", "from_partitioned", "get", "partition", "validate"]
 
@@ -431,6 +435,12 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor
             f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
             "devices and the partitions came without an array-API namespace"
         )
+    if _log.isEnabledFor(logging.INFO):
+        _log.info(
+            "repartition of %d partitions on %s through %s (no dlpart kernels for these devices; "
+            "the data stays on its device)",
+            len(src), ", ".join(sorted({str(t.device) for t in src})),
+            getattr(xp, "__name__", type(xp).__name__))
     native = [xp.from_dlpack(t) for t in src]
     by_device = {}
     for t, arr in zip(src, native):

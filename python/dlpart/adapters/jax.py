@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from .. import Device, DeviceError, Location, Partition, PartitionedArray, ProtocolError, Tensor
 from .. import from_dlpack, split_points
+from .. import _core
 from .. import from_partitioned as _import
 
 __all__ = ["from_partitioned", "sharding_for", "to_partitioned"]
@@ -37,6 +38,19 @@ def _dl_device(d) -> Device:
         raise DeviceError(f"JAX device {d} (platform {d.platform!r}) has no DLPack device type")
     hw = d.local_hardware_id
     return Device(f"{kind}:{hw if hw is not None else 0}")
+
+
+def _note_cpu_devices() -> None:
+    """Makes JAX's host devices (``kDLCPU:<local_hardware_id>``) valid dlpart targets here."""
+    try:
+        cpus = jax.local_devices(backend="cpu")
+    except RuntimeError:  # a JAX without its CPU backend
+        return
+    ids = [d.local_hardware_id for d in cpus if d.local_hardware_id is not None]
+    _core._note_host_devices(max(ids, default=0) + 1)
+
+
+_note_cpu_devices()
 
 
 def _box(index, shape) -> Box:
