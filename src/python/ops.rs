@@ -81,8 +81,8 @@ fn scatter(
         .map_err(to_py)
 }
 
-/// Sets the number of threads dlpart's CPU kernels use (the calling thread and `n - 1`
-/// helpers). Call it before anything else in dlpart: the pool starts with the first parallel
+/// Sets the number of threads dlpart's CPU kernels use (the calling thread and `n - 1` pool
+/// threads). Call it before anything else in dlpart: the pool starts with the first parallel
 /// copy, at `RAYON_NUM_THREADS` or one thread per logical CPU, and cannot be resized later,
 /// so a late call asking for another size raises `RuntimeError` (the size it already has is
 /// accepted).
