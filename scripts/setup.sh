@@ -34,6 +34,7 @@ maturin==1.16.0
 matplotlib==3.11.2
 cloudpickle==3.1.2
 mypy==1.18.2
+pyright==1.1.408
 xgboost==2.0.3
 xgboost_ray==0.1.19
 pandas==3.1.1

@@ -390,6 +390,7 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
 /// host memory runs [`Backend::transfer`] (the target's, when neither side is), so anything
 /// touching `kDLCUDA` needs dlpart built with the `cuda` feature.
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
+    crate::backend::check_present(device)?;
     let here = t.device();
     if here == device || (here.is_host_accessible() && device == Device::CPU) {
         let backend = backend_for(here)?;

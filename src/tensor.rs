@@ -742,11 +742,50 @@ mod cache {
     }
 
     pub(super) fn take(layout: Layout) -> Option<*mut u8> {
-        kept().take(layout)
+        // The lock is released before logging: a record may wait for the GIL, whose holder
+        // may be freeing a buffer.
+        let (ptr, left) = {
+            let mut kept = kept();
+            (kept.take(layout), kept.bytes)
+        };
+        if loggable() {
+            let (size, left) = (mib(layout.size()), mib(left));
+            match ptr {
+                Some(_) => log::debug!("host buffer cache: reused {size} ({left} still kept)"),
+                None => log::debug!("host buffer cache: none of {size} kept, allocating"),
+            }
+        }
+        ptr
     }
 
     pub(super) fn keep(ptr: *mut u8, layout: Layout) -> bool {
-        kept().keep(ptr, layout, super::host_cache_limit())
+        let limit = super::host_cache_limit();
+        let (kept_it, now) = {
+            let mut kept = kept();
+            (kept.keep(ptr, layout, limit), kept.bytes)
+        };
+        if loggable() {
+            let (size, now) = (mib(layout.size()), mib(now));
+            match kept_it {
+                true => log::debug!("host buffer cache: keeping {size} for reuse ({now} kept)"),
+                false => log::debug!(
+                    "host buffer cache: releasing {size} (over the {} limit, \
+                     DLPART_HOST_CACHE_BYTES)",
+                    mib(limit)
+                ),
+            }
+        }
+        kept_it
+    }
+
+    /// Debug records are wanted, and this is not one of rayon's workers: a record goes to
+    /// Python with the GIL, which the caller may hold while it waits for the workers.
+    fn loggable() -> bool {
+        log::log_enabled!(log::Level::Debug) && rayon::current_thread_index().is_none()
+    }
+
+    fn mib(bytes: usize) -> String {
+        format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
     }
 }
 

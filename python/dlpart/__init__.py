@@ -9,6 +9,9 @@ from ._core import (
     __version__,
     backend_status,
     from_dlpack,
+    get_num_threads,
+    reload_log_levels,
+    set_num_threads,
     split_points,
 )
 from ._functions import gather, scatter
@@ -39,8 +42,11 @@ __all__ = [
     "from_partitioned",
     "gather",
     "get",
+    "get_num_threads",
     "partition",
+    "reload_log_levels",
     "scatter",
+    "set_num_threads",
     "split_points",
     "validate",
 ]

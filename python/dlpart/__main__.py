@@ -2,9 +2,10 @@
 
 import argparse
 import sys
+from typing import Optional, Sequence
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     from dlpart import _bench
 
     parser = argparse.ArgumentParser(prog="python -m dlpart")

@@ -1,10 +1,13 @@
 """`gather` and `scatter` with numpy's conventions: negative axes, Python sequences as indices,
 and partitioned arrays as well as single arrays."""
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union, overload
 
 from . import _core
 from ._core import Tensor
+
+if TYPE_CHECKING:  # imported at run time inside the functions: _partitioned imports this module
+    from ._partitioned import PartitionedArray
 
 __all__ = ["gather", "scatter"]
 
@@ -38,7 +41,15 @@ def _ndim(x) -> int:
     return nd
 
 
-def gather(x: Any, indices: Any, axis: int = 0, out: Optional[Any] = None):
+@overload
+def gather(x: "PartitionedArray", indices: Any, axis: int = 0,
+           out: None = None) -> "PartitionedArray": ...
+@overload
+def gather(x: Any, indices: Any, axis: int = 0, out: Optional[Any] = None) -> Tensor: ...
+
+
+def gather(x: Any, indices: Any, axis: int = 0,
+           out: Optional[Any] = None) -> "Union[Tensor, PartitionedArray]":
     """``numpy.take(x, indices, axis)``: ``out[.., i, ..] = x[.., indices[i], ..]``.
 
     ``x`` is any DLPack array (the result is a `dlpart.Tensor` on its device, or ``out``) or a

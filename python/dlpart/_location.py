@@ -6,9 +6,12 @@ import os
 import socket
 import sys
 from functools import lru_cache
-from typing import NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
 
 from ._core import Device
+
+if TYPE_CHECKING:  # _types imports nothing from here; the guard only keeps imports light
+    from ._types import DeviceLike
 
 
 class Location(NamedTuple):
@@ -30,7 +33,7 @@ class Location(NamedTuple):
         return (host, pid, str(self.device))
 
     @staticmethod
-    def here(device) -> "Location":
+    def here(device: "DeviceLike") -> "Location":
         """The location of data held by this process on ``device``."""
         return Location(this_host(), os.getpid(), Device(device))
 
@@ -86,6 +89,6 @@ def _linux_interface_addresses() -> list:
     return out
 
 
-def here(device) -> Location:
+def here(device: "DeviceLike") -> Location:
     """The location of data held by this process on ``device``."""
     return Location.here(device)

@@ -8,18 +8,24 @@ without dlpart kernels (kDLOneAPI), and `Partition` objects, made only when aske
 """
 
 import itertools
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import logging
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence,
+                    Tuple, Union)
 
 from . import _core
 from ._core import Device, DeviceError, ProtocolError, Tensor
 from ._location import Location, here, this_host
+from ._types import ArrayLike, DeviceLike, IndicesLike, PartitionedDict, SplitsLike
 
 Position = Tuple[int, ...]
+
+# The Rust core's records arrive under child loggers of this one ("dlpart.backend...").
+_log = logging.getLogger("dlpart")
 
 __all__ = ["Partition", "PartitionedArray", "from_partitioned", "get", "partition", "validate"]
 
 
-def get(handles):
+def get(handles: Any) -> Any:
     """The ``get`` of dicts that dlpart produces: resolves a handle, or a sequence of them.
 
     dlpart tensors and ``None`` resolve to themselves; Dask futures through their client; Ray
@@ -48,7 +54,9 @@ class Partition:
 
     __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle")
 
-    def __init__(self, position, start, shape, locations=(), tensor=None, handle=None):
+    def __init__(self, position: Sequence[int], start: Sequence[int], shape: Sequence[int],
+                 locations: Iterable[Location] = (), tensor: Optional[Tensor] = None,
+                 handle: Any = None):
         self.position: Position = tuple(position)
         self.start: Tuple[int, ...] = tuple(start)
         self.shape: Tuple[int, ...] = tuple(shape)
@@ -63,7 +71,7 @@ class Partition:
         return self._tensor
 
     @property
-    def handle(self):
+    def handle(self) -> Any:
         """The producer's handle (a Dask future, a Ray ObjectRef), if the data is not here yet."""
         return self._handle
 
@@ -95,8 +103,10 @@ class PartitionedArray:
 
     __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors", "_framework")
 
-    def __init__(self, shape, splits, partitions: Mapping[Position, Partition], *, dtype=None,
-                 locals=None, get=None):
+    def __init__(self, shape: Sequence[int], splits: SplitsLike,
+                 partitions: Mapping[Position, Partition], *, dtype: Optional[str] = None,
+                 locals: Optional[Iterable[Sequence[int]]] = None,
+                 get: Optional[Callable[[Any], Any]] = None):
         parts = [(p.position, p.start, p.shape, p._tensor, p._handle,
                   [_location_tuple(loc) for loc in p.locations]) for p in partitions.values()]
         core = _core._PartitionedArray.from_parts(
@@ -180,7 +190,7 @@ class PartitionedArray:
         """The distinct devices the partitions live on, in order of first appearance."""
         return self._core.devices
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> NoReturn:
         raise TypeError(
             "a dlpart.PartitionedArray is not one array in memory: call .assemble() for the "
             "whole array as one tensor (np.from_dlpack(pa.assemble())), or use .partitions")
@@ -193,13 +203,13 @@ class PartitionedArray:
 
     # -- producing -----------------------------------------------------------------------------
     @property
-    def __partitioned__(self) -> dict:
+    def __partitioned__(self) -> PartitionedDict:
         """The draft-2 ``__partitioned__`` dict (see `to_partitioned` for the choices). It
         pickles: arrays by value, handles as handles."""
         return self.to_partitioned()
 
     def to_partitioned(self, *, framework: Optional[str] = None, locations: str = "draft2",
-                       rank: Optional[int] = None) -> dict:
+                       rank: Optional[int] = None) -> PartitionedDict:
         """The ``__partitioned__`` dict, with each partition's data as an array of the framework
         a consumer knows, over the same memory.
 
@@ -268,8 +278,12 @@ class PartitionedArray:
         return list(self._tensors)
 
     # -- operations ----------------------------------------------------------------------------
-    def repartition(self, tiling: Optional[Sequence[int]] = None, *, splits=None, block_cyclic=None,
-                    devices=None, process_grid=None, transfer: bool = False) -> "PartitionedArray":
+    def repartition(self, tiling: Optional[Sequence[int]] = None, *,
+                    splits: Optional[SplitsLike] = None,
+                    block_cyclic: Union[int, Sequence[int], None] = None,
+                    devices: Union[DeviceLike, Sequence[DeviceLike], None] = None,
+                    process_grid: Optional[Sequence[int]] = None,
+                    transfer: bool = False) -> "PartitionedArray":
         """The same array over another grid: new partitions (dlpart tensors), each element copied
         once from its source partition straight into its target partition, on the device where
         the data is.
@@ -313,12 +327,13 @@ class PartitionedArray:
         self._core.repartition_into(out._core, transfer)
         return out
 
-    def to(self, device) -> "PartitionedArray":
+    def to(self, device: DeviceLike) -> "PartitionedArray":
         """Every partition copied onto ``device`` (an explicit transfer), same grid."""
         self.fetch()
         return PartitionedArray._wrap(self._core.to(Device(device)))
 
-    def gather(self, indices, axis: int = 0, *, transfer: bool = False) -> "PartitionedArray":
+    def gather(self, indices: IndicesLike, axis: int = 0, *,
+               transfer: bool = False) -> "PartitionedArray":
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
         axes and has one slab along ``axis``."""
@@ -328,7 +343,8 @@ class PartitionedArray:
         axis = _axis(axis, self.ndim, "array")
         return PartitionedArray._wrap(self._core.gather(_indices(indices), axis, transfer))
 
-    def scatter(self, values, indices, axis: int = 0, *, transfer: bool = False) -> None:
+    def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *,
+                transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range."""
@@ -338,7 +354,7 @@ class PartitionedArray:
         self._core.scatter(values, _indices(indices), _axis(axis, self.ndim, "array"), transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------
-    def assemble(self, *, device=None, transfer: bool = False) -> Tensor:
+    def assemble(self, *, device: Optional[DeviceLike] = None, transfer: bool = False) -> Tensor:
         """The whole array as one tensor on the partitions' common device.
 
         Partitions on different devices need ``device=`` and ``transfer=True``; otherwise
@@ -431,6 +447,12 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor
             f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
             "devices and the partitions came without an array-API namespace"
         )
+    if _log.isEnabledFor(logging.INFO):
+        _log.info(
+            "repartition of %d partitions on %s through %s (no dlpart kernels for these devices; "
+            "the data stays on its device)",
+            len(src), ", ".join(sorted({str(t.device) for t in src})),
+            getattr(xp, "__name__", type(xp).__name__))
     native = [xp.from_dlpack(t) for t in src]
     by_device = {}
     for t, arr in zip(src, native):
@@ -504,7 +526,7 @@ def _as_dict(obj) -> Mapping:
     return d
 
 
-def validate(d) -> None:
+def validate(d: Any) -> None:
     """Checks a ``__partitioned__`` dict (or an object exposing one) without importing data.
 
     Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
@@ -512,7 +534,8 @@ def validate(d) -> None:
     _core._validate_dict(_as_dict(d))
 
 
-def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> PartitionedArray:
+def from_partitioned(obj: Any, *, device: Optional[DeviceLike] = None,
+                     copy: Optional[bool] = None) -> PartitionedArray:
     """Imports a partitioned array: an object with ``__partitioned__`` (property or method), or
     the dict itself.
 
@@ -534,7 +557,8 @@ def from_partitioned(obj, *, device=None, copy: Optional[bool] = None) -> Partit
     return PartitionedArray._wrap(core, d.get("get"), namespace, framework)
 
 
-def partition(x, tiling: Optional[Sequence[int]] = None, *, splits=None) -> PartitionedArray:
+def partition(x: ArrayLike, tiling: Union[int, Sequence[int], None] = None, *,
+              splits: Optional[SplitsLike] = None) -> PartitionedArray:
     """Cuts any DLPack array into a grid of zero-copy views on its device.
 
     ``tiling`` splits each axis evenly like `numpy.array_split`; ``splits`` gives the split

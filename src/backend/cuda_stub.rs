@@ -23,6 +23,12 @@ fn unavailable() -> Error {
     }
 }
 
+/// Always passes: without the backend no device can be counted, and using one gives
+/// [`Error::BackendUnavailable`].
+pub fn check_present(_device: Device) -> Result<()> {
+    Ok(())
+}
+
 /// The CUDA backend of a build without the `cuda` feature: a type with no values.
 pub enum CudaBackend {}
 

@@ -16,6 +16,7 @@ pub mod cuda;
 #[path = "cuda_stub.rs"]
 pub mod cuda;
 
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::{Device, DeviceType};
@@ -151,21 +152,107 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// The `kDLCPU` ids in use here: 0, and those of host devices a framework emulates (JAX with
+/// `--xla_force_host_platform_device_count` labels its buffers `kDLCPU:k`).
+static HOST_DEVICES: AtomicI32 = AtomicI32::new(1);
+
+/// Records that ids `0..count` of `kDLCPU` are in use here: called when a tensor on
+/// `kDLCPU:k` is imported (with `k + 1`), and by adapters of frameworks that emulate several
+/// host devices, so that [`check_present`] accepts them as targets.
+pub fn note_host_devices(count: i32) {
+    HOST_DEVICES.fetch_max(count, Ordering::Relaxed);
+}
+
+/// Checks that `device` exists on this machine, for a device a caller names as the place to
+/// put data: `kDLCPU` has the id 0 and those of [`note_host_devices`], and `kDLCUDA:n` needs
+/// `n` below the driver's device count (when a driver is there to ask; without one, using
+/// the device reports [`Error::BackendUnavailable`]). Other device types cannot be enumerated
+/// here and pass; a device named only as a partition's location may be on another machine
+/// and is not checked.
+pub fn check_present(device: Device) -> Result<()> {
+    let hosts = HOST_DEVICES.load(Ordering::Relaxed);
+    match device.kind {
+        DeviceType::Cpu if device.id >= hosts => Err(Error::InvalidDevice {
+            text: device.to_string(),
+            reason: match hosts {
+                1 => "this machine has one CPU device, kDLCPU:0 ('cpu')".into(),
+                n => format!(
+                    "the CPU devices here are kDLCPU:0 to kDLCPU:{} (a framework's emulated \
+                     host devices)",
+                    n - 1
+                ),
+            },
+        }),
+        DeviceType::Cuda => cuda::check_present(device),
+        _ => Ok(()),
+    }
+}
+
 /// The backend for `device`.
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
-    match device.kind {
+    let chosen = match device.kind {
         k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
         DeviceType::Cuda => cuda::CudaBackend::shared(device),
         _ => Err(Error::UnsupportedDevice {
             device: device.to_string(),
             op: "native kernels".into(),
         }),
+    };
+    if first_use(device) && log::log_enabled!(log::Level::Info) {
+        announce(device, &chosen);
+    }
+    chosen
+}
+
+/// Whether this is the first call for `device` in this process. After that it costs one
+/// atomic load for `kDLCPU` and `kDLCUDA:0..64`: asking the logger whether a record is wanted
+/// costs about 100 ns (measured), which a loop of small operations would notice.
+fn first_use(device: Device) -> bool {
+    static HOST: AtomicBool = AtomicBool::new(false);
+    static CUDA: AtomicU64 = AtomicU64::new(0);
+    static OTHERS: std::sync::Mutex<std::collections::BTreeSet<Device>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    match (device.kind, device.id) {
+        (DeviceType::Cpu, 0) => {
+            !HOST.load(Ordering::Relaxed) && !HOST.swap(true, Ordering::Relaxed)
+        }
+        (DeviceType::Cuda, id @ 0..=63) => {
+            let bit = 1u64 << id;
+            CUDA.load(Ordering::Relaxed) & bit == 0
+                && CUDA.fetch_or(bit, Ordering::Relaxed) & bit == 0
+        }
+        _ => OTHERS.lock().is_ok_and(|mut seen| seen.insert(device)),
+    }
+}
+
+/// Logs which kernels serve `device` (or why none do): at its first use in the process, so
+/// once per device, as this runs for every operation.
+fn announce(device: Device, chosen: &Result<Arc<dyn Backend>>) {
+    match chosen {
+        Ok(_) if device.kind == DeviceType::Cuda => {
+            log::info!("{device}: dlpart's CUDA kernels")
+        }
+        Ok(_) => log::info!("{device}: dlpart's CPU kernels"),
+        Err(e) => log::info!("{device}: no dlpart kernels here ({e})"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ids_beyond_those_in_use_are_not_present() {
+        assert!(check_present(Device::CPU).is_ok());
+        // Other tests may note up to a few host devices; none notes 1000.
+        let e = check_present(Device::new(DeviceType::Cpu, 1000).unwrap()).unwrap_err();
+        assert!(matches!(e, Error::InvalidDevice { .. }), "{e:?}");
+        assert!(e.to_string().contains("kDLCPU:1000"), "{e}");
+        note_host_devices(3);
+        assert!(check_present(Device::new(DeviceType::Cpu, 2).unwrap()).is_ok());
+        let e = check_present(Device::new(DeviceType::Cpu, 1000).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("kDLCPU:0 to kDLCPU:"), "{e}");
+    }
 
     #[test]
     fn the_cpu_backend_transfers_through_the_trait() {

@@ -49,6 +49,15 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
     )))
 }
 
+/// [`device_arg`] for a device data is to be put on here (a target, a `device=` argument):
+/// one that does not exist on this machine (`'kDLCPU:5'`, `'cuda:7'` with fewer GPUs) is a
+/// `DeviceError` (see [`crate::backend::check_present`]).
+pub(crate) fn target_device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
+    let d = device_arg(obj)?;
+    crate::backend::check_present(d).map_err(to_py)?;
+    Ok(d)
+}
+
 #[pymethods]
 impl PyDevice {
     #[new]

@@ -18,6 +18,32 @@ use pyo3::prelude::*;
 pub(crate) use device::PyDevice;
 pub(crate) use tensor::PyTensor;
 
+/// Clears the logging bridge's cache of Python loggers and their levels.
+static LOG_RESET: std::sync::OnceLock<pyo3_log::ResetHandle> = std::sync::OnceLock::new();
+
+/// Sends the Rust core's `log` records to Python's `logging`, under the logger names of their
+/// module paths (`dlpart.backend.cuda...`, children of `logging.getLogger("dlpart")`). Each
+/// logger's level is cached on first use, so a record below it returns without the GIL: log
+/// records cost nothing measurable while logging is off. Another `log` logger already in
+/// this process (a Rust program embedding Python) keeps its place.
+fn install_logger(py: Python<'_>) {
+    let Ok(logger) = pyo3_log::Logger::new(py, pyo3_log::Caching::LoggersAndLevels) else {
+        return;
+    };
+    if let Ok(handle) = logger.filter(log::LevelFilter::Debug).install() {
+        let _ = LOG_RESET.set(handle);
+    }
+}
+
+/// Re-reads the levels of the `dlpart` loggers; call it after changing them while the
+/// program runs (the Rust side caches each logger's level when it first logs).
+#[pyfunction]
+fn reload_log_levels() {
+    if let Some(h) = LOG_RESET.get() {
+        h.reset();
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -34,6 +60,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::_tensor_from_bytes, m)?)?;
     partitioned::register(m)?;
     ops::register(m)?;
+    m.add_function(wrap_pyfunction!(reload_log_levels, m)?)?;
+    install_logger(py);
     let testing = PyModule::new(py, "_testing")?;
     testing::register(&testing)?;
     m.add_submodule(&testing)?;

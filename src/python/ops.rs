@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use crate::grid::Grid;
 use crate::plan::Plan;
 
-use super::device::device_arg;
+use super::device::target_device_arg;
 use super::errors::to_py;
 use super::tensor::{axis_arg, from_dlpack, PyTensor};
 
@@ -33,7 +33,7 @@ fn _plan_stats(
 /// `None` when dlpart has working kernels for `device` here, else the reason it has none.
 #[pyfunction]
 fn backend_status(device: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-    let d = device_arg(device)?;
+    let d = target_device_arg(device)?;
     Ok(crate::backend::backend_for(d).err().map(|e| e.to_string()))
 }
 
@@ -81,7 +81,40 @@ fn scatter(
         .map_err(to_py)
 }
 
+/// Sets the number of threads dlpart's CPU kernels use (the calling thread and `n - 1` pool
+/// threads). Call it before anything else in dlpart: the pool starts with the first parallel
+/// copy, at `RAYON_NUM_THREADS` or one thread per logical CPU, and cannot be resized later,
+/// so a late call asking for another size raises `RuntimeError` (the size it already has is
+/// accepted).
+#[pyfunction]
+fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
+    if n < 1 {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "set_num_threads: n must be >= 1, got {n}"
+        )));
+    }
+    let n = usize::try_from(n)?;
+    py.detach(|| crate::backend::cpu::set_num_threads(n))
+        .map_err(to_py)
+}
+
+/// The number of threads dlpart's CPU kernels use; asking starts the pool, fixing its size.
+#[pyfunction]
+fn get_num_threads(py: Python<'_>) -> usize {
+    py.detach(crate::backend::cpu::num_threads)
+}
+
+/// Makes `kDLCPU:0` to `kDLCPU:count-1` valid targets here: the host devices a framework
+/// emulates (the JAX adapter calls it with JAX's CPU devices).
+#[pyfunction]
+fn _note_host_devices(count: i32) {
+    crate::backend::note_host_devices(count);
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_note_host_devices, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(backend_status, m)?)?;
     m.add_function(wrap_pyfunction!(gather, m)?)?;

@@ -21,7 +21,7 @@ use crate::layout::Layout;
 use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray};
 use crate::plan::Plan;
 
-use super::device::{device_arg, PyDevice};
+use super::device::{device_arg, target_device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
@@ -475,12 +475,12 @@ fn layout_arg(
         .filter(|d| d.is_instance_of::<PyList>())
         .map(|d| {
             d.try_iter()?
-                .map(|x| device_arg(&x?))
+                .map(|x| target_device_arg(&x?))
                 .collect::<PyResult<Vec<Device>>>()
         })
         .transpose()?;
     let one = match (devices, &list) {
-        (Some(d), None) => Some(device_arg(d)?),
+        (Some(d), None) => Some(target_device_arg(d)?),
         _ => None,
     };
     let layout = if let Some(b) = block_cyclic {
@@ -528,7 +528,7 @@ impl PyPartitioned {
     ) -> PyResult<(Self, Option<Py<PyAny>>)> {
         let device = device
             .filter(|d| !d.is_none())
-            .map(device_arg)
+            .map(target_device_arg)
             .transpose()?;
         let (pa, ns, order) = read_dict(py, d, Import::Yes { device, copy })?;
         let array = PyPartitioned {
@@ -857,7 +857,7 @@ impl PyPartitioned {
     ) -> PyResult<PyTensor> {
         let device = device
             .filter(|d| !d.is_none())
-            .map(device_arg)
+            .map(target_device_arg)
             .transpose()?;
         py.detach(|| self.inner.assemble(device, transfer))
             .map(PyTensor::new)
@@ -866,7 +866,7 @@ impl PyPartitioned {
 
     /// Every partition copied onto `device`.
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let device = device_arg(device)?;
+        let device = target_device_arg(device)?;
         py.detach(|| self.inner.to(device)).map(wrap).map_err(to_py)
     }
 

@@ -13,7 +13,7 @@ use crate::error::tuple_string;
 use crate::tensor::Tensor;
 
 use super::capsule::{consume_capsule, export_capsule};
-use super::device::{device_arg, PyDevice};
+use super::device::{target_device_arg, PyDevice};
 use super::dlpack_call::{call_legacy, call_versioned, Keywords};
 use super::errors::to_py;
 
@@ -242,7 +242,7 @@ impl PyTensor {
     /// A copy on `device`: the explicit way to move data between devices (host and CUDA
     /// devices need dlpart built with the `cuda` feature).
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let d = device_arg(device)?;
+        let d = target_device_arg(device)?;
         let t = self.inner.clone();
         py.detach(|| crate::ops::to_device(&t, d))
             .map(PyTensor::new)
@@ -275,7 +275,7 @@ impl PyTensor {
             stream_ok(self.inner.device(), s)?;
         }
         let target = match &dl_device {
-            Some(d) if !d.is_none() => Some(device_arg(d)?),
+            Some(d) if !d.is_none() => Some(target_device_arg(d)?),
             _ => None,
         };
         let (t, copied) = place(self.inner.clone(), target, copy)?;
@@ -463,7 +463,7 @@ pub fn from_dlpack(
     copy: Option<bool>,
 ) -> PyResult<PyTensor> {
     let target = match device {
-        Some(d) if !d.is_none() => Some(device_arg(d)?),
+        Some(d) if !d.is_none() => Some(target_device_arg(d)?),
         _ => None,
     };
     import(x, target, copy)

@@ -33,7 +33,8 @@ class Ctx:
     _memcpy: Dict[int, Dict[str, Stats]] = field(default_factory=dict)
 
     def stats(self, fn: Callable[[], Any], nbytes: int, check=None) -> Stats:
-        times = measure(fn, repeat=self.repeat, warmup=self.warmup, sync=self.env.sync, check=check)
+        times = measure(fn, repeat=self.repeat, warmup=self.warmup, sync=self.env.sync, check=check,
+                        progress=_progress)
         return Stats(times, nbytes)
 
     def stats_together(
@@ -50,6 +51,7 @@ class Ctx:
             sync=self.env.sync,
             checks=checks,
             reset=self.env.clean_cache,
+            progress=_progress,
         )
         return {name: Stats(t, nbytes) for name, t in times.items()}
 
@@ -159,3 +161,7 @@ def check_repartition(env, x, splits) -> Callable[[Any], None]:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _progress(msg: str) -> None:
+    log(f"      ... {msg}")

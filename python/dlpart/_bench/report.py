@@ -9,9 +9,9 @@ import platform
 import shlex
 import subprocess
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set, Tuple
 
-from .timing import Result, fmt_bw, fmt_time
+from .timing import Result, fmt_gbs, fmt_us
 
 TITLES = {
     "1": "row blocks -> column blocks",
@@ -22,28 +22,40 @@ TITLES = {
     "6": "small arrays over a 64x64 grid -> grid shifted by half a block",
     "7": "planning alone vs the whole repartition",
     "8": "peak memory of a repartition",
+    "9": "importing a dict of 4,096 numpy partitions",
+    "10": "what a user would pick instead: rows -> columns in jax and dask",
 }
 
 
 # -- table ----------------------------------------------------------------------------------------
-def table(results: List[Result]) -> str:
-    lines: List[str] = []
-    head = f"{'case':<30} {'median':>10} {'min':>10} {'bandwidth':>11}  references / ratios"
+QUICK_NOTE = ("quick run: small sizes and few runs, so the figures are indicative and targets "
+              "are not judged (run without --quick to judge them)")
+
+
+def table(results: List[Result], judged: bool = True) -> str:
+    """One table per workload and unit: bandwidth cases in GB/s, overhead-bound cases in us
+    (their ratios are unitless). The spread is the interquartile range of the timed runs.
+    Targets are judged (met / MISSED) only when `judged`; otherwise they are only shown."""
+    lines: List[str] = [] if judged else [QUICK_NOTE]
     current = None
     for r in results:
-        if r.workload != current:
-            current = r.workload
-            lines += ["", f"[{r.workload}] {TITLES.get(r.workload, '')}", head, "-" * len(head)]
+        unit = "us" if r.unit == "us" else "GB/s"
+        if (r.workload, unit) != current:
+            current = (r.workload, unit)
+            head = _head(unit)
+            lines += ["", f"[{r.workload}] {TITLES.get(r.workload, '')} ({unit})", head,
+                      "-" * len(head)]
         if r.skipped or r.failed:
             what = f"skipped: {r.skipped}" if r.skipped else f"FAILED: {r.failed}"
             lines.append(f"{r.name:<30} {what}")
             continue
         s = r.stats
-        lines.append(
-            f"{r.name:<30} {fmt_time(s.median):>10} {fmt_time(s.min):>10} "
-            f"{fmt_bw(s.bandwidth):>11}  " + _refs(r)
-        )
-        ratios = _ratios(r)
+        if unit == "us":
+            cells = (fmt_us(s.median), fmt_us(s.min), fmt_us(s.iqr))
+        else:
+            cells = (fmt_gbs(s.bandwidth), fmt_gbs(s.bytes / s.min), fmt_gbs(s.bandwidth_iqr))
+        lines.append(f"{r.name:<30} {cells[0]:>10} {cells[1]:>10} {cells[2]:>10}  " + _refs(r))
+        ratios = _ratios(r, judged)
         if ratios:
             lines.append(f"{'':<65}{ratios}")
         note = r.extra.get("note")
@@ -52,19 +64,33 @@ def table(results: List[Result]) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
+def _head(unit: str) -> str:
+    if unit == "us":
+        cols = ("median", "min", "IQR")
+    else:
+        cols = ("median", "best", "IQR")
+    return (f"{'case':<30} {cols[0]:>10} {cols[1]:>10} {cols[2]:>10}  "
+            f"references: median (IQR), {unit} / ratios")
+
+
 def _refs(r: Result) -> str:
     if r.unit == "us":
-        return ", ".join(f"{k} {v.median * 1e6:.1f} us" for k, v in r.references.items())
-    return ", ".join(f"{k} {v.bandwidth / 1e9:.2f}" for k, v in r.references.items()) + (
-        " GB/s" if r.references else ""
-    )
+        return ", ".join(f"{k} {fmt_us(v.median)} ({fmt_us(v.iqr)})"
+                         for k, v in r.references.items())
+    return ", ".join(f"{k} {fmt_gbs(v.bandwidth)} ({fmt_gbs(v.bandwidth_iqr)})"
+                     for k, v in r.references.items())
 
 
-def _ratios(r: Result) -> str:
+def _ratios(r: Result, judged: bool = True) -> str:
     out = []
     for k, v in r.ratios.items():
         t = r.targets.get(k)
-        mark = "" if t is None else (f" (target >= {t:g}: " + ("met)" if v >= t else "MISSED)"))
+        if t is None:
+            mark = ""
+        elif not judged:
+            mark = f" (target >= {t:g}, not judged)"
+        else:
+            mark = f" (target >= {t:g}: " + ("met)" if v >= t else "MISSED)")
         out.append(f"{k} {v:.2f}{mark}")
     return "  ".join(out)
 
@@ -75,6 +101,8 @@ def to_json(results: List[Result], machine: Dict[str, Any], config: Dict[str, An
         "machine": machine,
         "config": config,
         "units": {"times": "s", "bandwidth": "bytes/s (read + written by the minimal algorithm)",
+                  "q1, q3, iqr": "s: first and third quartiles of the timed runs, and their "
+                                 "difference (bandwidth_iqr: the same spread in bytes/s)",
                   "ratios": "dlpart bandwidth / reference bandwidth unless named otherwise"},
         "workload_titles": TITLES,
         "workloads": {r.name: r.to_json() for r in results},
@@ -202,11 +230,31 @@ def _main_refs(r: Result) -> List[str]:
     return names[:3]
 
 
+def target_marks(r: Result) -> List[Tuple[str, float]]:
+    """Where each target of `r` puts dlpart, in the case's own unit: (ratio name, GB/s) for a
+    bandwidth case, (ratio name, us) for an overhead-bound one. A target ``dlpart/ref >= t``
+    is ``t`` times the reference's bandwidth, or its time divided by ``t``. Targets on a ratio
+    that is not against a measured reference (or the datasheet) have no place on the axis."""
+    marks = []
+    for key, t in r.targets.items():
+        ref = key.split("/", 1)[1] if key.startswith("dlpart/") else None
+        if ref in r.references:
+            stats = r.references[ref]
+            value = stats.median / t * 1e6 if r.unit == "us" else t * stats.bandwidth / 1e9
+        elif ref == "datasheet" and r.extra.get("datasheet_bandwidth"):
+            value = t * r.extra["datasheet_bandwidth"] / 1e9
+        else:
+            continue
+        marks.append((key, value))
+    return marks
+
+
 def _bar_panel(ax, rows: List[Result]) -> None:
     """One group of bars per case: dlpart and the references its ratios name, one colour per
     implementation across the whole chart."""
     colours: Dict[str, str] = {}
     palette = [f"C{i}" for i in range(10)]
+    drawn: Set[str] = set()
     for i, r in enumerate(rows):
         names = ["dlpart"] + _main_refs(r)
         h = 0.8 / len(names)
@@ -216,6 +264,11 @@ def _bar_panel(ax, rows: List[Result]) -> None:
             colours.setdefault(name, palette[len(colours) % len(palette)])
             ax.barh(i - 0.4 + (k + 0.5) * h, stats.bandwidth / 1e9, height=h,
                     color=colours[name], label=name if first else None)
+        for key, gbs in target_marks(r):
+            ax.vlines(gbs, i - 0.45, i + 0.45, colors="k", linestyles="--", linewidth=1.2,
+                      label=None if "target" in drawn else "target (dlpart at least)")
+            ax.annotate(key.split("/", 1)[1], (gbs, i - 0.45), fontsize=5, ha="left", va="bottom")
+            drawn.add("target")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r.name for r in rows], fontsize=7)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -248,10 +301,17 @@ def _small_panel(ax, rows: List[Result]) -> None:
         vals = [(r.stats.median if name == "dlpart" else r.references[name].median) * 1e6
                 for r in rows]
         ax.bar(x + k * w, vals, width=w, label=name)
+    drawn = False
+    for i, r in enumerate(rows):
+        for key, us in target_marks(r):
+            # over the dlpart bar: the target is a time dlpart should stay under
+            ax.hlines(us, x[i] - w / 2, x[i] + w / 2, colors="k", linestyles="--", linewidth=1.2,
+                      label=None if drawn else "target (dlpart at most)")
+            drawn = True
     ax.set_xticks(x + 0.4 - w / 2)
     ax.set_xticklabels([r.name for r in rows], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("time (us, log)")
-    ax.set_title("overhead-bound: 64x64 grid -> shifted grid", fontsize=9)
+    ax.set_title("overhead-bound cases", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)

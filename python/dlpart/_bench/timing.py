@@ -6,7 +6,7 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -25,16 +25,42 @@ class Stats:
         return min(self.times)
 
     @property
+    def quartiles(self) -> Tuple[float, float]:
+        """The first and third quartiles of the times (numpy's default linear method; both
+        equal the one time of a single run)."""
+        if len(self.times) < 2:
+            return self.times[0], self.times[0]
+        q = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q[0], q[2]
+
+    @property
+    def iqr(self) -> float:
+        """The spread of the times: their interquartile range, in seconds."""
+        q1, q3 = self.quartiles
+        return q3 - q1
+
+    @property
     def bandwidth(self) -> float:
         """Effective bandwidth in bytes/s at the median time."""
         return self.bytes / self.median if self.median > 0 else float("inf")
 
+    @property
+    def bandwidth_iqr(self) -> float:
+        """The interquartile range of the bandwidths of the timed runs, in bytes/s."""
+        q1, q3 = self.quartiles
+        return self.bytes / q1 - self.bytes / q3 if q1 > 0 else float("inf")
+
     def to_json(self) -> Dict[str, Any]:
+        q1, q3 = self.quartiles
         return {
             "times": self.times,
             "median": self.median,
             "min": self.min,
+            "q1": q1,
+            "q3": q3,
+            "iqr": self.iqr,
             "bandwidth": self.bandwidth,
+            "bandwidth_iqr": self.bandwidth_iqr,
         }
 
 
@@ -82,6 +108,10 @@ class Result:
         return out
 
 
+# Seconds between the progress lines of one long measurement.
+PROGRESS_EVERY_S = 10.0
+
+
 def measure(
     fn: Callable[[], Any],
     *,
@@ -89,12 +119,14 @@ def measure(
     warmup: int,
     sync: Callable[[], None],
     check: Optional[Callable[[Any], None]] = None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> List[float]:
     """Times `fn` `repeat` times after `warmup` untimed runs and returns the wall-clock seconds
     of each timed run. `check`, if given, validates the first untimed result (one untimed run is
     made for it even with no warm-up)."""
     checks = {"fn": check} if check is not None else {}
-    return measure_together({"fn": fn}, repeat=repeat, warmup=warmup, sync=sync, checks=checks)["fn"]
+    return measure_together({"fn": fn}, repeat=repeat, warmup=warmup, sync=sync, checks=checks,
+                            progress=progress)["fn"]
 
 
 def measure_together(
@@ -105,6 +137,7 @@ def measure_together(
     sync: Callable[[], None],
     checks: Optional[Dict[str, Callable[[Any], None]]] = None,
     reset: Optional[Callable[[], None]] = None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Dict[str, List[float]]:
     """Times every function of `fns` round-robin: `warmup` untimed rounds, then `repeat` timed
     rounds, each calling every function once. On a shared machine, load that comes and goes
@@ -114,8 +147,10 @@ def measure_together(
     timed call, outside the timed region: the env's cache cleaning, so that no function pays
     for the dirty lines the one before it left behind. Each result is dropped before the next
     call, outside the timed region, and the collector is paused so that it cannot fire inside
-    one."""
+    one. `progress`, if given, is told how many rounds are done every `PROGRESS_EVERY_S`
+    seconds, so that a long measurement shows it is alive."""
     checks = checks or {}
+    last_note = time.perf_counter()
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
@@ -128,7 +163,10 @@ def measure_together(
                     checks[name](r)
                 r = None
         times: Dict[str, List[float]] = {name: [] for name in fns}
-        for _ in range(repeat):
+        for done in range(repeat):
+            if progress is not None and time.perf_counter() - last_note > PROGRESS_EVERY_S:
+                last_note = time.perf_counter()
+                progress(f"{done}/{repeat} timed rounds of {', '.join(fns)}")
             for name, fn in fns.items():
                 if reset is not None:
                     reset()
@@ -161,3 +199,13 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_bw(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:.2f} GB/s"
+
+
+def fmt_us(seconds: float) -> str:
+    """Seconds in microseconds, the one unit of the overhead-bound tables."""
+    return f"{seconds * 1e6:.1f}"
+
+
+def fmt_gbs(bytes_per_s: float) -> str:
+    """Bytes/s in GB/s, the one unit of the bandwidth tables."""
+    return f"{bytes_per_s / 1e9:.2f}"

@@ -8,7 +8,7 @@ needs, through ``get``.
 
 import os
 import uuid
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import dask.array as da
 import distributed
@@ -17,12 +17,13 @@ from distributed.comm import get_address_host
 
 from .. import Device, PartitionedArray
 from .. import from_partitioned as _import
+from .._types import PartitionedDict
 from ._host import host_array
 
 __all__ = ["DaskPartitioned", "from_partitioned", "gather", "partitioned_dict"]
 
 
-def gather(handles):
+def gather(handles: Any) -> Any:
     """Resolves a future, or a list of futures in one ``gather``: the ``get`` of produced dicts.
 
     Futures unpickled outside a client's context have no client; they are bound to the
@@ -62,7 +63,7 @@ def _key_at(keys, pos):
     return keys[0] if isinstance(keys, list) else keys  # a 0-d array's keys are [key]
 
 
-def partitioned_dict(x: da.Array, client: Optional[distributed.Client] = None) -> dict:
+def partitioned_dict(x: da.Array, client: Optional[distributed.Client] = None) -> PartitionedDict:
     """Persists ``x`` on the cluster and describes its chunks as a draft-2 ``__partitioned__``.
 
     Each entry also carries ``'dtype'`` so that a consumer knows the element type before
@@ -117,13 +118,13 @@ class DaskPartitioned:
         self._dict: Optional[dict] = None
 
     @property
-    def __partitioned__(self) -> dict:
+    def __partitioned__(self) -> PartitionedDict:
         if self._dict is None:
             self._dict = partitioned_dict(self.array, self.client)
         return self._dict
 
 
-def from_partitioned(obj, client: Optional[distributed.Client] = None) -> da.Array:
+def from_partitioned(obj: Any, client: Optional[distributed.Client] = None) -> da.Array:
     """A dask array with one chunk per partition of a `PartitionedArray` (or anything
     `dlpart.from_partitioned` takes).
 

@@ -10,10 +10,11 @@ keeps a rank as a rank.
 """
 
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from .. import PartitionedArray
 from .. import from_partitioned as _import
+from .._types import PartitionedDict
 
 __all__ = ["HeatPartitioned", "to_heat"]
 
@@ -38,7 +39,7 @@ class HeatPartitioned:
         self.framework = framework
 
     @property
-    def __partitioned__(self) -> dict:
+    def __partitioned__(self) -> PartitionedDict:
         d = self.array.to_partitioned(framework=self.framework, locations="rank", rank=self.rank)
         if "locals" not in d:
             d["locals"] = [pos for pos, p in self.array.partitions.items()
@@ -46,7 +47,7 @@ class HeatPartitioned:
         return d
 
 
-def to_heat(obj, comm=None, framework: Optional[str] = None) -> HeatPartitioned:
+def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None) -> HeatPartitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
     ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` once the
     program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's

@@ -11,7 +11,7 @@ tensor reports, and a tensor on ``kDLCPU:<k>`` goes back to CPU device ``k`` wit
 """
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from .. import Device, DeviceError, Location, Partition, PartitionedArray, ProtocolError, Tensor
 from .. import from_dlpack, split_points
+from .. import _core
 from .. import from_partitioned as _import
 
 __all__ = ["from_partitioned", "sharding_for", "to_partitioned"]
@@ -39,6 +40,19 @@ def _dl_device(d) -> Device:
     return Device(f"{kind}:{hw if hw is not None else 0}")
 
 
+def _note_cpu_devices() -> None:
+    """Makes JAX's host devices (``kDLCPU:<local_hardware_id>``) valid dlpart targets here."""
+    try:
+        cpus = jax.local_devices(backend="cpu")
+    except RuntimeError:  # a JAX without its CPU backend
+        return
+    ids = [d.local_hardware_id for d in cpus if d.local_hardware_id is not None]
+    _core._note_host_devices(max(ids, default=0) + 1)
+
+
+_note_cpu_devices()
+
+
 def _box(index, shape) -> Box:
     start, size = [], []
     for axis, (sl, n) in enumerate(zip(index, shape)):
@@ -50,7 +64,7 @@ def _box(index, shape) -> Box:
     return tuple(start), tuple(size)
 
 
-def to_partitioned(arr) -> PartitionedArray:
+def to_partitioned(arr: jax.Array) -> PartitionedArray:
     """A sharded ``jax.Array`` as a `PartitionedArray` whose partitions alias the shards.
 
     Shards are imported through DLPack without copying. In a multi-process JAX program the
@@ -113,7 +127,9 @@ def _pool(kind: str) -> list:
         return jax.devices()
 
 
-def sharding_for(pa: PartitionedArray, devices: Optional[Sequence] = None) -> NamedSharding:
+# `devices` holds jax.Device objects, typed Any: jaxlib defines that class in compiled code
+# whose type pyright cannot read.
+def sharding_for(pa: PartitionedArray, devices: Optional[Sequence[Any]] = None) -> NamedSharding:
     """The `NamedSharding` that reproduces ``pa``'s grid: one mesh axis ``a<i>`` per array axis
     (its size the tiling), plus an axis ``replica`` when every partition has the same number
     (> 1) of replicas on distinct JAX devices.
@@ -197,7 +213,7 @@ def _place(t: Tensor, d) -> "jax.Array":
         return jax.device_put(np.from_dlpack(t), d)
 
 
-def from_partitioned(obj, mesh_or_sharding=None) -> "jax.Array":
+def from_partitioned(obj: Any, mesh_or_sharding: Union[Mesh, Sharding, None] = None) -> jax.Array:
     """A `PartitionedArray` (or anything `dlpart.from_partitioned` takes) as a sharded JAX array.
 
     Without ``mesh_or_sharding`` the sharding is `sharding_for` the grid. With a ``Mesh``, array

@@ -13,12 +13,13 @@ while a pickled copy is in use, or ``get`` on the copy waits for an object that 
 
 import itertools
 import os
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import ray
 
 from .. import PartitionedArray, split_points
 from .. import from_partitioned as _import
+from .._types import PartitionedDict, SplitsLike
 from ._host import host_array
 
 __all__ = ["get", "partitioned_dict", "partitioned_dict_from_refs", "to_refs"]
@@ -26,7 +27,7 @@ __all__ = ["get", "partitioned_dict", "partitioned_dict_from_refs", "to_refs"]
 Position = Tuple[int, ...]
 
 
-def get(handles):
+def get(handles: Any) -> Any:
     """Resolves an ObjectRef, or a list of them in one ``ray.get``: the ``get`` of produced
     dicts."""
     if isinstance(handles, (list, tuple)):
@@ -97,8 +98,10 @@ def _positions(refs, tiling) -> Dict[Position, object]:
     return out
 
 
-def partitioned_dict_from_refs(refs, shape, *, tiling=None, splits=None,
-                               dtype: Optional[str] = None) -> dict:
+def partitioned_dict_from_refs(refs: Any, shape: Sequence[int], *,
+                               tiling: Optional[Sequence[int]] = None,
+                               splits: Optional[SplitsLike] = None,
+                               dtype: Optional[str] = None) -> PartitionedDict:
     """A draft-2 ``__partitioned__`` dict over ObjectRefs of array blocks.
 
     ``refs``: a dict position -> ref, nested lists (one level per axis), or a flat list in C
@@ -140,7 +143,7 @@ def partitioned_dict_from_refs(refs, shape, *, tiling=None, splits=None,
     }
 
 
-def to_refs(obj) -> Dict[Position, "ray.ObjectRef"]:
+def to_refs(obj: Any) -> Dict[Position, "ray.ObjectRef[Any]"]:
     """Puts every partition of a `PartitionedArray` (or anything `dlpart.from_partitioned`
     takes) into the object store; partitions still held as ObjectRefs are passed on as they
     are, without a round trip through this process."""
@@ -161,7 +164,7 @@ def to_refs(obj) -> Dict[Position, "ray.ObjectRef"]:
     return dict(sorted(out.items()))
 
 
-def partitioned_dict(obj) -> dict:
+def partitioned_dict(obj: Any) -> PartitionedDict:
     """`to_refs`, described as a draft-2 dict with the same grid."""
     pa: PartitionedArray = _import(obj)
     return partitioned_dict_from_refs(to_refs(pa), pa.shape, splits=pa.splits, dtype=pa.dtype)

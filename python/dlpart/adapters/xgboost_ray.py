@@ -6,10 +6,11 @@ that its dict has exactly that form: numpy data (over the partitions' memory, no
 node address of each partition.
 """
 
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 from .. import PartitionedArray
 from .. import from_partitioned as _import
+from .._types import PartitionedDict
 
 __all__ = ["Partitioned", "partitioned"]
 
@@ -22,15 +23,15 @@ class Partitioned:
         self.framework = framework
 
     @property
-    def __partitioned__(self) -> dict:
+    def __partitioned__(self) -> PartitionedDict:
         return self.array.to_partitioned(framework=self.framework, locations="ip")
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
         return self.array.shape
 
 
-def partitioned(obj, framework: Optional[str] = "numpy") -> Partitioned:
+def partitioned(obj: Any, framework: Optional[str] = "numpy") -> Partitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) wrapped for
     ``RayDMatrix``: data as numpy arrays, locations as bare IP strings."""
     return Partitioned(_import(obj), framework)

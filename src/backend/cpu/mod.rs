@@ -17,6 +17,7 @@ mod normalise;
 mod repart;
 #[cfg(test)]
 mod tests;
+mod threads;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 pub(crate) use copy::{copy_boxes, pack, DstView, RawCopy, SrcView};
 pub(crate) use index::{gather, scatter};
+pub use threads::{num_threads, set_num_threads};
 
 /// The raw kernels, for dlpart's own benchmarks and examples (feature `bench-internals`).
 /// Not part of the API: no stability, and every kernel is `unsafe` with the contract in its

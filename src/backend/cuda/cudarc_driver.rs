@@ -5,6 +5,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use cudarc::driver::result;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
@@ -29,18 +30,41 @@ pub(crate) struct CudarcDriver {
     kernels: Mutex<Option<Arc<Functions>>>,
 }
 
+/// The number of CUDA devices the driver reports (after `cuInit`). The caller has checked
+/// that libcuda loads (see `context::guarded`).
+pub(crate) fn device_count() -> Result<i32> {
+    result::init()
+        .map_err(|e| unavailable(format!("cuInit failed: {}", driver_err("cuInit")(e))))?;
+    CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))
+}
+
+/// `device` is past the last of the `count` CUDA devices of this machine.
+pub(crate) fn missing_device(device: Device, count: i32) -> Error {
+    let valid = match count {
+        0 => "none".to_string(),
+        1 => "kDLCUDA:0 ('cuda:0')".to_string(),
+        n => format!(
+            "kDLCUDA:0 to kDLCUDA:{} ('cuda:0' to 'cuda:{}')",
+            n - 1,
+            n - 1
+        ),
+    };
+    Error::InvalidDevice {
+        text: device.to_string(),
+        reason: format!(
+            "this machine has {count} CUDA device(s) (valid: {valid}); CUDA_VISIBLE_DEVICES \
+             may hide some"
+        ),
+    }
+}
+
 impl CudarcDriver {
     /// Retains `device`'s primary context and creates a stream on it. The caller has
     /// checked that libcuda loads (see `context::guarded`).
     pub fn new(device: Device) -> Result<CudarcDriver> {
-        result::init()
-            .map_err(|e| unavailable(format!("cuInit failed: {}", driver_err("cuInit")(e))))?;
-        let count = CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))?;
+        let count = device_count()?;
         if device.id >= count {
-            return Err(Error::InvalidDevice {
-                text: device.to_string(),
-                reason: format!("this machine has {count} CUDA device(s)"),
-            });
+            return Err(missing_device(device, count));
         }
         let ctx = CudaContext::new(device.id as usize).map_err(driver_err(format!(
             "retaining the primary context of {device}"
@@ -64,8 +88,15 @@ impl CudarcDriver {
         if let Some(k) = k.as_ref() {
             return Ok(k.clone());
         }
-        let loaded = Arc::new(load(&self.ctx)?);
+        let (functions, notes) = load(&self.ctx)?;
+        let loaded = Arc::new(functions);
         *k = Some(loaded.clone());
+        // Written after the lock: a record may wait for the GIL, whose holder may be about
+        // to launch on this device.
+        drop(k);
+        for (level, note) in notes {
+            log::log!(level, "{note}");
+        }
         Ok(loaded)
     }
 
@@ -74,37 +105,78 @@ impl CudarcDriver {
     }
 }
 
-/// Compiled images per target architecture, shared by devices of the same kind.
-fn images_for(arch: &str) -> Result<Arc<Vec<Image>>> {
+/// What loading the kernels has to report, written once no lock is held.
+type Notes = Vec<(log::Level, String)>;
+
+/// Compiled images per target architecture, shared by devices of the same kind, with the
+/// log records of the compilation (or of the cache hit).
+fn images_for(arch: &str) -> Result<(Arc<Vec<Image>>, Notes)> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<Image>>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(i) = cache.lock().expect("image cache lock").get(arch) {
-        return Ok(i.clone());
+        let note = format!("kernels for {arch}: compiled images from the process cache");
+        return Ok((i.clone(), vec![(log::Level::Debug, note)]));
     }
     // Compiled outside the lock and one thread per source: NVRTC takes seconds.
-    let images = std::thread::scope(|scope| {
+    let start = Instant::now();
+    let timed = std::thread::scope(|scope| {
         let jobs: Vec<_> = SOURCES
             .iter()
-            .map(|s| scope.spawn(move || nvrtc::compile(s, arch)))
+            .map(|s| {
+                scope.spawn(move || {
+                    let t = Instant::now();
+                    nvrtc::compile(s, arch).map(|image| (image, t.elapsed()))
+                })
+            })
             .collect();
         jobs.into_iter()
             .map(|j| j.join().expect("NVRTC panics are caught in compile"))
             .collect::<Result<Vec<_>>>()
     })?;
-    let images = Arc::new(images);
+    let mut notes: Notes = SOURCES
+        .iter()
+        .zip(&timed)
+        .map(|(src, (image, took))| {
+            let form = match image {
+                Image::Cubin(_) => "CUBIN",
+                Image::Ptx(_) => "PTX",
+            };
+            let note = format!(
+                "NVRTC: kernels/{} for {arch} ({form}) in {took:.2?}",
+                src.name
+            );
+            (log::Level::Debug, note)
+        })
+        .collect();
+    notes.push((
+        log::Level::Info,
+        format!(
+            "NVRTC compiled {} kernel sources for {arch} in {:.2?} (once per architecture \
+             and process)",
+            timed.len(),
+            start.elapsed()
+        ),
+    ));
+    let images = Arc::new(
+        timed
+            .into_iter()
+            .map(|(image, _)| image)
+            .collect::<Vec<_>>(),
+    );
     cache
         .lock()
         .expect("image cache lock")
         .insert(arch.to_string(), images.clone());
-    Ok(images)
+    Ok((images, notes))
 }
 
-fn load(ctx: &Arc<CudaContext>) -> Result<Functions> {
+/// The kernels loaded on `ctx`'s device, with the log records of getting their images.
+fn load(ctx: &Arc<CudaContext>) -> Result<(Functions, Notes)> {
     let cc = ctx
         .compute_capability()
         .map_err(driver_err("cuDeviceGetAttribute(compute capability)"))?;
     let arch = nvrtc::arch_for(cc, &nvrtc::supported_archs()?)?;
-    let images = images_for(&arch)?;
+    let (images, notes) = images_for(&arch)?;
     let mut functions = Functions::new();
     for (src, image) in SOURCES.iter().zip(images.iter()) {
         let ptx = match image {
@@ -122,7 +194,7 @@ fn load(ctx: &Arc<CudaContext>) -> Result<Functions> {
             functions.insert(entry, f);
         }
     }
-    Ok(functions)
+    Ok((functions, notes))
 }
 
 fn event(e: u64) -> sys::CUevent {

@@ -250,6 +250,8 @@ impl CudaBackend {
             return Ok(());
         }
         let winners = if mode == Mode::Scatter { len * 8 } else { 0 };
+        // Loaded before the lock: loading may log, and a log record may wait for the GIL.
+        self.load_kernels()?;
         // Held until the status is read, so no other call reuses the scratch before that.
         let mut scratch = self.scratch.lock().expect("scratch lock");
         let status = self.run(&mut scratch, &launches, 16 + winners, |status| {

@@ -57,6 +57,19 @@ use cudarc_driver::CudarcDriver;
 use driver::{Driver, Kernel};
 use jobs::{Launch, Mode, Transfer, MAX_JOB_NUMEL};
 
+/// Checks that `device` (`kDLCUDA:n`) exists here: [`Error::InvalidDevice`] when `n` is not
+/// below the driver's device count. Without a usable driver nothing can be counted, so this
+/// passes, and the backend's own [`Error::BackendUnavailable`] says what is missing when the
+/// device is used. The count is read once per process, as the driver fixes it at `cuInit`.
+pub fn check_present(device: Device) -> Result<()> {
+    static COUNT: OnceLock<Option<i32>> = OnceLock::new();
+    let count = *COUNT.get_or_init(|| guarded(cudarc_driver::device_count).ok());
+    match count {
+        Some(n) if device.id >= n => Err(cudarc_driver::missing_device(device, n)),
+        _ => Ok(()),
+    }
+}
+
 /// Kernels on one CUDA device. Obtain it with [`CudaBackend::get`] (or
 /// [`crate::backend::backend_for`]); all work goes to one stream of the device
 /// ([`Backend::dlpack_stream`]).
@@ -93,6 +106,12 @@ impl CudaBackend {
         let driver: Arc<dyn Driver> = Arc::new(guarded(|| CudarcDriver::new(device))?);
         let b = Arc::new(Self::over(device, driver, false));
         map.insert(device.id, b.clone());
+        // After the lock: a log record may wait for the GIL.
+        drop(map);
+        log::debug!(
+            "{device}: primary context retained, {} multiprocessors, one non-blocking stream",
+            b.sm_count
+        );
         Ok(b)
     }
 
@@ -224,6 +243,8 @@ impl CudaBackend {
     fn copy_transfers(&self, transfers: &[Transfer]) -> Result<()> {
         let launches = jobs::plan(transfers, Mode::Box, MAX_JOB_NUMEL)?;
         if !launches.is_empty() {
+            // Loaded before the lock: loading may log, and a log record may wait for the GIL.
+            self.load_kernels()?;
             let mut scratch = self.scratch.lock().expect("scratch lock");
             self.run(&mut scratch, &launches, 0, |_| Ok(()))?;
         }

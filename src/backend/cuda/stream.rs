@@ -1,6 +1,6 @@
 //! DLPack's `stream` argument for CUDA, and the event-based waits that implement it.
 //!
-//! DLPack (and DESIGN.md) fix the values: `None` or 1 is the legacy default stream, 2 the
+//! DLPack fixes the values: `None` or 1 is the legacy default stream, 2 the
 //! per-thread default stream, any value > 2 a `cudaStream_t`, -1 "do not synchronise", and 0
 //! is invalid (ambiguous). The driver API accepts 1 and 2 directly as `CU_STREAM_LEGACY` and
 //! `CU_STREAM_PER_THREAD`. The producer makes the consumer's stream wait for the producer's

@@ -1,0 +1,72 @@
+"""A device that does not exist on this machine is a `DeviceError` wherever data is to be put."""
+
+import numpy as np
+import pytest
+
+import dlpart
+from conftest import cuda_device_count
+
+# Other tests note emulated host devices (kDLCPU:1 to kDLCPU:5, as the JAX adapter does for
+# JAX's CPU devices); none notes this many.
+MISSING_CPU = "kDLCPU:512"
+
+
+def _places(device):
+    """Every call that takes a device to put data on, applied to `device`."""
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    pa = dlpart.partition(x, (2, 1))
+    t = dlpart.from_dlpack(x)
+    return {
+        "PartitionedArray.to": lambda: pa.to(device),
+        "repartition(devices=one)": lambda: pa.repartition((1, 2), devices=device, transfer=True),
+        "repartition(devices=list)": lambda: pa.repartition(
+            (1, 2), devices=["cpu", device], transfer=True),
+        "assemble(device=)": lambda: pa.assemble(device=device, transfer=True),
+        "from_partitioned(device=)": lambda: dlpart.from_partitioned(pa, device=device),
+        "Tensor.to": lambda: t.to(device),
+        "from_dlpack(device=)": lambda: dlpart.from_dlpack(x, device=device),
+        "__dlpack__(dl_device=)": lambda: t.__dlpack__(
+            dl_device=dlpart.Device(device).to_dlpack(), max_version=(1, 0)),
+        "backend_status": lambda: dlpart.backend_status(device),
+    }
+
+
+@pytest.mark.parametrize("where", sorted(_places("cpu")))
+def test_a_cpu_id_not_in_use_here_is_a_device_error(where):
+    with pytest.raises(dlpart.DeviceError) as info:
+        _places(MISSING_CPU)[where]()
+    msg = str(info.value)
+    assert MISSING_CPU in msg and "kDLCPU:0" in msg, msg
+
+
+def test_the_name_alone_is_not_checked():
+    # A Device names a device, possibly another machine's (a partition's location).
+    assert str(dlpart.Device(MISSING_CPU)) == MISSING_CPU
+    assert str(dlpart.Device("cuda:7")) == "kDLCUDA:7"
+
+
+def test_the_cpu_and_the_host_devices_in_use_stay_targets():
+    x = np.arange(6.0)
+    got = dlpart.partition(x, 2).to("cpu").assemble(device="kDLCPU:0")
+    np.testing.assert_array_equal(np.from_dlpack(got), x)
+    assert dlpart.backend_status("cpu") is None
+
+
+@pytest.mark.parametrize("where", sorted(_places("cpu")))
+def test_a_cuda_index_past_the_last_gpu_is_a_device_error(where):
+    count = cuda_device_count()
+    missing = f"cuda:{count}"
+    reason = dlpart.backend_status("cuda:0")
+    if count == 0:
+        # No driver: the explanation of what is missing stays, as for every CUDA device.
+        assert reason is not None and "libcuda" in reason, reason
+        if where == "backend_status":
+            assert "libcuda" in dlpart.backend_status(missing)
+            return
+        with pytest.raises((dlpart.BackendUnavailableError, BufferError)):
+            _places(missing)[where]()
+        return
+    with pytest.raises(dlpart.DeviceError) as info:
+        _places(missing)[where]()
+    msg = str(info.value)
+    assert f"kDLCUDA:{count}" in msg and f"{count} CUDA device(s)" in msg, msg
