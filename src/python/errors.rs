@@ -1,7 +1,9 @@
 //! Mapping [`Error`] onto Python exceptions.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyIndexError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -38,6 +40,18 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         Error::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
         Error::BackendUnavailable { .. } => BackendUnavailableError::new_err(msg),
         Error::Shape { .. } | Error::DTypeMismatch { .. } => PyValueError::new_err(msg),
+        // Another rank's error, raised here as the class it had there.
+        Error::Collective { kind, .. } => match kind.as_str() {
+            "ProtocolError" => ProtocolError::new_err(msg),
+            "DeviceError" => DeviceError::new_err(msg),
+            "BackendUnavailableError" => BackendUnavailableError::new_err(msg),
+            "BufferError" => PyBufferError::new_err(msg),
+            "IndexError" => PyIndexError::new_err(msg),
+            "ValueError" => PyValueError::new_err(msg),
+            "TypeError" => PyTypeError::new_err(msg),
+            "MemoryError" => PyMemoryError::new_err(msg),
+            _ => PyRuntimeError::new_err(msg),
+        },
         _ => PyRuntimeError::new_err(msg),
     }
 }
