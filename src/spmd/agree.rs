@@ -11,12 +11,16 @@ use super::Communicator;
 pub(crate) struct Peers {
     pub hosts: Vec<String>,
     pub pids: Vec<i64>,
+    /// Each rank's note (see [`agree`]).
+    pub notes: Vec<String>,
 }
 
 /// Writes this rank's outcome: `Ok(fingerprint)` or the error it had.
 pub(crate) fn write_outcome(w: &mut Writer, outcome: std::result::Result<u64, &Error>) {
     match outcome {
         Ok(fp) => w.u8(1).u64(fp),
+        // A rank's own failure travels as its message alone (the receivers name the rank).
+        Err(Error::Collective { kind, message, .. }) => w.u8(0).str(kind).str(message),
         Err(e) => w.u8(0).str(e.kind()).str(&e.to_string()),
     };
 }
@@ -50,21 +54,26 @@ pub(crate) fn collective_error(failed: &[(usize, String, String)]) -> Option<Err
 /// One all-gather of every rank's outcome so far (`Ok` with a fingerprint of what it planned,
 /// or its error), host and pid. Every rank returns the same: the peers when all succeeded with
 /// the same fingerprint; else the lowest failing rank's error, or a `ProtocolError` naming
-/// two ranks that planned different `what`s.
+/// two ranks that planned different `what`s. A `note` travels along, for what ranks may
+/// legitimately know differently (a dtype that only the ranks holding data know).
 pub(crate) fn agree(
     comm: &dyn Communicator,
     outcome: std::result::Result<u64, &Error>,
     what: &str,
+    note: &str,
 ) -> Result<Peers> {
     let mut w = Writer::default();
     write_outcome(&mut w, outcome);
-    w.str(&comm.host()).u64(u64::from(std::process::id()));
+    w.str(&comm.host())
+        .u64(u64::from(std::process::id()))
+        .str(note);
     let all = comm.all_gather(&w.0)?;
     let mut failed = Vec::new();
     let mut prints = Vec::new();
     let mut peers = Peers {
         hosts: Vec::with_capacity(all.len()),
         pids: Vec::with_capacity(all.len()),
+        notes: Vec::with_capacity(all.len()),
     };
     for (rank, bytes) in all.iter().enumerate() {
         let mut r = Reader::new(bytes, rank);
@@ -74,6 +83,7 @@ pub(crate) fn agree(
         }
         peers.hosts.push(r.str()?);
         peers.pids.push(r.u64()? as i64);
+        peers.notes.push(r.str()?);
     }
     if let Some(e) = collective_error(&failed) {
         return Err(e);
@@ -91,4 +101,14 @@ pub(crate) fn agree(
         ));
     }
     Ok(peers)
+}
+
+/// Takes part in the next collective call of the other ranks with this rank's `error`, so that
+/// they fail too instead of waiting: every collective of [`crate::spmd`] starts with the same
+/// all-gather of outcomes. Returns the error every rank then has.
+pub fn fail_together(comm: &dyn Communicator, error: Error) -> Error {
+    match agree(comm, Err(&error), "calls", "") {
+        Err(e) => e,
+        Ok(_) => error,
+    }
 }

@@ -128,7 +128,7 @@ pub fn repartition(
     transfer: bool,
 ) -> Result<(PartitionedArray, Traffic)> {
     let target = SpmdTarget::resolve(layout, pa, comm.size());
-    repartition_to_result(comm, pa, target, transfer)
+    repartition_target(comm, pa, target, transfer)
 }
 
 /// [`repartition`] onto an explicit target (grid, owner ranks and devices).
@@ -138,10 +138,12 @@ pub fn repartition_to(
     target: SpmdTarget,
     transfer: bool,
 ) -> Result<(PartitionedArray, Traffic)> {
-    repartition_to_result(comm, pa, Ok(target), transfer)
+    repartition_target(comm, pa, Ok(target), transfer)
 }
 
-fn repartition_to_result(
+/// [`repartition_to`] with this rank's target, or the error it had making it (which every
+/// rank then returns).
+pub(crate) fn repartition_target(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
     target: Result<SpmdTarget>,
@@ -315,7 +317,7 @@ fn agreed<T>(
 ) -> Result<(T, Peers)> {
     let outcome = stage.as_ref().map(print);
     let what = "repartitions (source or target grids, owners or dtypes)";
-    let peers = agree(comm, outcome, what)?;
+    let peers = agree(comm, outcome, what, "")?;
     Ok((stage.expect("every rank succeeded"), peers))
 }
 

@@ -409,17 +409,41 @@ fn placed_grid(
     Ok((grid, positions))
 }
 
-/// `pa` with a rank in every location that names one of the ranks' processes (host and pid),
-/// as dicts of other SPMD producers give them: one collective call, which also checks that
-/// every rank holds the same global grid and dtype.
-pub fn with_ranks(comm: &dyn Communicator, mut pa: PartitionedArray) -> Result<PartitionedArray> {
-    let mut w = Writer::default();
-    w.usizes(pa.shape());
-    for s in pa.grid().splits() {
-        w.usizes(s);
+/// `pa` (the array this rank read from an SPMD producer's dict, or its error reading it) with
+/// a rank in every location that names one of the ranks' processes by host and pid, as
+/// draft-2 dicts do: one collective call, which also checks that every rank read the same
+/// global grid and dtype, and fails on every rank when one failed.
+pub fn with_ranks(
+    comm: &dyn Communicator,
+    pa: Result<PartitionedArray>,
+) -> Result<PartitionedArray> {
+    // The dtype is known only where data is (dicts need not state it): compared apart.
+    let print = pa.as_ref().map(|pa| {
+        let mut w = Writer::default();
+        w.usizes(pa.shape());
+        for s in pa.grid().splits() {
+            w.usizes(s);
+        }
+        fingerprint(&w.0)
+    });
+    let dtype = pa.as_ref().ok().and_then(PartitionedArray::dtype);
+    let note = dtype.map_or("", DType::name);
+    let peers = agree(comm, print, "global grids", note)?;
+    let mut pa = pa.expect("every rank succeeded");
+    let named: Vec<(usize, &String)> = peers
+        .notes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.is_empty())
+        .collect();
+    if let Some(&(r0, first)) = named.first() {
+        if let Some((r, other)) = named.iter().find(|(_, n)| n != &first) {
+            return Err(spmd_error(format!(
+                "rank {r} holds dtype {other}, rank {r0} {first}"
+            )));
+        }
+        pa = pa.with_dtype(first.parse()?)?;
     }
-    w.str(pa.dtype().map_or("", DType::name));
-    let peers = agree(comm, Ok(fingerprint(&w.0)), "global grids or dtypes")?;
     pa.map_locations(|l| {
         if l.rank.is_some() {
             return;

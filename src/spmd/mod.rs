@@ -21,6 +21,8 @@ mod local;
 mod thread;
 mod wire;
 
+pub use agree::fail_together;
+pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
 pub use local::{from_local, from_stacked, with_ranks, LocalParts};
 pub use thread::ThreadComm;
