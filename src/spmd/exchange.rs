@@ -404,6 +404,8 @@ struct Stage {
     send_displs: Vec<usize>,
     recv_counts: Vec<usize>,
     recv_displs: Vec<usize>,
+    /// Whether the peers' boxes are received straight into this rank's one target.
+    recv_in_place: bool,
     fingerprint: u64,
     traffic: Traffic,
 }
@@ -497,11 +499,39 @@ impl Stage {
             send_displs[p] = seg_start[segment_of(p)];
         }
         let recv_counts: Vec<usize> = recvs.iter().map(|r| bytes(r)).collect();
-        let recv_displs = prefix(&recv_counts);
+        let mut recv_displs = prefix(&recv_counts);
+        // MPI reads and writes this rank's own tensors in place where every box of a peer is
+        // one contiguous range of one tensor: that saves the pack or the unpack copy, which
+        // costs as much as MPI's own copy (rows -> columns receives in place).
+        let direct = device.is_none_or(|d| d.is_host_accessible() || comm.accepts_device(d));
+        let only = |ts: &[Option<Tensor>]| match ts.iter().flatten().count() {
+            1 if direct => ts.iter().flatten().next().cloned(),
+            _ => None,
+        };
+        let send_place = only(&sources).and_then(|t| {
+            let at = in_place(&t, &segments, |op| &op.src_start, itemsize)?;
+            Some((t, at))
+        });
+        let recv_in_place = only(&targets)
+            .and_then(|t| in_place(&t, &recvs, |op| &op.dst_start, itemsize))
+            .map(|at| {
+                for (p, a) in at.into_iter().enumerate() {
+                    if recv_counts[p] > 0 {
+                        recv_displs[p] = a;
+                    }
+                }
+            })
+            .is_some();
         let total: usize = seg_bytes.iter().sum();
-        let send = match (total, device) {
-            (0, _) | (_, None) => None,
-            (_, Some(dev)) => {
+        let send = match (total, device, send_place) {
+            (0, _, _) | (_, None, _) => None,
+            (_, _, Some((t, at))) => {
+                for p in (0..size).filter(|&p| p != me && send_counts[p] > 0) {
+                    send_displs[p] = at[segment_of(p)];
+                }
+                Some(t)
+            }
+            (_, Some(dev), None) => {
                 let backend = backend_for(dev)?;
                 let buf = backend.empty(&[total / itemsize], dtype)?;
                 pack(&*backend, &buf, &segments, &sources, itemsize)?;
@@ -537,6 +567,7 @@ impl Stage {
             send_displs,
             recv_counts: recv_counts.clone(),
             recv_displs,
+            recv_in_place,
             fingerprint: fingerprint(&w.0),
             traffic: Traffic {
                 sent,
@@ -561,6 +592,7 @@ impl Stage {
         let direct = dev.is_host_accessible() || comm.accepts_device(dev);
         let recv = match total {
             0 => None,
+            _ if self.recv_in_place => self.targets.iter().flatten().next().cloned(),
             n if direct => Some(backend_for(dev)?.empty(&[n / self.itemsize], dtype)?),
             n => Some(backend_for(Device::CPU)?.empty(&[n / self.itemsize], dtype)?),
         };
@@ -572,8 +604,9 @@ impl Stage {
                 other => other.clone(),
             };
             let recv_bytes: &mut [u8] = match &recv {
-                // SAFETY: `recv` is a contiguous host buffer just allocated here, of
-                // `nbytes()` bytes, that nothing else refers to while the slice lives.
+                // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
+                // allocated here, or this rank's one target (writable, checked disjoint from
+                // every source), which nothing else reads or writes while the slice lives.
                 Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
                 None => &mut [],
             };
@@ -604,7 +637,10 @@ impl Stage {
         };
         let dst: Vec<&Tensor> = self.targets.iter().flatten().collect();
         if !dst.is_empty() {
-            let views = self.recv_views(recv.as_ref());
+            let views = match self.recv_in_place {
+                true => Vec::new(),
+                false => self.recv_views(recv.as_ref()),
+            };
             let mut jobs: Vec<Job<'_>> = Vec::with_capacity(self.local.len() + views.len());
             let target = |j: usize| self.targets[j].as_ref().expect("a target of this rank");
             for op in &self.local {
@@ -653,6 +689,39 @@ impl Stage {
         }
         out
     }
+}
+
+/// For each list of boxes (a peer's), the byte offset in `t` of its one box when that box is a
+/// contiguous range of `t`'s memory (C order); `None` unless every non-empty list is such.
+fn in_place(
+    t: &Tensor,
+    lists: &[Vec<BoxCopy>],
+    start: impl Fn(&BoxCopy) -> &Vec<usize>,
+    itemsize: usize,
+) -> Option<Vec<usize>> {
+    if !t.is_contiguous() {
+        return None;
+    }
+    lists
+        .iter()
+        .map(|ops| match ops.as_slice() {
+            [] => Some(0),
+            [op] => {
+                let full = t.shape();
+                let first = op.shape.iter().position(|&e| e > 1).unwrap_or(full.len());
+                if (first + 1..full.len()).any(|a| op.shape[a] != full[a]) {
+                    return None;
+                }
+                let at: isize = start(op)
+                    .iter()
+                    .zip(t.strides())
+                    .map(|(&s, &st)| s as isize * st)
+                    .sum();
+                usize::try_from(at).ok().map(|e| e * itemsize)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn prefix(counts: &[usize]) -> Vec<usize> {

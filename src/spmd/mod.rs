@@ -22,6 +22,7 @@ mod thread;
 mod wire;
 
 pub use agree::fail_together;
+#[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
 pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
 pub use local::{from_local, from_stacked, with_ranks, LocalParts};
@@ -71,8 +72,9 @@ pub trait Communicator: Sync {
         false
     }
 
-    /// [`Communicator::all_to_all_v`] over two contiguous 1-d uint8 tensors on a device for
-    /// which [`Communicator::accepts_device`] is true.
+    /// [`Communicator::all_to_all_v`] between the memory of two contiguous tensors on a
+    /// device for which [`Communicator::accepts_device`] is true (counts and displacements in
+    /// bytes).
     #[allow(clippy::too_many_arguments)]
     fn all_to_all_v_device(
         &self,

@@ -404,3 +404,33 @@ fn arrays_without_ranks_are_refused_by_name() {
         "{e}"
     );
 }
+
+#[test]
+fn rows_to_columns_and_back_in_place() {
+    // Rows -> columns receives each peer's box straight into the target (contiguous there);
+    // columns -> rows sends straight from the source. Both against the reference.
+    let a = reference(&[8, 12]);
+    ThreadComm::run(4, |comm| {
+        let me = comm.rank();
+        let rows = from_stacked(
+            comm,
+            vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 12]))],
+            0,
+        )
+        .unwrap();
+        let dealt = |t: &[usize]| {
+            Layout::tiling(t)
+                .dealt(vec![Device::CPU; 4])
+                .process_grid(t)
+        };
+        let (cols, traffic) = repartition(comm, &rows, &dealt(&[1, 4]), false).unwrap();
+        let mine = cols.at(&[0, me]).unwrap();
+        let want = block(&a, &[0, 3 * me], &[8, 3]);
+        assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+        assert_eq!(traffic.received.iter().sum::<u64>(), 3 * 6 * 4);
+        let (back, _) = repartition(comm, &cols, &dealt(&[4, 1]), false).unwrap();
+        let mine = back.at(&[me, 0]).unwrap();
+        let want = block(&a, &[2 * me, 0], &[2, 12]);
+        assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+    });
+}

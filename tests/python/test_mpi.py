@@ -4,6 +4,7 @@ scripts check their own results on every rank against numpy and print one "ok" l
 any failure aborts every rank. mpi4py.MPI is never imported in this process."""
 
 import pathlib
+import re
 
 import pytest
 
@@ -11,8 +12,9 @@ SCRIPTS = pathlib.Path(__file__).parent / "mpi_scripts"
 RANKS = 4
 
 
-def ok_ranks(out: str, suffix: str = "") -> set:
-    return {line.split()[1] for line in out.splitlines() if line.startswith("ok ") and line.endswith(suffix)}
+def ok_ranks(out: str, cases: int) -> set:
+    # The ranks' lines may interleave on mpirun's stdout.
+    return set(re.findall(rf"ok (\d+) {cases}\b", out))
 
 
 @pytest.mark.mpi
@@ -24,4 +26,19 @@ def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(
     every rank raise the same error within seconds."""
     cases = 300
     out = mpirun(SCRIPTS / "spmd_props.py", RANKS, 20240611, cases, timeout=240)
-    assert ok_ranks(out, f" {cases}") == {str(r) for r in range(RANKS)}, out
+    assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+
+
+@pytest.mark.mpi
+def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
+    """`mpirun -n 4 python -m dlpart bench --mpi --quick`: rows -> columns across the ranks
+    against MPI's own Alltoall, the result checked, the report written."""
+    import json
+
+    # The fixture runs `python SCRIPT ARGS...`: here `python -m dlpart bench ...`.
+    out = mpirun("-m", RANKS, "dlpart", "bench", "--mpi", "--quick", "--out", tmp_path, timeout=180)
+    assert "x MPI Alltoall" in out, out
+    res = json.loads((tmp_path / "bench-mpi.json").read_text())["results"][0]
+    assert res["correct"] and res["name"].startswith("mpi/rows_to_cols/float32/")
+    # Rank 0 keeps its own quarter of its rows and sends the other three quarters.
+    assert res["bytes_sent_by_rank0"] == 3 * res["bytes_local_rank0"] > 0
