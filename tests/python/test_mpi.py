@@ -42,3 +42,15 @@ def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     assert res["correct"] and res["name"].startswith("mpi/rows_to_cols/float32/")
     # Rank 0 keeps its own quarter of its rows and sends the other three quarters.
     assert res["bytes_sent_by_rank0"] == 3 * res["bytes_local_rank0"] > 0
+
+
+@pytest.mark.mpi
+def test_guide_spmd_block_is_the_mpi_example_and_runs(mpirun):
+    """The guide's MPI block cannot run in this process (no MPI here): it is
+    examples/mpi/spmd.py, which runs under mpirun."""
+    root = pathlib.Path(__file__).parents[2]
+    block = re.search(r"```py\n(.*?)```", (root / "docs" / "guide.md").read_text(), re.S).group(1)
+    example = root / "examples" / "mpi" / "spmd.py"
+    assert block in example.read_text()
+    out = mpirun(example, RANKS, timeout=120)
+    assert set(re.findall(r"ok (\d+)", out)) == {str(r) for r in range(RANKS)}, out
