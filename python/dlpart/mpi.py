@@ -93,6 +93,10 @@ def _local_items(parts, axis):
     if axis is not None:
         arrays = list(parts) if isinstance(parts, (list, tuple)) else [parts]
         return [(None, _as_tensor(a)) for a in arrays], (arrays[0] if arrays else None)
+    if not isinstance(parts, (dict, list, tuple)):
+        raise TypeError(
+            f"from_local without axis= takes (start, array) pairs or a dict {{start: array}}, "
+            f"not {type(parts).__name__}; pass axis= to stack arrays in rank order")
     pairs = list(parts.items()) if isinstance(parts, dict) else list(parts)
     out = []
     for pair in pairs:
@@ -114,7 +118,9 @@ def from_local(parts, comm, *, axis: Optional[int] = None,
     them, stacked along axis ``k`` after the lower ranks' (like ``numpy.concatenate`` of every
     rank's list in rank order); without ``axis``, ``(start, array)`` pairs or a dict ``{start:
     array}`` giving each partition's global offset. ``None`` or ``[]`` when the rank has none.
-    ``shape`` states the global shape (by default, the bounding box of all partitions).
+    ``shape`` states the global shape (by default, the bounding box of all partitions). In
+    the placed form, partitions of zero extent at one offset along an axis share a slab there;
+    stack them with ``axis=`` to give each its own.
 
     One ``allgather`` of metadata; then every rank builds and checks the same global grid.
     The result's ``__partitioned__`` has ``locals`` (this rank's positions), ``data = None``
