@@ -7,7 +7,7 @@ __all__ = [
     "from_dlpack", "_tensor_from_bytes", "_PartitionedArray", "_validate_dict", "split_points",
     "_plan_stats", "backend_status", "gather", "scatter", "_testing", "_MpiComm",
     "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
-    "_spmd_assemble", "_spmd_fail",
+    "_spmd_assemble", "_spmd_fail", "_spmd_gather", "_spmd_scatter",
 ]
 
 __version__: str
@@ -179,6 +179,12 @@ def _spmd_assemble(
 ) -> Optional[Tensor]: ...
 
 def _spmd_fail(comm: _MpiComm, kind: str, message: str) -> None: ...
+def _spmd_gather(
+    comm: _MpiComm, pa: _PartitionedArray, indices: Tensor, axis: int
+) -> Tuple[_PartitionedArray, TrafficTuple]: ...
+def _spmd_scatter(
+    comm: _MpiComm, pa: _PartitionedArray, values: Tensor, indices: Tensor, axis: int
+) -> None: ...
 
 class _testing:
     @staticmethod

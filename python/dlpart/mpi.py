@@ -159,7 +159,7 @@ def from_partitioned(obj, comm) -> "SpmdArray":
 class SpmdArray(PartitionedArray):
     """A `dlpart.PartitionedArray` spread over the ranks of an MPI communicator: this rank holds
     the partitions in ``locals``; the others are ``None`` here. ``repartition``,
-    ``repartition_into`` and ``assemble`` are collective. ``traffic`` holds the bytes the
+    ``repartition_into``, ``assemble``, ``gather`` and ``scatter`` are collective. ``traffic`` holds the bytes the
     operation that made this array moved on this rank (`Traffic`), or None."""
 
     __slots__ = ("comm", "traffic")
@@ -220,11 +220,30 @@ class SpmdArray(PartitionedArray):
         dev = _checked(self.comm, lambda: None if device is None else Device(device))
         return _core._spmd_assemble(self.comm, self._core, root, dev, bool(transfer))
 
-    def gather(self, indices, axis: int = 0, *, transfer: bool = False) -> PartitionedArray:
-        raise NotImplementedError("gather across ranks is not implemented yet; assemble first")
+    def gather(self, indices, axis: int = 0, *, transfer: bool = False) -> "SpmdArray":
+        """``numpy.take(self, indices, axis)`` across the ranks (collective; every rank passes the
+        same indices): each index is served by the rank holding it, the picked slabs travel in
+        one ``Alltoallv``. The result keeps this array's split points on the other axes, one
+        slab along ``axis``; each partition goes to the rank of the source partition holding
+        its first element. An index out of range raises on every rank before anything moves.
+        A rank's partitions live on one device (``transfer`` is accepted for the signature)."""
+        from ._functions import _axis, _indices
+
+        idx, ax = _checked(self.comm, lambda: (_as_tensor(_indices(indices)),
+                                               _axis(axis, self.ndim, "array")))
+        core, traffic = _core._spmd_gather(self.comm, self._core, idx, ax)
+        return SpmdArray._spmd(core, self.comm, traffic, self._framework)
 
     def scatter(self, values, indices, axis: int = 0, *, transfer: bool = False) -> None:
-        raise NotImplementedError("scatter across ranks is not implemented yet")
+        """``self[.., indices, ..] = values`` along ``axis`` across the ranks (collective; every
+        rank passes the same indices and the whole ``values``): each rank writes the indices
+        in its own partitions, so nothing travels. Checked and agreed on every rank first: an
+        error anywhere writes nothing anywhere."""
+        from ._functions import _axis, _indices
+
+        v, idx, ax = _checked(self.comm, lambda: (_as_tensor(values), _as_tensor(_indices(indices)),
+                                                  _axis(axis, self.ndim, "array")))
+        _core._spmd_scatter(self.comm, self._core, v, idx, ax)
 
     def __repr__(self) -> str:
         return (f"SpmdArray(shape={self.shape}, tiling={self.tiling}, dtype={self.dtype}, "

@@ -379,6 +379,37 @@ fn _spmd_assemble(
         .map_err(to_py)
 }
 
+/// See `dlpart.mpi.SpmdArray.gather`; returns the array and `(sent, received, local)`.
+#[pyfunction]
+fn _spmd_gather<'py>(
+    py: Python<'py>,
+    comm: &MpiComm,
+    pa: PyRef<'_, PyPartitioned>,
+    indices: PyTensor,
+    axis: usize,
+) -> PyResult<(PyPartitioned, Bound<'py, PyTuple>)> {
+    let inner = &pa.inner;
+    let (out, t) = py
+        .detach(|| spmd::gather(comm, inner, &indices.inner, axis))
+        .map_err(to_py)?;
+    Ok((wrap(out), traffic(py, &t)?))
+}
+
+/// See `dlpart.mpi.SpmdArray.scatter`.
+#[pyfunction]
+fn _spmd_scatter(
+    py: Python<'_>,
+    comm: &MpiComm,
+    pa: PyRef<'_, PyPartitioned>,
+    values: PyTensor,
+    indices: PyTensor,
+    axis: usize,
+) -> PyResult<()> {
+    let inner = &pa.inner;
+    py.detach(|| spmd::scatter(comm, inner, &values.inner, &indices.inner, axis))
+        .map_err(to_py)
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MpiComm>()?;
     m.add_function(wrap_pyfunction!(_spmd_from_local, m)?)?;
@@ -387,5 +418,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_spmd_repartition_into, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_assemble, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_fail, m)?)?;
+    m.add_function(wrap_pyfunction!(_spmd_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(_spmd_scatter, m)?)?;
     Ok(())
 }

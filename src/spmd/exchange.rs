@@ -20,6 +20,8 @@ use super::agree::{agree, Peers};
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Traffic};
 
+const REPARTITIONS: &str = "repartitions (source or target grids, owners or dtypes)";
+
 /// The target of a repartition across ranks: a grid, and the rank and device of each of its
 /// partitions (C order).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,7 +171,7 @@ pub(crate) fn repartition_target(
         }
         Stage::new(comm, pa, &t, all, false, transfer).map(|s| (s, t))
     });
-    let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint)?;
+    let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint, REPARTITIONS)?;
     let (targets, traffic) = stage.run(comm)?;
     let n = target.owners.len();
     let mut data = Vec::with_capacity(n);
@@ -260,7 +262,7 @@ pub fn repartition_into(
         }
         Stage::new(comm, pa, &target, targets, false, transfer)
     })();
-    let (stage, _) = agreed(comm, stage, |s| s.fingerprint)?;
+    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
     Ok(stage.run(comm)?.1)
 }
 
@@ -303,25 +305,25 @@ pub fn assemble(
         };
         Stage::new(comm, pa, &target, vec![out], root.is_none(), transfer)
     })();
-    let (stage, _) = agreed(comm, stage, |s| s.fingerprint)?;
+    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
     let (mut targets, _) = stage.run(comm)?;
     Ok(targets.pop().flatten())
 }
 
 /// The agreement before any data moves: every rank's outcome so far, all-gathered; an error on
 /// any rank (or different plans) is an error on every rank.
-fn agreed<T>(
+pub(super) fn agreed<T>(
     comm: &dyn Communicator,
     stage: Result<T>,
     print: impl Fn(&T) -> u64,
+    what: &str,
 ) -> Result<(T, Peers)> {
     let outcome = stage.as_ref().map(print);
-    let what = "repartitions (source or target grids, owners or dtypes)";
     let peers = agree(comm, outcome, what, "")?;
     Ok((stage.expect("every rank succeeded"), peers))
 }
 
-fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
+pub(super) fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
     pa.dtype().ok_or_else(|| {
         Error::protocol(
             "partitions",
@@ -334,7 +336,10 @@ fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
 
 /// The one device this rank's `what` live on (host-accessible memory counting as the host);
 /// `None` when it has none. An exchange packs and unpacks on one device per rank.
-fn rank_device(devices: impl Iterator<Item = Device>, what: &str) -> Result<Option<Device>> {
+pub(super) fn rank_device(
+    devices: impl Iterator<Item = Device>,
+    what: &str,
+) -> Result<Option<Device>> {
     let mut found: Option<Device> = None;
     for d in devices {
         let d = if d.is_host_accessible() {
@@ -360,7 +365,7 @@ fn rank_device(devices: impl Iterator<Item = Device>, what: &str) -> Result<Opti
 
 /// A contiguous tensor of `shape` inside `buf` (contiguous, of `buf`'s dtype) at `offset`
 /// bytes, sharing its owner.
-fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
+pub(super) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
     // SAFETY: callers lay the boxes out inside the buffer: `offset` plus the box's bytes is at
     // most `buf.nbytes()`, so every element of the view lies inside `buf`'s memory, which
     // `buf.owner()` keeps alive. Device addresses are only offset, never dereferenced here.
@@ -589,52 +594,18 @@ impl Stage {
             .chain(self.sources.iter().flatten())
             .next()
             .map_or(DType::UInt8, Tensor::dtype);
-        let direct = dev.is_host_accessible() || comm.accepts_device(dev);
-        let recv = match total {
-            0 => None,
-            _ if self.recv_in_place => self.targets.iter().flatten().next().cloned(),
-            n if direct => Some(backend_for(dev)?.empty(&[n / self.itemsize], dtype)?),
-            n => Some(backend_for(Device::CPU)?.empty(&[n / self.itemsize], dtype)?),
+        let segments = Segments {
+            send: self.send.as_ref(),
+            send_counts: &self.send_counts,
+            send_displs: &self.send_displs,
+            recv_counts: &self.recv_counts,
+            recv_displs: &self.recv_displs,
         };
-        if dev.is_host_accessible() || !comm.accepts_device(dev) {
-            // Host memory, or device memory staged through the host for an MPI that does not
-            // take device pointers.
-            let send = match &self.send {
-                Some(t) if !dev.is_host_accessible() => Some(ops::to_device(t, Device::CPU)?),
-                other => other.clone(),
-            };
-            let recv_bytes: &mut [u8] = match &recv {
-                // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
-                // allocated here, or this rank's one target (writable, checked disjoint from
-                // every source), which nothing else reads or writes while the slice lives.
-                Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
-                None => &mut [],
-            };
-            comm.all_to_all_v(
-                host_bytes(send.as_ref()),
-                &self.send_counts,
-                &self.send_displs,
-                recv_bytes,
-                &self.recv_counts,
-                &self.recv_displs,
-            )?;
-        } else {
-            let empty = backend_for(dev)?.empty(&[0], DType::UInt8)?;
-            comm.all_to_all_v_device(
-                self.send.as_ref().unwrap_or(&empty),
-                &self.send_counts,
-                &self.send_displs,
-                recv.as_ref().unwrap_or(&empty),
-                &self.recv_counts,
-                &self.recv_displs,
-            )?;
-        }
-        let recv = match recv {
-            Some(t) if t.device() != dev && !dev.is_host_accessible() => {
-                Some(ops::to_device(&t, dev)?)
-            }
-            other => other,
+        let into = match self.recv_in_place {
+            true => self.targets.iter().flatten().next().cloned(),
+            false => None,
         };
+        let recv = segments.exchange(comm, dev, dtype, self.itemsize, total, into)?;
         let dst: Vec<&Tensor> = self.targets.iter().flatten().collect();
         if !dst.is_empty() {
             let views = match self.recv_in_place {
@@ -724,7 +695,81 @@ fn in_place(
         .collect()
 }
 
-fn prefix(counts: &[usize]) -> Vec<usize> {
+/// One rank's side of an all-to-all-v: what it sends (one buffer, a segment per peer) and
+/// where each peer's bytes go in what it receives (byte counts and displacements).
+pub(super) struct Segments<'a> {
+    pub send: Option<&'a Tensor>,
+    pub send_counts: &'a [usize],
+    pub send_displs: &'a [usize],
+    pub recv_counts: &'a [usize],
+    pub recv_displs: &'a [usize],
+}
+
+impl Segments<'_> {
+    /// Exchanges the segments (every rank calls this, with or without bytes to move) and
+    /// returns what arrived: in `into` (this rank's own contiguous tensor, written in place)
+    /// when given, else in a new buffer of `total` bytes of `dtype` on `dev`; `None` when
+    /// nothing arrives. Device memory goes to MPI directly when the communicator takes it,
+    /// else through host memory.
+    pub fn exchange(
+        &self,
+        comm: &dyn Communicator,
+        dev: Device,
+        dtype: DType,
+        itemsize: usize,
+        total: usize,
+        into: Option<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let direct = dev.is_host_accessible() || comm.accepts_device(dev);
+        let recv = match total {
+            0 => None,
+            _ if into.is_some() => into,
+            n if direct => Some(backend_for(dev)?.empty(&[n / itemsize], dtype)?),
+            n => Some(backend_for(Device::CPU)?.empty(&[n / itemsize], dtype)?),
+        };
+        if dev.is_host_accessible() || !comm.accepts_device(dev) {
+            // Host memory, or device memory staged through the host for an MPI that does not
+            // take device pointers.
+            let send = match self.send {
+                Some(t) if !dev.is_host_accessible() => Some(ops::to_device(t, Device::CPU)?),
+                other => other.cloned(),
+            };
+            let recv_bytes: &mut [u8] = match &recv {
+                // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
+                // allocated here, or this rank's own target (writable, checked disjoint from
+                // every source), which nothing else reads or writes while the slice lives.
+                Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
+                None => &mut [],
+            };
+            comm.all_to_all_v(
+                host_bytes(send.as_ref()),
+                self.send_counts,
+                self.send_displs,
+                recv_bytes,
+                self.recv_counts,
+                self.recv_displs,
+            )?;
+        } else {
+            let empty = backend_for(dev)?.empty(&[0], DType::UInt8)?;
+            comm.all_to_all_v_device(
+                self.send.unwrap_or(&empty),
+                self.send_counts,
+                self.send_displs,
+                recv.as_ref().unwrap_or(&empty),
+                self.recv_counts,
+                self.recv_displs,
+            )?;
+        }
+        Ok(match recv {
+            Some(t) if t.device() != dev && !dev.is_host_accessible() => {
+                Some(ops::to_device(&t, dev)?)
+            }
+            other => other,
+        })
+    }
+}
+
+pub(super) fn prefix(counts: &[usize]) -> Vec<usize> {
     let mut at = 0;
     counts
         .iter()

@@ -10,6 +10,8 @@
 //!   ranks, packed into one buffer per peer with the backend kernels, exchanged by one
 //!   all-to-all-v, unpacked into the new local partitions; boxes that stay on a rank are
 //!   copied locally and never sent ([`exchange`]).
+//! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
+//!   index served by the rank holding it.
 //!
 //! Collective safety: a rank that fails before a collective still takes part in it, with its
 //! error as payload, and every rank then returns the same [`Error::Collective`] (or the same
@@ -18,6 +20,7 @@
 mod agree;
 mod exchange;
 mod local;
+mod take;
 mod thread;
 mod wire;
 
@@ -26,6 +29,7 @@ pub use agree::fail_together;
 pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
 pub use local::{from_local, from_stacked, with_ranks, LocalParts};
+pub use take::{gather, scatter};
 pub use thread::ThreadComm;
 
 use crate::device::Device;

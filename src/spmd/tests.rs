@@ -434,3 +434,87 @@ fn rows_to_columns_and_back_in_place() {
         assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
     });
 }
+
+#[test]
+fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
+    const RANKS: usize = 3;
+    for case in 0..30u64 {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (case + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let shape = vec![1 + rng.below(9), 1 + rng.below(7)];
+        let a = reference(&shape);
+        let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
+        let axis = rng.below(2);
+        let len = shape[axis];
+        let picks: Vec<i64> = (0..rng.below(2 * len + 1))
+            .map(|_| rng.below(2 * len) as i64 - len as i64)
+            .collect();
+        let positive: Vec<usize> = picks
+            .iter()
+            .map(|&i| (i + len as i64) as usize % len)
+            .collect();
+        let want = a.select(ndarray::Axis(axis), &positive);
+        // Fancy assignment of `want` back, the last of duplicate indices winning.
+        let mut assigned = ArrayD::<f32>::zeros(IxDyn(&shape));
+        for (k, &i) in positive.iter().enumerate() {
+            assigned
+                .index_axis_mut(ndarray::Axis(axis), i)
+                .assign(&want.index_axis(ndarray::Axis(axis), k));
+        }
+        ThreadComm::run(RANKS, |comm| {
+            let me = comm.rank();
+            let pa = from_local(
+                comm,
+                Ok(local_parts(&a, &grid, &src_owners, me)),
+                Some(&shape),
+            )
+            .unwrap();
+            let idx = Tensor::from_slice(&picks, &[picks.len()]).unwrap();
+            let (got, traffic) = gather(comm, &pa, &idx, axis).unwrap();
+            assert_eq!(traffic.sent[me], 0);
+            let whole = assemble(comm, &got, None, None, false).unwrap().unwrap();
+            assert_eq!(whole.to_array::<f32>().unwrap(), want, "case {case}");
+            let zeros = assigned.mapv(|_| 0.0);
+            let target = from_local(
+                comm,
+                Ok(local_parts(&zeros, &grid, &src_owners, me)),
+                Some(&shape),
+            )
+            .unwrap();
+            let values = Tensor::from(want.clone());
+            scatter(comm, &target, &values, &idx, axis).unwrap();
+            let whole = assemble(comm, &target, None, None, false).unwrap().unwrap();
+            assert_eq!(whole.to_array::<f32>().unwrap(), assigned, "case {case}");
+        });
+    }
+}
+
+#[test]
+fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
+    let a = reference(&[6, 2]);
+    let out = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = block(&a, &[2 * me, 0], &[2, 2]);
+        let t = Tensor::from(rows);
+        let t = if me == 2 {
+            t.with_readonly(true).unwrap()
+        } else {
+            t
+        };
+        let pa = from_stacked(comm, vec![t], 0).unwrap();
+        let bad = Tensor::from_slice(&[0i64, 6], &[2]).unwrap();
+        let e1 = gather(comm, &pa, &bad, 0).unwrap_err();
+        let idx = Tensor::from_slice(&[0i64, 5], &[2]).unwrap();
+        let values = Tensor::from(ArrayD::<f32>::zeros(IxDyn(&[2, 2])));
+        let e2 = scatter(comm, &pa, &values, &idx, 0).unwrap_err();
+        let mine = pa.data()[me].tensor().unwrap().to_array::<f32>().unwrap();
+        assert_eq!(mine, block(&a, &[2 * me, 0], &[2, 2]), "nothing written");
+        (e1.kind().to_string(), e2.to_string())
+    });
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert_eq!(out[0].0, "IndexError");
+    assert!(
+        out[0].1.starts_with("rank 2: ") && out[0].1.contains("read-only"),
+        "{}",
+        out[0].1
+    );
+}

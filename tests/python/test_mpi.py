@@ -22,8 +22,8 @@ def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(
     """300 random global layouts (uneven, several partitions per rank, a rank with none,
     split points, tilings, block-cyclic and process-grid targets) repartitioned across 4 ranks:
     local partitions, the whole assembled on rank 0 and on every rank, repartition_into, byte
-    counts (local boxes never sent) and dicts are checked; then every kind of disagreement makes
-    every rank raise the same error within seconds."""
+    counts (local boxes never sent), dicts, gather and scatter are checked; then every kind of
+    disagreement makes every rank raise the same error within seconds."""
     cases = 300
     out = mpirun(SCRIPTS / "spmd_props.py", RANKS, 20240611, cases, timeout=240)
     assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out

@@ -5,7 +5,7 @@ partitions per rank, a rank with none, targets by split points, tilings, block-c
 process grids. Checked against numpy on every rank: the local partitions of each result, the
 whole assembled on rank 0 and on every rank, repartition_into, the byte counts (boxes that stay
 on a rank are never sent; computed here from box intersections), the dicts (the same on every
-rank but for data and locals), and the errors: a rank that disagrees or fails makes every rank
+rank but for data and locals), gather and scatter with global indices, and the errors: a rank that disagrees or fails makes every rank
 raise the same error within seconds.
 
 usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
@@ -162,6 +162,22 @@ def random_case(case, seed):
     again = dlpart.mpi.from_partitioned(d, comm)
     np.testing.assert_array_equal(np.from_dlpack(again.assemble(root=None)), ref)
 
+    # Gather and scatter with global indices (negative and repeated ones too).
+    ax = int(rng.integers(ndim))
+    picks = rng.integers(-shape[ax], shape[ax], size=int(rng.integers(0, 2 * shape[ax] + 1)))
+    got = a.gather(picks, axis=ax)
+    want = np.take(ref, picks, axis=ax)
+    np.testing.assert_array_equal(np.from_dlpack(got.assemble(root=None)), want)
+    assert got.traffic.sent[rank] == 0
+    blank = {k: np.zeros_like(v) for k, v in mine.items()}
+    target = dlpart.mpi.from_local(blank, comm, shape=shape)
+    target.scatter(want, picks, axis=ax)
+    expect = np.zeros_like(ref)
+    where = [slice(None)] * ndim
+    where[ax] = picks
+    expect[tuple(where)] = want
+    np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
+
 
 def heat_form():
     """heat's dict form, built by hand: int ranks as locations, locals, data None elsewhere."""
@@ -221,6 +237,10 @@ def errors():
                             "asked for different")
     expect_collective_error("a bad layout on one rank",
                             lambda: a.repartition((2, 1) if rank else (-1, 1)), ValueError, "rank 0: ")
+    expect_collective_error("an index out of range", lambda: a.gather([0, 2 * size]), IndexError,
+                            f"index {2 * size} is out of bounds")
+    expect_collective_error("different indices", lambda: a.gather([rank % 2]), dlpart.ProtocolError,
+                            "asked for different gathers")
     ro = np.zeros((2, 4), np.float32)
     ro.flags.writeable = rank != 3
     out = dlpart.mpi.from_local(ro, comm, axis=0)
