@@ -36,7 +36,9 @@ step_clippy-cuda() {
         cargo clippy --all-targets --features kernel-host-tests -- -D warnings
 }
 # The doc tests run with the unit tests; the Rust tour runs as a user would run it.
-step_cargo-test() { cargo test && cargo run --quiet --example quickstart; }
+step_cargo-test() {
+    cargo test && cargo run --quiet --example quickstart && cargo run --quiet --example spmd
+}
 # The CUDA backend's host-side tests, the kernel source itself run on the host over the
 # backend's job tables (feature kernel-host-tests: kernels/*.cu compiled as C++ through
 # kernels/host/shim.h, compared with the CPU backend), the backend's own path over the host
@@ -53,14 +55,17 @@ step_cargo-test-cuda() {
 }
 # Miri runs the modules with unsafe code. The grid and planner hold none, and their
 # 65,536-partition tests would take Miri hours; one kernel test loops over thousands of random
-# layouts and runs natively only (its small siblings cover the same code under Miri).
+# layouts and runs natively only (its small siblings cover the same code under Miri), as does
+# the SPMD tests of random layouts on several threads.
 step_miri() {
     { rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal; } &&
         rustup component add miri rust-src --toolchain nightly &&
         cargo +nightly miri setup &&
         timeout "${DLPART_MIRI_TIMEOUT:-900}" cargo +nightly miri test --lib -- \
-        dlpack:: tensor:: ops:: backend:: error:: device:: dtype:: \
-        --skip backend::cpu::tests::index::gather_and_scatter_match_naive_loops
+        dlpack:: tensor:: ops:: backend:: error:: device:: dtype:: spmd:: \
+        --skip backend::cpu::tests::index::gather_and_scatter_match_naive_loops \
+        --skip spmd::tests::random_repartitions_across_ranks_equal_the_reference \
+        --skip spmd::tests::random_gathers_and_scatters_across_ranks_equal_the_reference
 }
 step_build-ext() { dlpart_build_extension; }
 step_pytest() {

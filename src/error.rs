@@ -194,6 +194,18 @@ pub enum Error {
         /// The runtime's message.
         message: String,
     },
+
+    /// A collective operation (SPMD, [`crate::spmd`]) that failed on some rank: every rank
+    /// returns this same error, so that none waits for the others forever.
+    #[error("rank {rank}: {message}")]
+    Collective {
+        /// The lowest rank that failed.
+        rank: usize,
+        /// The kind of its error, as [`Error::kind`] names it (the Python exception class).
+        kind: String,
+        /// Its message.
+        message: String,
+    },
 }
 
 fn protocol_message(
@@ -267,6 +279,27 @@ impl Error {
             bytes,
             what: what.into(),
             device: "host".into(),
+        }
+    }
+
+    /// The name of the Python exception class this error becomes (`"ProtocolError"`,
+    /// `"DeviceError"`, `"BufferError"`, `"IndexError"`, `"ValueError"`,
+    /// `"BackendUnavailableError"`, `"MemoryError"`, `"RuntimeError"`), which is also how an SPMD
+    /// rank tells the others what kind of error it had.
+    pub fn kind(&self) -> &str {
+        match self {
+            Error::Buffer { .. }
+            | Error::UnsupportedDType { .. }
+            | Error::UnsupportedDevice { .. }
+            | Error::ReadOnly { .. } => "BufferError",
+            Error::Protocol { .. } | Error::ProtocolMany { .. } => "ProtocolError",
+            Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => "DeviceError",
+            Error::IndexOutOfRange { .. } => "IndexError",
+            Error::OutOfMemory { .. } => "MemoryError",
+            Error::BackendUnavailable { .. } => "BackendUnavailableError",
+            Error::Shape { .. } | Error::DTypeMismatch { .. } => "ValueError",
+            Error::Backend { .. } => "RuntimeError",
+            Error::Collective { kind, .. } => kind,
         }
     }
 

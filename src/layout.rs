@@ -230,11 +230,22 @@ impl Layout {
 /// Each target partition on the device of the source partition holding its first element
 /// (for an empty target partition: the source slab where it starts, or the last one).
 fn stay(source: &Grid, target: &Grid, source_device: &dyn Fn(usize) -> Device) -> Vec<Device> {
+    if source.num_partitions() == 0 {
+        return vec![Device::CPU; target.num_partitions()];
+    }
+    stay_by(source, target, source_device)
+}
+
+/// For each target partition, `of(i)` of the source partition `i` holding its first element
+/// (for an empty target partition: the source slab where it starts, or the last one): its
+/// device, or its rank across SPMD ranks. The source grid has at least one partition.
+pub(crate) fn stay_by<T: Copy + PartialEq>(
+    source: &Grid,
+    target: &Grid,
+    source_device: &dyn Fn(usize) -> T,
+) -> Vec<T> {
     let n = target.num_partitions();
     let m = source.num_partitions();
-    if m == 0 {
-        return vec![Device::CPU; n];
-    }
     let first = source_device(0);
     if (1..m).all(|i| source_device(i) == first) {
         return vec![first; n];

@@ -25,6 +25,7 @@
 //! | planning | [`layout`], [`plan`] | target `Layout`s (a cut and a placement); `Plan`: the box copies between two grids |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
 //! | operations | [`ops`] | repartition, gather, scatter on tensors: validate, then copy |
+//! | ranks | [`spmd`] | SPMD arrays over a `Communicator` (MPI, threads): agreed grids, exchanges between ranks |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 //!
 //! ## Glossary
@@ -59,6 +60,7 @@ pub mod ops;
 mod overlap;
 pub mod partitioned;
 pub mod plan;
+pub mod spmd;
 pub mod tensor;
 
 #[cfg(feature = "python")]

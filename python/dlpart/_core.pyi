@@ -6,7 +6,9 @@ __all__ = [
     "__version__", "ProtocolError", "DeviceError", "BackendUnavailableError", "Device", "Tensor",
     "from_dlpack", "_tensor_from_bytes", "_PartitionedArray", "_validate_dict", "split_points",
     "_plan_stats", "backend_status", "gather", "scatter", "_testing", "set_num_threads",
-    "get_num_threads", "reload_log_levels", "_note_host_devices",
+    "get_num_threads", "reload_log_levels", "_note_host_devices", "_MpiComm",
+    "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
+    "_spmd_assemble", "_spmd_fail", "_spmd_gather", "_spmd_scatter",
 ]
 
 __version__: str
@@ -149,6 +151,45 @@ class _PartitionedArray:
         self, get: Any, host: str, convert: Any = None, form: str = "draft2",
         rank: Optional[int] = None,
     ) -> dict: ...
+
+TrafficTuple = Tuple[List[int], List[int], int]
+ErrorTuple = Tuple[str, str]
+
+@final
+class _MpiComm:
+    def __new__(cls, comm: Any, host: str, cuda_aware: bool = False) -> "_MpiComm": ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+def _spmd_from_local(
+    comm: _MpiComm, parts: List[Tuple[Optional[List[int]], Tensor]], axis: Optional[int] = None,
+    shape: Optional[List[int]] = None, error: Optional[ErrorTuple] = None,
+) -> _PartitionedArray: ...
+def _spmd_with_ranks(
+    comm: _MpiComm, pa: Optional[_PartitionedArray] = None, error: Optional[ErrorTuple] = None
+) -> _PartitionedArray: ...
+def _spmd_repartition(
+    comm: _MpiComm, pa: _PartitionedArray, tiling: Optional[Sequence[int]] = None,
+    splits: Optional[Splits] = None, block_cyclic: Any = None, devices: Any = None,
+    process_grid: Optional[Sequence[int]] = None, transfer: bool = False,
+) -> Tuple[_PartitionedArray, TrafficTuple]: ...
+def _spmd_repartition_into(
+    comm: _MpiComm, pa: _PartitionedArray, out: _PartitionedArray, transfer: bool = False
+) -> TrafficTuple: ...
+def _spmd_assemble(
+    comm: _MpiComm, pa: _PartitionedArray, root: Optional[int] = None,
+    device: Optional[DeviceLike] = None, transfer: bool = False,
+) -> Optional[Tensor]: ...
+
+def _spmd_fail(comm: _MpiComm, kind: str, message: str) -> None: ...
+def _spmd_gather(
+    comm: _MpiComm, pa: _PartitionedArray, indices: Tensor, axis: int
+) -> Tuple[_PartitionedArray, TrafficTuple]: ...
+def _spmd_scatter(
+    comm: _MpiComm, pa: _PartitionedArray, values: Tensor, indices: Tensor, axis: int
+) -> None: ...
 
 class _testing:
     @staticmethod

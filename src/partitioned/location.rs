@@ -95,6 +95,11 @@ impl LocationTable {
         &self.all[a..b]
     }
 
+    /// Changes every location in place.
+    pub fn for_each_mut(&mut self, f: impl FnMut(&mut Location)) {
+        self.all.iter_mut().for_each(f);
+    }
+
     /// Gives partition `flat` the locations that `read` appends to the list it is handed,
     /// replacing any it had (those stay in the list, unused).
     pub fn set_with<E>(

@@ -318,6 +318,11 @@ impl PartitionedArray {
         self.locations.get(flat)
     }
 
+    /// Changes every location in place (e.g. to fill in the ranks of an SPMD producer's).
+    pub(crate) fn map_locations(&mut self, f: impl FnMut(&mut Location)) {
+        self.locations.for_each_mut(f);
+    }
+
     /// The partition with flat index `flat` (C order). Panics when out of range.
     pub fn at_flat(&self, flat: usize) -> Partition<'_> {
         let region = self.grid.region_at(flat);

@@ -1,7 +1,9 @@
 //! Mapping [`Error`] onto Python exceptions.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyIndexError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -25,20 +27,19 @@ create_exception!(
     "A device backend that is not compiled in or cannot be loaded here."
 );
 
-/// The Python exception for `e`.
+/// The Python exception for `e`: the class named by [`Error::kind`], so that an error raised
+/// here and the same error reported by another SPMD rank become the same class.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
-    match e {
-        Error::Buffer { .. }
-        | Error::UnsupportedDType { .. }
-        | Error::UnsupportedDevice { .. }
-        | Error::ReadOnly { .. } => PyBufferError::new_err(msg),
-        Error::Protocol { .. } | Error::ProtocolMany { .. } => ProtocolError::new_err(msg),
-        Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => DeviceError::new_err(msg),
-        Error::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
-        Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
-        Error::BackendUnavailable { .. } => BackendUnavailableError::new_err(msg),
-        Error::Shape { .. } | Error::DTypeMismatch { .. } => PyValueError::new_err(msg),
+    match e.kind() {
+        "ProtocolError" => ProtocolError::new_err(msg),
+        "DeviceError" => DeviceError::new_err(msg),
+        "BackendUnavailableError" => BackendUnavailableError::new_err(msg),
+        "BufferError" => PyBufferError::new_err(msg),
+        "IndexError" => PyIndexError::new_err(msg),
+        "ValueError" => PyValueError::new_err(msg),
+        "TypeError" => PyTypeError::new_err(msg),
+        "MemoryError" => PyMemoryError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
     }
 }

@@ -10,6 +10,7 @@ mod errors;
 mod location;
 mod ops;
 mod partitioned;
+mod spmd;
 mod tensor;
 mod testing;
 
@@ -59,6 +60,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::_tensor_from_bytes, m)?)?;
     partitioned::register(m)?;
+    spmd::register(m)?;
     ops::register(m)?;
     m.add_function(wrap_pyfunction!(reload_log_levels, m)?)?;
     install_logger(py);

@@ -37,7 +37,7 @@ pub struct PyPartitioned {
     order: Option<Vec<usize>>,
 }
 
-fn wrap(inner: PartitionedArray) -> PyPartitioned {
+pub(super) fn wrap(inner: PartitionedArray) -> PyPartitioned {
     PyPartitioned { inner, order: None }
 }
 
@@ -449,7 +449,7 @@ fn split_points(
 }
 
 /// The target layout named by the Python `repartition` arguments.
-fn layout_arg(
+pub(super) fn layout_arg(
     tiling: Option<Vec<usize>>,
     splits: Option<Vec<Vec<usize>>>,
     block_cyclic: Option<&Bound<'_, PyAny>>,

@@ -72,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default="bench-out",
                    help="directory for bench.json, bench.png and bench.txt (default bench-out/)")
     p.add_argument("--list", action="store_true", help="list the case names and exit")
+    p.add_argument("--mpi", action="store_true",
+                   help="under mpirun: row blocks -> column blocks across the ranks against MPI's "
+                        "own Alltoall of the same bytes (see dlpart/_bench/mpi.py)")
+    p.add_argument("--mpi-size", type=int, metavar="N",
+                   help="with --mpi: the N x N array (default 4096, 512 with --quick)")
 
 
 def _missing(case: Case) -> Optional[str]:
@@ -97,6 +102,11 @@ def _unimplemented(e: Exception) -> bool:
 def run(args: argparse.Namespace) -> int:
     from . import env as envmod
     from . import report
+
+    if getattr(args, "mpi", False):
+        from . import mpi
+
+        return mpi.run(args)
 
     repeat = args.repeat if args.repeat is not None else (3 if args.quick else 10)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)

@@ -1,0 +1,814 @@
+//! Repartitioning across ranks: every rank plans the same box copies from the same global
+//! grids, packs the boxes it sends into one buffer (one contiguous segment per peer) with its
+//! backend's copy kernels, exchanges them with one all-to-all-v, and unpacks what it receives
+//! straight into its target partitions. Boxes whose source and target live on the same rank
+//! are copied there and never sent. Both sides take the boxes in the plan's order, so the
+//! buffers carry no headers.
+
+use crate::backend::{backend_for, Backend, BoxCopy as Job};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::Grid;
+use crate::layout::{stay_by, Layout, Placement};
+use crate::ops;
+use crate::partitioned::{Data, Location, PartitionedArray};
+use crate::plan::{BoxCopy, Plan};
+use crate::tensor::{contiguous_strides, Tensor};
+
+use super::agree::{agree, Peers};
+use super::wire::{fingerprint, Writer};
+use super::{Communicator, Traffic};
+
+const REPARTITIONS: &str = "repartitions (source or target grids, owners or dtypes)";
+
+/// The target of a repartition across ranks: a grid, and the rank and device of each of its
+/// partitions (C order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpmdTarget {
+    /// The target grid.
+    pub grid: Grid,
+    /// The rank owning each target partition.
+    pub owners: Vec<usize>,
+    /// The device of each target partition (on its rank).
+    pub devices: Vec<Device>,
+}
+
+impl SpmdTarget {
+    /// `layout` resolved for the SPMD array `pa` over `ranks` ranks. By default (placement
+    /// `Stay`) each target partition goes to the rank, and the device, of the source partition
+    /// holding its first element; a dealt placement (block-cyclic) deals the partitions over
+    /// the ranks, rank `r` using `devices[r]`, so it needs one device per rank; `On` and `Each`
+    /// keep the default ranks and set the devices.
+    pub fn resolve(layout: &Layout, pa: &PartitionedArray, ranks: usize) -> Result<Self> {
+        let src_owners = owners(pa)?;
+        let (grid, dealt) = layout.resolve(pa.shape())?;
+        let n = grid.num_partitions();
+        let stay_owner = || stay_by(pa.grid(), &grid, &|i| src_owners[i]);
+        let (owners, devices) = match (&layout.placement, dealt) {
+            (Placement::Dealt { devices, .. }, Some(dealt)) => {
+                if devices.len() != ranks {
+                    return Err(Error::shape(
+                        format!("a placement dealt over {ranks} ranks needs one device per rank"),
+                        format!("{} devices", devices.len()),
+                    ));
+                }
+                let devs = dealt.iter().map(|&o| devices[o]).collect();
+                (dealt, devs)
+            }
+            (Placement::On(d), _) => (stay_owner(), vec![*d; n]),
+            (Placement::Each(ds), _) if ds.len() == n => (stay_owner(), ds.clone()),
+            (Placement::Each(ds), _) => {
+                return Err(Error::shape(
+                    format!("one device for each of the {n} target partitions"),
+                    format!("{} devices", ds.len()),
+                ))
+            }
+            _ => {
+                let dev = |i| pa.device_of(i).unwrap_or(Device::CPU);
+                (stay_owner(), stay_by(pa.grid(), &grid, &dev))
+            }
+        };
+        Ok(SpmdTarget {
+            grid,
+            owners,
+            devices,
+        })
+    }
+
+    fn check(&self, ranks: usize) -> Result<()> {
+        let n = self.grid.num_partitions();
+        if self.owners.len() != n || self.devices.len() != n {
+            return Err(Error::shape(
+                format!("an owner and a device for each of the {n} target partitions"),
+                format!(
+                    "{} owners, {} devices",
+                    self.owners.len(),
+                    self.devices.len()
+                ),
+            ));
+        }
+        if let Some(&r) = self.owners.iter().find(|&&r| r >= ranks) {
+            return Err(Error::shape(
+                format!("target owners among the {ranks} ranks"),
+                format!("rank {r}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The rank owning each partition of the SPMD array `pa`: the rank of its first location that
+/// has one.
+pub fn owners(pa: &PartitionedArray) -> Result<Vec<usize>> {
+    (0..pa.len())
+        .map(|flat| {
+            pa.locations(flat)
+                .iter()
+                .find_map(|l| l.rank)
+                .and_then(|r| usize::try_from(r).ok())
+                .ok_or_else(|| {
+                    Error::protocol(
+                        "location",
+                        Some(&pa.grid().position(flat)),
+                        "names no rank: not an SPMD array (make one with from_local, or read \
+                         the dict with the communicator)",
+                        None,
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The same array over `layout` across the ranks of `comm` (a collective call), with the bytes
+/// this rank moved. See [`SpmdTarget::resolve`] for where target partitions go; a target on
+/// another device than this rank's sources needs `transfer`.
+pub fn repartition(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    layout: &Layout,
+    transfer: bool,
+) -> Result<(PartitionedArray, Traffic)> {
+    let target = SpmdTarget::resolve(layout, pa, comm.size());
+    repartition_target(comm, pa, target, transfer)
+}
+
+/// [`repartition`] onto an explicit target (grid, owner ranks and devices).
+pub fn repartition_to(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    target: SpmdTarget,
+    transfer: bool,
+) -> Result<(PartitionedArray, Traffic)> {
+    repartition_target(comm, pa, Ok(target), transfer)
+}
+
+/// [`repartition_to`] with this rank's target, or the error it had making it (which every
+/// rank then returns).
+pub(crate) fn repartition_target(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    target: Result<SpmdTarget>,
+    transfer: bool,
+) -> Result<(PartitionedArray, Traffic)> {
+    let me = comm.rank();
+    let stage = target.and_then(|t| {
+        t.check(comm.size())?;
+        let dtype = dtype_of(pa)?;
+        let mine: Vec<usize> = (0..t.owners.len()).filter(|&j| t.owners[j] == me).collect();
+        let targets = match rank_device(mine.iter().map(|&j| t.devices[j]), "targets")? {
+            None => Vec::new(),
+            Some(dev) => {
+                let shapes: Vec<Vec<usize>> =
+                    mine.iter().map(|&j| t.grid.region_at(j).shape).collect();
+                let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+                backend_for(dev)?.empty_many(&refs, dtype)?
+            }
+        };
+        let mut all: Vec<Option<Tensor>> = vec![None; t.owners.len()];
+        for (j, tensor) in mine.into_iter().zip(targets) {
+            all[j] = Some(tensor);
+        }
+        Stage::new(comm, pa, &t, all, false, transfer).map(|s| (s, t))
+    });
+    let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint, REPARTITIONS)?;
+    let (targets, traffic) = stage.run(comm)?;
+    let n = target.owners.len();
+    let mut data = Vec::with_capacity(n);
+    let mut locations = Vec::with_capacity(n);
+    let mut locals = Vec::new();
+    for (j, t) in targets.into_iter().enumerate() {
+        let r = target.owners[j];
+        locations.push(vec![Location {
+            host: Some(peers.hosts[r].as_str().into()),
+            pid: Some(peers.pids[r]),
+            device: target.devices[j],
+            rank: Some(r as i64),
+        }]);
+        match t {
+            Some(t) => {
+                data.push(Data::Tensor(t));
+                locals.push(target.grid.position(j));
+            }
+            None => data.push(Data::Remote),
+        }
+    }
+    let dtype = dtype_of(pa)?;
+    let out =
+        PartitionedArray::new(target.grid, data, locations, Some(locals))?.with_dtype(dtype)?;
+    Ok((out, traffic))
+}
+
+/// Copies the SPMD array `pa` into the SPMD array `out`'s partitions (a collective call; `out`
+/// gives the target grid and owners), reusing the caller's buffers. Nothing is written on any
+/// rank unless every rank's checks pass.
+pub fn repartition_into(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    out: &PartitionedArray,
+    transfer: bool,
+) -> Result<Traffic> {
+    let me = comm.rank();
+    let stage = (|| {
+        if out.shape() != pa.shape() {
+            return Err(Error::shape(
+                format!(
+                    "repartition_into needs a target of this array's shape {}",
+                    tuple_string(pa.shape())
+                ),
+                format!("shape {}", tuple_string(out.shape())),
+            ));
+        }
+        let target = SpmdTarget {
+            grid: out.grid().clone(),
+            owners: owners(out)?,
+            devices: (0..out.len())
+                .map(|j| out.device_of(j).unwrap_or(Device::CPU))
+                .collect(),
+        };
+        let dtype = dtype_of(pa)?;
+        let mut targets: Vec<Option<Tensor>> = vec![None; out.len()];
+        for (j, slot) in targets.iter_mut().enumerate() {
+            if target.owners[j] != me {
+                continue;
+            }
+            let position = || tuple_string(&out.grid().position(j));
+            let t = out.data()[j].tensor().ok_or_else(|| {
+                Error::buffer(format!(
+                    "target partition {} is rank {me}'s but holds no data here",
+                    position()
+                ))
+            })?;
+            if t.readonly() {
+                return Err(Error::ReadOnly {
+                    what: format!("target partition {}", position()),
+                });
+            }
+            if t.dtype() != dtype {
+                return Err(Error::DTypeMismatch {
+                    found: t.dtype(),
+                    expected: dtype,
+                    of: "the source partitions".into(),
+                });
+            }
+            *slot = Some(t.clone());
+        }
+        let held: Vec<&Tensor> = targets.iter().flatten().collect();
+        if let Some((a, b)) = crate::overlap::shared_targets(&held) {
+            return Err(Error::buffer(format!(
+                "target partitions {a} and {b} of rank {me} (in the order held) share memory: \
+                 their copies would race"
+            )));
+        }
+        Stage::new(comm, pa, &target, targets, false, transfer)
+    })();
+    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
+    Ok(stage.run(comm)?.1)
+}
+
+/// The whole array as one tensor on rank `root` (`Some` there, `None` elsewhere), or on every
+/// rank when `root` is `None` (a collective call). The tensor goes to `device`, by default the
+/// device of the receiving rank's first partition (host memory for a rank without one).
+pub fn assemble(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    root: Option<usize>,
+    device: Option<Device>,
+    transfer: bool,
+) -> Result<Option<Tensor>> {
+    let me = comm.rank();
+    let stage = (|| {
+        let whole = Grid::even(pa.shape(), &vec![1; pa.ndim()])?;
+        let src_owners = owners(pa)?;
+        let first_of = |r: usize| {
+            (0..pa.len())
+                .find(|&i| src_owners[i] == r)
+                .and_then(|i| pa.device_of(i))
+                .unwrap_or(Device::CPU)
+        };
+        let owner = root.unwrap_or(me);
+        if owner >= comm.size() {
+            return Err(Error::shape(
+                format!("assemble onto one of the {} ranks", comm.size()),
+                format!("rank {owner}"),
+            ));
+        }
+        let dev = device.unwrap_or_else(|| first_of(owner));
+        let target = SpmdTarget {
+            grid: whole,
+            owners: vec![owner],
+            devices: vec![dev],
+        };
+        let out = match owner == me {
+            true => Some(backend_for(dev)?.empty(pa.shape(), dtype_of(pa)?)?),
+            false => None,
+        };
+        Stage::new(comm, pa, &target, vec![out], root.is_none(), transfer)
+    })();
+    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
+    let (mut targets, _) = stage.run(comm)?;
+    Ok(targets.pop().flatten())
+}
+
+/// The agreement before any data moves: every rank's outcome so far, all-gathered; an error on
+/// any rank (or different plans) is an error on every rank.
+pub(super) fn agreed<T>(
+    comm: &dyn Communicator,
+    stage: Result<T>,
+    print: impl Fn(&T) -> u64,
+    what: &str,
+) -> Result<(T, Peers)> {
+    let outcome = stage.as_ref().map(print);
+    let peers = agree(comm, outcome, what, "")?;
+    Ok((stage.expect("every rank succeeded"), peers))
+}
+
+pub(super) fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
+    pa.dtype().ok_or_else(|| {
+        Error::protocol(
+            "partitions",
+            None,
+            "no partition holds data or states a dtype",
+            None,
+        )
+    })
+}
+
+/// The one device this rank's `what` live on (host-accessible memory counting as the host);
+/// `None` when it has none. An exchange packs and unpacks on one device per rank.
+pub(super) fn rank_device(
+    devices: impl Iterator<Item = Device>,
+    what: &str,
+) -> Result<Option<Device>> {
+    let mut found: Option<Device> = None;
+    for d in devices {
+        let d = if d.is_host_accessible() {
+            Device::CPU
+        } else {
+            d
+        };
+        match found {
+            None => found = Some(d),
+            Some(f) if f != d => {
+                return Err(Error::UnsupportedDevice {
+                    device: format!("{f}, {d}"),
+                    op: format!(
+                        "an exchange between ranks with one rank's {what} on several devices"
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found)
+}
+
+/// A contiguous tensor of `shape` inside `buf` (contiguous, of `buf`'s dtype) at `offset`
+/// bytes, sharing its owner.
+pub(super) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
+    // SAFETY: callers lay the boxes out inside the buffer: `offset` plus the box's bytes is at
+    // most `buf.nbytes()`, so every element of the view lies inside `buf`'s memory, which
+    // `buf.owner()` keeps alive. Device addresses are only offset, never dereferenced here.
+    unsafe {
+        Tensor::from_raw_parts(
+            buf.data_ptr().wrapping_add(offset),
+            shape.to_vec(),
+            contiguous_strides(shape),
+            buf.dtype(),
+            buf.device(),
+            false,
+            buf.owner().clone(),
+        )
+    }
+}
+
+/// The bytes of a contiguous host tensor dlpart allocated (empty for `None`).
+fn host_bytes(t: Option<&Tensor>) -> &[u8] {
+    match t {
+        // SAFETY: a contiguous host tensor of `nbytes()` bytes at `data_ptr()`, allocated by
+        // this module and not written while the slice lives (the exchange only reads it).
+        Some(t) if t.nbytes() > 0 => unsafe {
+            std::slice::from_raw_parts(t.data_ptr(), t.nbytes())
+        },
+        _ => &[],
+    }
+}
+
+/// One rank's part of a collective exchange, prepared (planned, packed, allocated) before
+/// the ranks agree to go on.
+struct Stage {
+    device: Option<Device>,
+    itemsize: usize,
+    sources: Vec<Option<Tensor>>,
+    targets: Vec<Option<Tensor>>,
+    local: Vec<BoxCopy>,
+    /// Per peer: the boxes received from it, in the order it packs them.
+    recvs: Vec<Vec<BoxCopy>>,
+    send: Option<Tensor>,
+    send_counts: Vec<usize>,
+    send_displs: Vec<usize>,
+    recv_counts: Vec<usize>,
+    recv_displs: Vec<usize>,
+    /// Whether the peers' boxes are received straight into this rank's one target.
+    recv_in_place: bool,
+    fingerprint: u64,
+    traffic: Traffic,
+}
+
+impl Stage {
+    /// Plans the copies from `pa` to `target` (this rank's target partitions in `targets`;
+    /// every rank wants the one target partition when `replicated`), checks devices, and packs
+    /// what this rank sends.
+    fn new(
+        comm: &dyn Communicator,
+        pa: &PartitionedArray,
+        target: &SpmdTarget,
+        targets: Vec<Option<Tensor>>,
+        replicated: bool,
+        transfer: bool,
+    ) -> Result<Self> {
+        let (me, size) = (comm.rank(), comm.size());
+        let src_owners = owners(pa)?;
+        let dtype = dtype_of(pa)?;
+        let itemsize = dtype.itemsize();
+        let mut sources: Vec<Option<Tensor>> = vec![None; pa.len()];
+        for (i, slot) in sources.iter_mut().enumerate() {
+            if src_owners[i] == me {
+                let t = pa.data()[i].tensor().ok_or_else(|| {
+                    Error::buffer(format!(
+                        "partition {} is rank {me}'s but holds no data here",
+                        tuple_string(&pa.grid().position(i))
+                    ))
+                })?;
+                *slot = Some(t.clone());
+            }
+        }
+        let src_dev = rank_device(sources.iter().flatten().map(Tensor::device), "sources")?;
+        let dst_dev = rank_device(targets.iter().flatten().map(Tensor::device), "targets")?;
+        let device = match (src_dev, dst_dev) {
+            (Some(s), Some(d)) if s != d => {
+                if !transfer {
+                    return Err(Error::DeviceMismatch {
+                        op: "repartition".into(),
+                        devices: format!("{s} -> {d}"),
+                        reason: format!(
+                            "rank {me}'s partitions would move to another device; pass                              transfer=True"
+                        ),
+                    });
+                }
+                for t in sources.iter_mut().flatten() {
+                    *t = ops::to_device(t, d)?;
+                }
+                Some(d)
+            }
+            (s, d) => d.or(s),
+        };
+        // Sources sharing memory with a target (repartition_into) are copied aside first.
+        let held: Vec<&Tensor> = targets.iter().flatten().collect();
+        let srcs: Vec<&Tensor> = sources.iter().flatten().collect();
+        let shared = crate::overlap::sources_sharing(&srcs, &held);
+        for (t, shared) in sources.iter_mut().flatten().zip(shared) {
+            if shared {
+                *t = ops::to_device(t, t.device())?;
+            }
+        }
+        let plan = Plan::new(pa.grid(), &target.grid)?;
+        let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
+        let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];
+        let mut local = Vec::new();
+        for op in plan.ops() {
+            let s = src_owners[op.src];
+            let d = if replicated {
+                me
+            } else {
+                target.owners[op.dst]
+            };
+            match (s == me, d == me) {
+                (true, true) if replicated => {
+                    local.push(op.clone());
+                    segments[0].push(op);
+                }
+                (true, true) => local.push(op),
+                (true, false) => segments[d].push(op),
+                (false, true) => recvs[s].push(op),
+                (false, false) => {}
+            }
+        }
+        let bytes = |ops: &[BoxCopy]| ops.iter().map(BoxCopy::numel).sum::<usize>() * itemsize;
+        let seg_bytes: Vec<usize> = segments.iter().map(|s| bytes(s)).collect();
+        let seg_start: Vec<usize> = prefix(&seg_bytes);
+        let segment_of = |p: usize| if replicated { 0 } else { p };
+        let (mut send_counts, mut send_displs) = (vec![0; size], vec![0; size]);
+        for p in (0..size).filter(|&p| p != me) {
+            send_counts[p] = seg_bytes[segment_of(p)];
+            send_displs[p] = seg_start[segment_of(p)];
+        }
+        let recv_counts: Vec<usize> = recvs.iter().map(|r| bytes(r)).collect();
+        let mut recv_displs = prefix(&recv_counts);
+        // MPI reads and writes this rank's own tensors in place where every box of a peer is
+        // one contiguous range of one tensor: that saves the pack or the unpack copy, which
+        // costs as much as MPI's own copy (rows -> columns receives in place).
+        let direct = device.is_none_or(|d| d.is_host_accessible() || comm.accepts_device(d));
+        let only = |ts: &[Option<Tensor>]| match ts.iter().flatten().count() {
+            1 if direct => ts.iter().flatten().next().cloned(),
+            _ => None,
+        };
+        let send_place = only(&sources).and_then(|t| {
+            let at = in_place(&t, &segments, |op| &op.src_start, itemsize)?;
+            Some((t, at))
+        });
+        let recv_in_place = only(&targets)
+            .and_then(|t| in_place(&t, &recvs, |op| &op.dst_start, itemsize))
+            .map(|at| {
+                for (p, a) in at.into_iter().enumerate() {
+                    if recv_counts[p] > 0 {
+                        recv_displs[p] = a;
+                    }
+                }
+            })
+            .is_some();
+        let total: usize = seg_bytes.iter().sum();
+        let send = match (total, device, send_place) {
+            (0, _, _) | (_, None, _) => None,
+            (_, _, Some((t, at))) => {
+                for p in (0..size).filter(|&p| p != me && send_counts[p] > 0) {
+                    send_displs[p] = at[segment_of(p)];
+                }
+                Some(t)
+            }
+            (_, Some(dev), None) => {
+                let backend = backend_for(dev)?;
+                let buf = backend.empty(&[total / itemsize], dtype)?;
+                pack(&*backend, &buf, &segments, &sources, itemsize)?;
+                Some(buf)
+            }
+        };
+        let mut w = Writer::default();
+        w.u8(u8::from(replicated)).str(dtype.name());
+        for grid in [pa.grid(), &target.grid] {
+            for s in grid.splits() {
+                w.usizes(s);
+            }
+        }
+        w.usizes(&src_owners);
+        if !replicated {
+            // Replicated targets are every rank's own: their owners differ by design.
+            w.usizes(&target.owners);
+        }
+        let local_bytes = bytes(&local) as u64;
+        let mut sent: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
+        if replicated && size == 1 {
+            sent = vec![0];
+        }
+        Ok(Stage {
+            device,
+            itemsize,
+            sources,
+            targets,
+            local,
+            recvs,
+            send,
+            send_counts,
+            send_displs,
+            recv_counts: recv_counts.clone(),
+            recv_displs,
+            recv_in_place,
+            fingerprint: fingerprint(&w.0),
+            traffic: Traffic {
+                sent,
+                received: recv_counts.iter().map(|&c| c as u64).collect(),
+                local: local_bytes,
+            },
+        })
+    }
+
+    /// Exchanges the packed boxes (every rank calls this, with or without bytes to move) and
+    /// writes the local and received boxes into the targets.
+    fn run(self, comm: &dyn Communicator) -> Result<(Vec<Option<Tensor>>, Traffic)> {
+        let total: usize = self.recv_counts.iter().sum();
+        let dev = self.device.unwrap_or(Device::CPU);
+        let dtype = self
+            .targets
+            .iter()
+            .flatten()
+            .chain(self.sources.iter().flatten())
+            .next()
+            .map_or(DType::UInt8, Tensor::dtype);
+        let segments = Segments {
+            send: self.send.as_ref(),
+            send_counts: &self.send_counts,
+            send_displs: &self.send_displs,
+            recv_counts: &self.recv_counts,
+            recv_displs: &self.recv_displs,
+        };
+        let into = match self.recv_in_place {
+            true => self.targets.iter().flatten().next().cloned(),
+            false => None,
+        };
+        let recv = segments.exchange(comm, dev, dtype, self.itemsize, total, into)?;
+        let dst: Vec<&Tensor> = self.targets.iter().flatten().collect();
+        if !dst.is_empty() {
+            let views = match self.recv_in_place {
+                true => Vec::new(),
+                false => self.recv_views(recv.as_ref()),
+            };
+            let mut jobs: Vec<Job<'_>> = Vec::with_capacity(self.local.len() + views.len());
+            let target = |j: usize| self.targets[j].as_ref().expect("a target of this rank");
+            for op in &self.local {
+                let src = self.sources[op.src]
+                    .as_ref()
+                    .expect("a source of this rank");
+                jobs.push(Job {
+                    src,
+                    src_start: op.src_start.clone(),
+                    dst: target(op.dst),
+                    dst_start: op.dst_start.clone(),
+                    shape: op.shape.clone(),
+                });
+            }
+            for (view, op) in &views {
+                jobs.push(Job {
+                    src: view,
+                    src_start: vec![0; op.shape.len()],
+                    dst: target(op.dst),
+                    dst_start: op.dst_start.clone(),
+                    shape: op.shape.clone(),
+                });
+            }
+            let backend = backend_for(dev)?;
+            // SAFETY: the planner's target boxes are disjoint; the targets were allocated
+            // here or checked disjoint (repartition_into), sources sharing memory with them
+            // were copied aside, and the received bytes are a buffer of our own.
+            unsafe { backend.copy_boxes_unchecked(&jobs)? };
+            backend.synchronize()?;
+        }
+        Ok((self.targets, self.traffic))
+    }
+
+    /// Each received box as a view of `recv`, with its copy, in the order the peers packed them.
+    fn recv_views<'a>(&'a self, recv: Option<&Tensor>) -> Vec<(Tensor, &'a BoxCopy)> {
+        let Some(recv) = recv else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (p, ops) in self.recvs.iter().enumerate() {
+            let mut at = self.recv_displs[p];
+            for op in ops {
+                out.push((box_view(recv, at, &op.shape), op));
+                at += op.numel() * self.itemsize;
+            }
+        }
+        out
+    }
+}
+
+/// For each list of boxes (a peer's), the byte offset in `t` of its one box when that box is a
+/// contiguous range of `t`'s memory (C order); `None` unless every non-empty list is such.
+fn in_place(
+    t: &Tensor,
+    lists: &[Vec<BoxCopy>],
+    start: impl Fn(&BoxCopy) -> &Vec<usize>,
+    itemsize: usize,
+) -> Option<Vec<usize>> {
+    if !t.is_contiguous() {
+        return None;
+    }
+    lists
+        .iter()
+        .map(|ops| match ops.as_slice() {
+            [] => Some(0),
+            [op] => {
+                let full = t.shape();
+                let first = op.shape.iter().position(|&e| e > 1).unwrap_or(full.len());
+                if (first + 1..full.len()).any(|a| op.shape[a] != full[a]) {
+                    return None;
+                }
+                let at: isize = start(op)
+                    .iter()
+                    .zip(t.strides())
+                    .map(|(&s, &st)| s as isize * st)
+                    .sum();
+                usize::try_from(at).ok().map(|e| e * itemsize)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// One rank's side of an all-to-all-v: what it sends (one buffer, a segment per peer) and
+/// where each peer's bytes go in what it receives (byte counts and displacements).
+pub(super) struct Segments<'a> {
+    pub send: Option<&'a Tensor>,
+    pub send_counts: &'a [usize],
+    pub send_displs: &'a [usize],
+    pub recv_counts: &'a [usize],
+    pub recv_displs: &'a [usize],
+}
+
+impl Segments<'_> {
+    /// Exchanges the segments (every rank calls this, with or without bytes to move) and
+    /// returns what arrived: in `into` (this rank's own contiguous tensor, written in place)
+    /// when given, else in a new buffer of `total` bytes of `dtype` on `dev`; `None` when
+    /// nothing arrives. Device memory goes to MPI directly when the communicator takes it,
+    /// else through host memory.
+    pub fn exchange(
+        &self,
+        comm: &dyn Communicator,
+        dev: Device,
+        dtype: DType,
+        itemsize: usize,
+        total: usize,
+        into: Option<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let direct = dev.is_host_accessible() || comm.accepts_device(dev);
+        let recv = match total {
+            0 => None,
+            _ if into.is_some() => into,
+            n if direct => Some(backend_for(dev)?.empty(&[n / itemsize], dtype)?),
+            n => Some(backend_for(Device::CPU)?.empty(&[n / itemsize], dtype)?),
+        };
+        if dev.is_host_accessible() || !comm.accepts_device(dev) {
+            // Host memory, or device memory staged through the host for an MPI that does not
+            // take device pointers.
+            let send = match self.send {
+                Some(t) if !dev.is_host_accessible() => Some(ops::to_device(t, Device::CPU)?),
+                other => other.cloned(),
+            };
+            let recv_bytes: &mut [u8] = match &recv {
+                // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
+                // allocated here, or this rank's own target (writable, checked disjoint from
+                // every source), which nothing else reads or writes while the slice lives.
+                Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
+                None => &mut [],
+            };
+            comm.all_to_all_v(
+                host_bytes(send.as_ref()),
+                self.send_counts,
+                self.send_displs,
+                recv_bytes,
+                self.recv_counts,
+                self.recv_displs,
+            )?;
+        } else {
+            let empty = backend_for(dev)?.empty(&[0], DType::UInt8)?;
+            comm.all_to_all_v_device(
+                self.send.unwrap_or(&empty),
+                self.send_counts,
+                self.send_displs,
+                recv.as_ref().unwrap_or(&empty),
+                self.recv_counts,
+                self.recv_displs,
+            )?;
+        }
+        Ok(match recv {
+            Some(t) if t.device() != dev && !dev.is_host_accessible() => {
+                Some(ops::to_device(&t, dev)?)
+            }
+            other => other,
+        })
+    }
+}
+
+pub(super) fn prefix(counts: &[usize]) -> Vec<usize> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let start = at;
+            at += c;
+            start
+        })
+        .collect()
+}
+
+/// Packs every segment's boxes, one after the other, into `buf`.
+fn pack(
+    backend: &dyn Backend,
+    buf: &Tensor,
+    segments: &[Vec<BoxCopy>],
+    sources: &[Option<Tensor>],
+    itemsize: usize,
+) -> Result<()> {
+    let mut views = Vec::new();
+    let mut at = 0;
+    for op in segments.iter().flatten() {
+        views.push(box_view(buf, at, &op.shape));
+        at += op.numel() * itemsize;
+    }
+    let jobs: Vec<Job<'_>> = segments
+        .iter()
+        .flatten()
+        .zip(&views)
+        .map(|(op, view)| Job {
+            src: sources[op.src].as_ref().expect("a source of this rank"),
+            src_start: op.src_start.clone(),
+            dst: view,
+            dst_start: vec![0; op.shape.len()],
+            shape: op.shape.clone(),
+        })
+        .collect();
+    // SAFETY: each box has a byte range of its own in `buf`, which was just allocated and so
+    // shares no memory with any source.
+    unsafe { backend.copy_boxes_unchecked(&jobs)? };
+    backend.synchronize()
+}

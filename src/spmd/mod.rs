@@ -1,0 +1,113 @@
+//! SPMD partitioned arrays: one process per rank (MPI's model), each holding its own
+//! partitions of one global array, and the collective operations between the ranks.
+//!
+//! The ranks talk through a [`Communicator`]: `dlpart.mpi` implements it over an mpi4py
+//! communicator, [`ThreadComm`] over threads of one process (for tests and examples). Every
+//! rank calls the same collective functions in the same order with the same global arguments:
+//! - [`from_local`]: each rank's own partitions and their global offsets, agreed into one
+//!   global grid by one all-gather of metadata ([`local`]).
+//! - [`repartition`], [`repartition_into`], [`assemble`]: the planner's box copies between
+//!   ranks, packed into one buffer per peer with the backend kernels, exchanged by one
+//!   all-to-all-v, unpacked into the new local partitions; boxes that stay on a rank are
+//!   copied locally and never sent ([`exchange`]).
+//! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
+//!   index served by the rank holding it.
+//!
+//! Collective safety: a rank that fails before a collective still takes part in it, with its
+//! error as payload, and every rank then returns the same [`Error::Collective`] (or the same
+//! validation error, computed from the same gathered metadata), so no rank waits forever.
+
+mod agree;
+mod exchange;
+mod local;
+mod take;
+mod thread;
+mod wire;
+
+pub use agree::fail_together;
+#[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
+pub(crate) use exchange::repartition_target;
+pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
+pub use local::{from_local, from_stacked, with_ranks, LocalParts};
+pub use take::{gather, scatter};
+pub use thread::ThreadComm;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// What the ranks of an SPMD program need from their transport: collective calls that every
+/// rank makes in the same order. Implementations move bytes only; dlpart plans, packs and
+/// checks.
+pub trait Communicator: Sync {
+    /// This rank, in `0..size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn size(&self) -> usize;
+
+    /// The address other ranks reach this one by (a draft-2 location's host).
+    fn host(&self) -> String {
+        "127.0.0.1".into()
+    }
+
+    /// Every rank's `bytes`, indexed by rank (this rank's own included).
+    fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
+
+    /// Sends `send[send_displs[p]..][..send_counts[p]]` to each rank `p` and receives rank
+    /// `p`'s bytes for this rank into `recv[recv_displs[p]..][..recv_counts[p]]` (MPI's
+    /// `Alltoallv` over bytes). Send ranges may overlap (the same bytes to several ranks);
+    /// receive ranges do not.
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()>;
+
+    /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware
+    /// MPI); otherwise device buffers are staged through host memory.
+    fn accepts_device(&self, device: Device) -> bool {
+        let _ = device;
+        false
+    }
+
+    /// [`Communicator::all_to_all_v`] between the memory of two contiguous tensors on a
+    /// device for which [`Communicator::accepts_device`] is true (counts and displacements in
+    /// bytes).
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_v_device(
+        &self,
+        send: &Tensor,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &Tensor,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let _ = (send_counts, send_displs, recv, recv_counts, recv_displs);
+        Err(Error::UnsupportedDevice {
+            device: send.device().to_string(),
+            op: "exchange of device buffers by this communicator".into(),
+        })
+    }
+}
+
+/// The bytes one collective operation moved on this rank: sent to and received from each
+/// rank (this rank's own entries stay 0), and copied locally without communication.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes sent to each rank.
+    pub sent: Vec<u64>,
+    /// Bytes received from each rank.
+    pub received: Vec<u64>,
+    /// Bytes copied between this rank's own partitions.
+    pub local: u64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,362 @@
+//! Gather and scatter with global indices across ranks: each index is served by the rank that
+//! owns it. Every rank passes the same indices (and, for scatter, the same values); the ranks
+//! agree on them before anything is written.
+
+use crate::backend::backend_for;
+use crate::device::Device;
+use crate::error::{tuple_string, Error, Result};
+use crate::grid::Grid;
+use crate::ops;
+use crate::partitioned::{Data, Location, PartitionedArray};
+use crate::tensor::Tensor;
+
+use super::exchange::{agreed, box_view, dtype_of, owners, prefix, rank_device, Segments};
+use super::wire::{fingerprint, Writer};
+use super::{Communicator, Traffic};
+
+/// The indices along an axis grouped by the source slab holding them.
+struct Slabs {
+    /// Per slab: the positions `k` in the index list whose index falls in the slab.
+    at: Vec<Vec<i64>>,
+    /// Per slab: those indices relative to the slab's start.
+    local: Vec<Vec<i64>>,
+}
+
+impl Slabs {
+    fn new(grid: &Grid, axis: usize, idx: &[i64]) -> Self {
+        let splits = &grid.splits()[axis];
+        let n = splits.len() - 1;
+        let (mut at, mut local) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+        for (k, &i) in idx.iter().enumerate() {
+            let s = splits.partition_point(|&b| b <= i as usize) - 1;
+            at[s].push(k as i64);
+            local[s].push(i - splits[s] as i64);
+        }
+        Slabs { at, local }
+    }
+
+    fn serving(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.at.len()).filter(|&s| !self.at[s].is_empty())
+    }
+}
+
+fn index_tensor(v: &[i64]) -> Result<Tensor> {
+    Tensor::from_slice(v, &[v.len()])
+}
+
+/// The indices (any integer dtype, host memory) read once, normalised to `[0, len)`, and a
+/// writer holding what the ranks must agree on.
+fn read_indices(indices: &Tensor, axis: usize, pa: &PartitionedArray) -> Result<Vec<i64>> {
+    if axis >= pa.ndim() {
+        return Err(Error::shape(
+            format!("axis {axis} is out of range for a {}-d array", pa.ndim()),
+            format!("shape {}", tuple_string(pa.shape())),
+        ));
+    }
+    let owned = ops::to_device(indices, Device::CPU)?;
+    let idx = ops::normalise_indices(&owned, axis, pa.shape()[axis])?;
+    Ok(idx.as_array::<i64>()?.iter().copied().collect())
+}
+
+fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &[i64]) -> Writer {
+    let mut w = Writer::default();
+    w.usize(axis).usizes(src_owners);
+    for s in pa.grid().splits() {
+        w.usizes(s);
+    }
+    w.usize(idx.len());
+    for &i in idx {
+        w.u64(i as u64);
+    }
+    w
+}
+
+/// `numpy.take(pa, indices, axis)` across the ranks (a collective call; every rank passes the
+/// same indices): each index is served by the rank holding it, and the picked slabs travel in
+/// one all-to-all-v. The result keeps `pa`'s split points on the other axes and has one slab
+/// along `axis`; each of its partitions goes to the rank (and device) of the source partition
+/// holding its first element. An index out of range is an error on every rank, before
+/// anything moves.
+pub fn gather(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    indices: &Tensor,
+    axis: usize,
+) -> Result<(PartitionedArray, Traffic)> {
+    let (me, size) = (comm.rank(), comm.size());
+    let stage = (|| {
+        let idx = read_indices(indices, axis, pa)?;
+        let src_owners = owners(pa)?;
+        let dtype = dtype_of(pa)?;
+        let item = dtype.itemsize();
+        let slabs = Slabs::new(pa.grid(), axis, &idx);
+        let mut splits = pa.grid().splits().to_vec();
+        splits[axis] = vec![0, idx.len()];
+        let mut shape = pa.shape().to_vec();
+        shape[axis] = idx.len();
+        let grid = Grid::from_splits(&shape, splits)?;
+        let first = idx.first().map_or(0, |&i| {
+            pa.grid().splits()[axis].partition_point(|&b| b <= i as usize) - 1
+        });
+        let source = |j: usize, s: usize| {
+            let mut pos = grid.position(j);
+            pos[axis] = s;
+            pa.grid().flat_index(&pos).expect("a source position")
+        };
+        let n = grid.num_partitions();
+        let out_owner: Vec<usize> = (0..n).map(|j| src_owners[source(j, first)]).collect();
+        let out_dev: Vec<Device> = (0..n)
+            .map(|j| pa.device_of(source(j, first)).unwrap_or(Device::CPU))
+            .collect();
+        let mine: Vec<usize> = (0..n).filter(|&j| out_owner[j] == me).collect();
+        let src_mine = (0..pa.len()).filter(|&i| src_owners[i] == me);
+        let dev = rank_device(
+            src_mine
+                .map(|i| pa.device_of(i).unwrap_or(Device::CPU))
+                .chain(mine.iter().map(|&j| out_dev[j])),
+            "partitions",
+        )?
+        .unwrap_or(Device::CPU);
+        let mut outs: Vec<Option<Tensor>> = vec![None; n];
+        for &j in &mine {
+            outs[j] = Some(backend_for(dev)?.empty(&grid.region_at(j).shape, dtype)?);
+        }
+        // Contributions (output partition, slab) in (j, s) order, by sender and receiver.
+        let piece = |j: usize, s: usize| {
+            let mut shp = grid.region_at(j).shape;
+            shp[axis] = slabs.at[s].len();
+            shp
+        };
+        let (mut sends, mut recvs, mut local) =
+            (vec![Vec::new(); size], vec![Vec::new(); size], Vec::new());
+        for j in 0..n {
+            for s in slabs.serving() {
+                let (r, d) = (src_owners[source(j, s)], out_owner[j]);
+                match (r == me, d == me) {
+                    (true, true) => local.push((j, s)),
+                    (true, false) => sends[d].push((j, s)),
+                    (false, true) => recvs[r].push((j, s)),
+                    (false, false) => {}
+                }
+            }
+        }
+        let bytes = |list: &[(usize, usize)]| -> usize {
+            list.iter()
+                .map(|&(j, s)| piece(j, s).iter().product::<usize>() * item)
+                .sum()
+        };
+        let send_counts: Vec<usize> = sends.iter().map(|l| bytes(l)).collect();
+        let recv_counts: Vec<usize> = recvs.iter().map(|l| bytes(l)).collect();
+        let total: usize = send_counts.iter().sum();
+        let send = match total {
+            0 => None,
+            _ => {
+                let buf = backend_for(dev)?.empty(&[total / item], dtype)?;
+                let mut at = 0;
+                for &(j, s) in sends.iter().flatten() {
+                    let shp = piece(j, s);
+                    let view = box_view(&buf, at, &shp);
+                    let part = pa.data()[source(j, s)].tensor().ok_or_else(|| {
+                        Error::buffer(format!("partition {} holds no data here", source(j, s)))
+                    })?;
+                    let part = on_device(part, dev)?;
+                    ops::gather(&part, &index_tensor(&slabs.local[s])?, axis, Some(&view))?;
+                    at += view.nbytes();
+                }
+                Some(buf)
+            }
+        };
+        let fp = fingerprint(&print(pa, &src_owners, axis, &idx).0);
+        Ok(Prepared {
+            grid,
+            out_owner,
+            out_dev,
+            outs,
+            slabs,
+            sends_displs: prefix(&send_counts),
+            send_counts,
+            recv_displs: prefix(&recv_counts),
+            recv_counts,
+            recvs,
+            local,
+            send,
+            dev,
+            fp,
+        })
+    })();
+    let (p, peers) = agreed(comm, stage, |p| p.fp, "gathers (indices, axes or grids)")?;
+    let source = |j: usize, s: usize| {
+        let mut pos = p.grid.position(j);
+        pos[axis] = s;
+        pa.grid().flat_index(&pos).expect("a source position")
+    };
+    let dtype = dtype_of(pa)?;
+    let item = dtype.itemsize();
+    let segments = Segments {
+        send: p.send.as_ref(),
+        send_counts: &p.send_counts,
+        send_displs: &p.sends_displs,
+        recv_counts: &p.recv_counts,
+        recv_displs: &p.recv_displs,
+    };
+    let total: usize = p.recv_counts.iter().sum();
+    let recv = segments.exchange(comm, p.dev, dtype, item, total, None)?;
+    let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
+    for &(j, s) in &p.local {
+        let part = pa.data()[source(j, s)]
+            .tensor()
+            .expect("checked when packing");
+        let part = on_device(part, p.dev)?;
+        let picked = ops::gather(&part, &index_tensor(&p.slabs.local[s])?, axis, None)?;
+        ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
+    }
+    if let Some(recv) = &recv {
+        for (peer, list) in p.recvs.iter().enumerate() {
+            let mut at = p.recv_displs[peer];
+            for &(j, s) in list {
+                let mut shp = p.grid.region_at(j).shape;
+                shp[axis] = p.slabs.at[s].len();
+                let view = box_view(recv, at, &shp);
+                ops::scatter(&view, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
+                at += view.nbytes();
+            }
+        }
+    }
+    let n = p.grid.num_partitions();
+    let (mut data, mut locations, mut locals) = (Vec::new(), Vec::new(), Vec::new());
+    for (j, out) in p.outs.into_iter().enumerate().take(n) {
+        let r = p.out_owner[j];
+        locations.push(vec![Location {
+            host: Some(peers.hosts[r].as_str().into()),
+            pid: Some(peers.pids[r]),
+            device: p.out_dev[j],
+            rank: Some(r as i64),
+        }]);
+        match out {
+            Some(t) => {
+                locals.push(p.grid.position(j));
+                data.push(Data::Tensor(t));
+            }
+            None => data.push(Data::Remote),
+        }
+    }
+    let traffic = Traffic {
+        sent: p.send_counts.iter().map(|&c| c as u64).collect(),
+        received: p.recv_counts.iter().map(|&c| c as u64).collect(),
+        local: p
+            .local
+            .iter()
+            .map(|&(j, s)| {
+                let mut shp = p.grid.region_at(j).shape;
+                shp[axis] = p.slabs.at[s].len();
+                (shp.iter().product::<usize>() * item) as u64
+            })
+            .sum(),
+    };
+    let out = PartitionedArray::new(p.grid, data, locations, Some(locals))?.with_dtype(dtype)?;
+    Ok((out, traffic))
+}
+
+struct Prepared {
+    grid: Grid,
+    out_owner: Vec<usize>,
+    out_dev: Vec<Device>,
+    outs: Vec<Option<Tensor>>,
+    slabs: Slabs,
+    send_counts: Vec<usize>,
+    sends_displs: Vec<usize>,
+    recv_counts: Vec<usize>,
+    recv_displs: Vec<usize>,
+    recvs: Vec<Vec<(usize, usize)>>,
+    local: Vec<(usize, usize)>,
+    send: Option<Tensor>,
+    dev: Device,
+    fp: u64,
+}
+
+/// `t` on `dev`: itself when it is there (host memory counting as the host).
+fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
+    let here = t.device();
+    if here == dev || (here.is_host_accessible() && dev.is_host_accessible()) {
+        Ok(t.clone())
+    } else {
+        Err(Error::DeviceMismatch {
+            op: "gather".into(),
+            devices: format!("{here} -> {dev}"),
+            reason: "a rank's partitions must live on one device".into(),
+        })
+    }
+}
+
+/// `pa[.., indices[k], ..] = values[.., k, ..]` along `axis` across the ranks (a collective
+/// call; every rank passes the same indices and the same `values`, held whole on every rank):
+/// each rank writes the indices that fall in its own partitions, so nothing travels. Checked
+/// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
+/// anywhere.
+pub fn scatter(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    values: &Tensor,
+    indices: &Tensor,
+    axis: usize,
+) -> Result<()> {
+    let me = comm.rank();
+    let stage = (|| {
+        let idx = read_indices(indices, axis, pa)?;
+        let src_owners = owners(pa)?;
+        let dtype = dtype_of(pa)?;
+        let mut want = pa.shape().to_vec();
+        want[axis] = idx.len();
+        if values.shape() != want.as_slice() || values.dtype() != dtype {
+            return Err(Error::shape(
+                format!(
+                    "scatter values of shape {} and dtype {dtype}",
+                    tuple_string(&want)
+                ),
+                format!("{values:?}"),
+            ));
+        }
+        let slabs = Slabs::new(pa.grid(), axis, &idx);
+        let mut writes = Vec::new();
+        for f in (0..pa.len()).filter(|&f| src_owners[f] == me) {
+            let s = pa.grid().position(f)[axis];
+            if slabs.at[s].is_empty() {
+                continue;
+            }
+            let t = pa.data()[f].tensor().ok_or_else(|| {
+                Error::buffer(format!(
+                    "partition {f} is rank {me}'s but holds no data here"
+                ))
+            })?;
+            if t.readonly() {
+                return Err(Error::ReadOnly {
+                    what: format!("partition {}", tuple_string(&pa.grid().position(f))),
+                });
+            }
+            if t.device() != values.device() {
+                return Err(Error::DeviceMismatch {
+                    op: "scatter".into(),
+                    devices: format!("{} -> {}", values.device(), t.device()),
+                    reason: "values must be on each rank's device".into(),
+                });
+            }
+            writes.push((f, s));
+        }
+        let mut w = print(pa, &src_owners, axis, &idx);
+        w.usizes(values.shape()).str(values.dtype().name());
+        Ok((writes, slabs, fingerprint(&w.0)))
+    })();
+    let ((writes, slabs, _), _) =
+        agreed(comm, stage, |s| s.2, "scatters (indices, values or grids)")?;
+    for (f, s) in writes {
+        let t = pa.data()[f].tensor().expect("checked");
+        let r = pa.grid().region_at(f);
+        let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
+        start[axis] = 0;
+        shape[axis] = values.shape()[axis];
+        let rows = values.view(&start, &shape)?;
+        let picked = ops::gather(&rows, &index_tensor(&slabs.at[s])?, axis, None)?;
+        ops::scatter(&picked, &index_tensor(&slabs.local[s])?, t, axis)?;
+    }
+    Ok(())
+}

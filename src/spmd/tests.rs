@@ -1,0 +1,520 @@
+//! The SPMD logic on threads: every test runs its ranks through [`ThreadComm::run`] and checks
+//! each rank's result against an ndarray reference built independently of the planner.
+
+use ndarray::{ArrayD, IxDyn, SliceInfoElem};
+
+use super::*;
+use crate::device::Device;
+use crate::grid::Grid;
+use crate::layout::Layout;
+use crate::partitioned::{Data, PartitionedArray};
+use crate::tensor::Tensor;
+
+/// A small deterministic generator (xorshift), seeded per case so every rank draws the same.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn reference(shape: &[usize]) -> ArrayD<f32> {
+    let mut k = 0.0f32;
+    ArrayD::from_shape_fn(IxDyn(shape), |_| {
+        k += 1.0;
+        k
+    })
+}
+
+fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
+    let info: Vec<SliceInfoElem> = start
+        .iter()
+        .zip(shape)
+        .map(|(&s, &n)| (s..s + n).into())
+        .collect();
+    a.slice(info.as_slice()).to_owned()
+}
+
+/// Random split points of `len` into `parts` slabs (some possibly empty).
+fn random_splits(rng: &mut Rng, len: usize, parts: usize) -> Vec<usize> {
+    let mut cuts: Vec<usize> = (1..parts).map(|_| rng.below(len + 1)).collect();
+    cuts.sort_unstable();
+    let mut s = vec![0];
+    s.extend(cuts);
+    s.push(len);
+    s
+}
+
+/// A random source grid over `shape` (uneven, no empty slab: empty partitions at one offset
+/// would share a slab in the placed form) and a random rank for each partition.
+fn random_source(rng: &mut Rng, shape: &[usize], ranks: usize) -> (Grid, Vec<usize>) {
+    let splits = shape
+        .iter()
+        .map(|&n| {
+            let parts = 1 + rng.below(4);
+            let mut s = random_splits(rng, n, parts);
+            s.dedup();
+            s
+        })
+        .collect();
+    let grid = Grid::from_splits(shape, splits).unwrap();
+    // Rank 1 gets nothing when there are more than two ranks.
+    let owners = (0..grid.num_partitions())
+        .map(|_| match rng.below(ranks) {
+            1 if ranks > 2 => 0,
+            r => r,
+        })
+        .collect();
+    (grid, owners)
+}
+
+fn local_parts(a: &ArrayD<f32>, grid: &Grid, owners: &[usize], me: usize) -> LocalParts {
+    LocalParts::Placed(
+        (0..grid.num_partitions())
+            .filter(|&f| owners[f] == me)
+            .map(|f| {
+                let r = grid.region_at(f);
+                (r.start.clone(), Tensor::from(block(a, &r.start, &r.shape)))
+            })
+            .collect(),
+    )
+}
+
+fn assembled(comm: &ThreadComm, pa: &PartitionedArray) -> Option<ArrayD<f32>> {
+    assemble(comm, pa, Some(0), None, false)
+        .unwrap()
+        .map(|t| t.to_array::<f32>().unwrap())
+}
+
+#[test]
+fn from_local_agrees_on_one_grid_on_every_rank() {
+    let a = reference(&[7, 5]);
+    // Rank 0: two boxes, rank 1: none, rank 2: two boxes. Rows [0, 3) [3, 7), cols [0, 2) [2, 5).
+    let boxes = [
+        (0, [0, 0], [3, 2]),
+        (2, [0, 2], [3, 3]),
+        (2, [3, 0], [4, 2]),
+        (0, [3, 2], [4, 3]),
+    ];
+    let out = ThreadComm::run(3, |comm| {
+        let mine = boxes
+            .iter()
+            .filter(|b| b.0 == comm.rank())
+            .map(|(_, s, n)| (s.to_vec(), Tensor::from(block(&a, s, n))))
+            .collect();
+        from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap()
+    });
+    for (rank, pa) in out.iter().enumerate() {
+        assert_eq!(pa.grid().splits(), &[vec![0, 3, 7], vec![0, 2, 5]]);
+        let ranks: Vec<usize> = owners(pa).unwrap();
+        assert_eq!(ranks, vec![0, 2, 2, 0]);
+        let expect_locals: Vec<Vec<usize>> = match rank {
+            0 => vec![vec![0, 0], vec![1, 1]],
+            1 => vec![],
+            _ => vec![vec![0, 1], vec![1, 0]],
+        };
+        assert_eq!(pa.locals().unwrap(), expect_locals.as_slice());
+        for p in pa.partitions() {
+            match p.data {
+                Data::Tensor(t) => {
+                    assert_eq!(t.to_array::<f32>().unwrap(), block(&a, &p.start, &p.shape))
+                }
+                Data::Remote => assert!(!expect_locals.contains(&p.position)),
+                Data::Handle(_) => panic!("no handles here"),
+            }
+            assert_eq!(p.locations.len(), 1);
+            assert_eq!(p.locations[0].device, Device::CPU);
+            assert_eq!(p.locations[0].pid, Some(i64::from(std::process::id())));
+        }
+        assert_eq!(pa.dtype(), Some(crate::DType::Float32));
+    }
+}
+
+#[test]
+fn stacked_partitions_follow_each_other_in_rank_order() {
+    let a = reference(&[6, 3]);
+    // Rank 0: rows [0, 1) and [1, 3); rank 1: none; rank 2: an empty block then rows [3, 6).
+    let out = ThreadComm::run(3, |comm| {
+        let rows: &[(usize, usize)] = match comm.rank() {
+            0 => &[(0, 1), (1, 2)],
+            1 => &[],
+            _ => &[(3, 0), (3, 3)],
+        };
+        let parts = rows
+            .iter()
+            .map(|&(s, n)| Tensor::from(block(&a, &[s, 0], &[n, 3])))
+            .collect();
+        let pa = from_stacked(comm, parts, 0).unwrap();
+        (pa.grid().splits().to_vec(), assembled(comm, &pa))
+    });
+    for (splits, _) in &out {
+        assert_eq!(splits, &[vec![0, 1, 3, 3, 6], vec![0, 3]]);
+    }
+    assert_eq!(out[0].1.as_ref().unwrap(), &a);
+    assert!(out[1].1.is_none());
+}
+
+/// Every rank's error message, after each rank made its own contribution.
+fn errors_of(f: impl Fn(&ThreadComm) -> crate::Result<PartitionedArray> + Sync) -> Vec<String> {
+    ThreadComm::run(4, |comm| f(comm).unwrap_err().to_string())
+}
+
+#[test]
+fn a_mismatch_on_one_rank_is_the_same_error_on_every_rank() {
+    let row = |comm: &ThreadComm, dtype64: bool| {
+        let r = comm.rank();
+        let t = if dtype64 && r == 2 {
+            Tensor::from(ndarray::Array2::<f64>::zeros((1, 4)))
+        } else {
+            Tensor::from(ndarray::Array2::<f32>::zeros((1, 4)))
+        };
+        LocalParts::Placed(vec![(vec![r, 0], t)])
+    };
+    type Case<'a> = Box<dyn Fn(&ThreadComm) -> crate::Result<PartitionedArray> + Sync + 'a>;
+    let cases: Vec<(Case<'_>, &str)> = vec![
+        (
+            Box::new(|c| from_local(c, Ok(row(c, true)), None)),
+            "rank 2 gives dtype float64, rank 0 float32",
+        ),
+        (
+            // Rank 3 claims row 2 too: rank 2's row is covered twice.
+            Box::new(|c| {
+                let r = c.rank().min(2);
+                let t = Tensor::from(ndarray::Array2::<f32>::zeros((1, 4)));
+                from_local(c, Ok(LocalParts::Placed(vec![(vec![r, 0], t)])), None)
+            }),
+            "cover the same box",
+        ),
+        (
+            // Rank 1 leaves its row out: a gap.
+            Box::new(|c| {
+                let parts = if c.rank() == 1 {
+                    vec![]
+                } else {
+                    vec![row(c, false)]
+                };
+                let p = parts
+                    .into_iter()
+                    .next()
+                    .unwrap_or(LocalParts::Placed(vec![]));
+                from_local(c, Ok(p), None)
+            }),
+            "no partition covers [1, 2) along axis 0",
+        ),
+        (
+            // Rank 3 states another global shape.
+            Box::new(|c| {
+                let shape: &[usize] = if c.rank() == 3 { &[4, 5] } else { &[4, 4] };
+                from_local(c, Ok(row(c, false)), Some(shape))
+            }),
+            "rank 3 placed partitions in shape (4, 5)",
+        ),
+        (
+            // Rank 1 failed before it could give anything.
+            Box::new(|c| {
+                let parts = match c.rank() {
+                    1 => Err(crate::Error::buffer("rank 1 could not import its array")),
+                    _ => Ok(row(c, false)),
+                };
+                from_local(c, parts, None)
+            }),
+            "rank 1: rank 1 could not import its array",
+        ),
+    ];
+    for (f, want) in cases {
+        let errors = errors_of(&*f);
+        assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+        assert!(errors[0].contains(want), "{} lacks {want}", errors[0]);
+    }
+    // The failed rank's error kind travels with it.
+    let kinds = ThreadComm::run(2, |c| {
+        let parts = match c.rank() {
+            1 => Err(crate::Error::buffer("no")),
+            _ => Ok(LocalParts::Placed(vec![])),
+        };
+        from_local(c, parts, None).unwrap_err().kind().to_string()
+    });
+    assert_eq!(kinds, vec!["BufferError"; 2]);
+}
+
+/// The bytes rank `me` must send to each rank and copy locally, from region intersections.
+fn expected_traffic(
+    src: &Grid,
+    src_owners: &[usize],
+    dst: &Grid,
+    dst_owners: &[usize],
+    me: usize,
+    ranks: usize,
+) -> (Vec<u64>, u64) {
+    let mut sent = vec![0u64; ranks];
+    let mut local = 0;
+    for (i, &s) in src_owners.iter().enumerate() {
+        for (j, &d) in dst_owners.iter().enumerate() {
+            let (a, b) = (src.region_at(i), dst.region_at(j));
+            let n = a.intersect(&b).map_or(0, |r| r.numel()) as u64 * 4;
+            match (s == me, d == me) {
+                (true, true) => local += n,
+                (true, false) => sent[d] += n,
+                _ => {}
+            }
+        }
+    }
+    (sent, local)
+}
+
+#[test]
+fn random_repartitions_across_ranks_equal_the_reference() {
+    const RANKS: usize = 4;
+    for case in 0..40u64 {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (case + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let shape = vec![1 + rng.below(13), 1 + rng.below(9)];
+        let a = reference(&shape);
+        let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
+        let use_cyclic = case % 3 == 0;
+        let layout = if use_cyclic {
+            let b = [1 + rng.below(4), 1 + rng.below(4)];
+            Layout::block_cyclic(&b, vec![Device::CPU; RANKS])
+        } else {
+            let s = shape
+                .iter()
+                .map(|&n| {
+                    let parts = 1 + rng.below(4);
+                    random_splits(&mut rng, n, parts)
+                })
+                .collect();
+            Layout::splits(s)
+        };
+        ThreadComm::run(RANKS, |comm| {
+            let me = comm.rank();
+            let parts = local_parts(&a, &grid, &src_owners, me);
+            let pa = from_local(comm, Ok(parts), Some(&shape)).unwrap();
+            assert_eq!(pa.grid(), &grid);
+            let (out, traffic) = repartition(comm, &pa, &layout, false).unwrap();
+            let dst_owners = owners(&out).unwrap();
+            // Each target partition on the rank the placement names.
+            let (dst_grid, dealt) = layout.resolve(&shape).unwrap();
+            let want_owners = dealt
+                .unwrap_or_else(|| crate::layout::stay_by(&grid, &dst_grid, &|i| src_owners[i]));
+            assert_eq!(dst_owners, want_owners, "case {case}");
+            // The local ones hold the reference's boxes.
+            for p in out.partitions() {
+                if let Some(t) = p.tensor() {
+                    assert_eq!(dst_owners[dst_grid.flat_index(&p.position).unwrap()], me);
+                    assert_eq!(t.to_array::<f32>().unwrap(), block(&a, &p.start, &p.shape));
+                }
+            }
+            let (sent, local) =
+                expected_traffic(&grid, &src_owners, &dst_grid, &dst_owners, me, RANKS);
+            assert_eq!(
+                (traffic.sent.clone(), traffic.local),
+                (sent, local),
+                "case {case}"
+            );
+            assert_eq!(traffic.sent[me] + traffic.received[me], 0);
+            // Assembled on rank 0, and on every rank.
+            let whole = assembled(comm, &out);
+            assert_eq!(whole.is_some(), me == 0);
+            if let Some(w) = whole {
+                assert_eq!(w, a, "case {case}");
+            }
+            let everywhere = assemble(comm, &out, None, None, false).unwrap().unwrap();
+            assert_eq!(everywhere.to_array::<f32>().unwrap(), a, "case {case}");
+            // Back into the source layout, into the original partitions' copies.
+            let back_parts = local_parts(&reference(&shape).mapv(|_| 0.0), &grid, &src_owners, me);
+            let back = from_local(comm, Ok(back_parts), Some(&shape)).unwrap();
+            repartition_into(comm, &out, &back, false).unwrap();
+            for p in back.partitions() {
+                if let Some(t) = p.tensor() {
+                    assert_eq!(t.to_array::<f32>().unwrap(), block(&a, &p.start, &p.shape));
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn ranks_asking_for_different_layouts_all_fail() {
+    let a = reference(&[8, 4]);
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let parts = vec![Tensor::from(block(&a, &[0, 0], &[8, 4]))];
+        let pa = from_stacked(comm, if me == 0 { parts } else { vec![] }, 0).unwrap();
+        let tiling = if me == 2 { [1, 2] } else { [2, 1] };
+        repartition(comm, &pa, &Layout::tiling(&tiling), false)
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+    assert!(
+        errors[0].contains("ranks 0 and 2 asked for different"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn a_rank_failing_before_the_exchange_fails_every_rank() {
+    let a = reference(&[4, 4]);
+    let errors = ThreadComm::run(2, |comm| {
+        let pa = from_stacked(
+            comm,
+            vec![Tensor::from(block(&a, &[2 * comm.rank(), 0], &[2, 4]))],
+            0,
+        )
+        .unwrap();
+        // Rank 1's target is read-only: it fails its checks, rank 0 passes its own.
+        let mut target = reference(&[2, 4]);
+        target.fill(0.0);
+        let t = Tensor::from(target);
+        let t = if comm.rank() == 1 {
+            t.with_readonly(true).unwrap()
+        } else {
+            t
+        };
+        let out = from_stacked(comm, vec![t], 0).unwrap();
+        let e = repartition_into(comm, &pa, &out, false).unwrap_err();
+        let untouched = out.data()[comm.rank()]
+            .tensor()
+            .unwrap()
+            .to_array::<f32>()
+            .unwrap();
+        assert!(untouched.iter().all(|&x| x == 0.0));
+        (e.kind().to_string(), e.to_string())
+    });
+    assert_eq!(errors[0], errors[1]);
+    assert_eq!(errors[0].0, "BufferError");
+    assert!(errors[0].1.starts_with("rank 1: "), "{}", errors[0].1);
+}
+
+#[test]
+fn arrays_without_ranks_are_refused_by_name() {
+    let t = Tensor::from(reference(&[2, 2]));
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+    let e = owners(&pa).unwrap_err().to_string();
+    assert!(
+        e.contains("position (0, 0)") && e.contains("names no rank"),
+        "{e}"
+    );
+}
+
+#[test]
+fn rows_to_columns_and_back_in_place() {
+    // Rows -> columns receives each peer's box straight into the target (contiguous there);
+    // columns -> rows sends straight from the source. Both against the reference.
+    let a = reference(&[8, 12]);
+    ThreadComm::run(4, |comm| {
+        let me = comm.rank();
+        let rows = from_stacked(
+            comm,
+            vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 12]))],
+            0,
+        )
+        .unwrap();
+        let dealt = |t: &[usize]| {
+            Layout::tiling(t)
+                .dealt(vec![Device::CPU; 4])
+                .process_grid(t)
+        };
+        let (cols, traffic) = repartition(comm, &rows, &dealt(&[1, 4]), false).unwrap();
+        let mine = cols.at(&[0, me]).unwrap();
+        let want = block(&a, &[0, 3 * me], &[8, 3]);
+        assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+        assert_eq!(traffic.received.iter().sum::<u64>(), 3 * 6 * 4);
+        let (back, _) = repartition(comm, &cols, &dealt(&[4, 1]), false).unwrap();
+        let mine = back.at(&[me, 0]).unwrap();
+        let want = block(&a, &[2 * me, 0], &[2, 12]);
+        assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+    });
+}
+
+#[test]
+fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
+    const RANKS: usize = 3;
+    for case in 0..30u64 {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (case + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let shape = vec![1 + rng.below(9), 1 + rng.below(7)];
+        let a = reference(&shape);
+        let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
+        let axis = rng.below(2);
+        let len = shape[axis];
+        let picks: Vec<i64> = (0..rng.below(2 * len + 1))
+            .map(|_| rng.below(2 * len) as i64 - len as i64)
+            .collect();
+        let positive: Vec<usize> = picks
+            .iter()
+            .map(|&i| (i + len as i64) as usize % len)
+            .collect();
+        let want = a.select(ndarray::Axis(axis), &positive);
+        // Fancy assignment of `want` back, the last of duplicate indices winning.
+        let mut assigned = ArrayD::<f32>::zeros(IxDyn(&shape));
+        for (k, &i) in positive.iter().enumerate() {
+            assigned
+                .index_axis_mut(ndarray::Axis(axis), i)
+                .assign(&want.index_axis(ndarray::Axis(axis), k));
+        }
+        ThreadComm::run(RANKS, |comm| {
+            let me = comm.rank();
+            let pa = from_local(
+                comm,
+                Ok(local_parts(&a, &grid, &src_owners, me)),
+                Some(&shape),
+            )
+            .unwrap();
+            let idx = Tensor::from_slice(&picks, &[picks.len()]).unwrap();
+            let (got, traffic) = gather(comm, &pa, &idx, axis).unwrap();
+            assert_eq!(traffic.sent[me], 0);
+            let whole = assemble(comm, &got, None, None, false).unwrap().unwrap();
+            assert_eq!(whole.to_array::<f32>().unwrap(), want, "case {case}");
+            let zeros = assigned.mapv(|_| 0.0);
+            let target = from_local(
+                comm,
+                Ok(local_parts(&zeros, &grid, &src_owners, me)),
+                Some(&shape),
+            )
+            .unwrap();
+            let values = Tensor::from(want.clone());
+            scatter(comm, &target, &values, &idx, axis).unwrap();
+            let whole = assemble(comm, &target, None, None, false).unwrap().unwrap();
+            assert_eq!(whole.to_array::<f32>().unwrap(), assigned, "case {case}");
+        });
+    }
+}
+
+#[test]
+fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
+    let a = reference(&[6, 2]);
+    let out = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = block(&a, &[2 * me, 0], &[2, 2]);
+        let t = Tensor::from(rows);
+        let t = if me == 2 {
+            t.with_readonly(true).unwrap()
+        } else {
+            t
+        };
+        let pa = from_stacked(comm, vec![t], 0).unwrap();
+        let bad = Tensor::from_slice(&[0i64, 6], &[2]).unwrap();
+        let e1 = gather(comm, &pa, &bad, 0).unwrap_err();
+        let idx = Tensor::from_slice(&[0i64, 5], &[2]).unwrap();
+        let values = Tensor::from(ArrayD::<f32>::zeros(IxDyn(&[2, 2])));
+        let e2 = scatter(comm, &pa, &values, &idx, 0).unwrap_err();
+        let mine = pa.data()[me].tensor().unwrap().to_array::<f32>().unwrap();
+        assert_eq!(mine, block(&a, &[2 * me, 0], &[2, 2]), "nothing written");
+        (e1.kind().to_string(), e2.to_string())
+    });
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert_eq!(out[0].0, "IndexError");
+    assert!(
+        out[0].1.starts_with("rank 2: ") && out[0].1.contains("read-only"),
+        "{}",
+        out[0].1
+    );
+}

@@ -1,0 +1,272 @@
+"""Run under mpirun (4 ranks): property tests of SPMD arrays across ranks.
+
+Every rank draws the same random global layouts (a shared seed): uneven grids, several
+partitions per rank, a rank with none, targets by split points, tilings, block-cyclic and
+process grids. Checked against numpy on every rank: the local partitions of each result, the
+whole assembled on rank 0 and on every rank, repartition_into, the byte counts (boxes that stay
+on a rank are never sent; computed here from box intersections), the dicts (the same on every
+rank but for data and locals), gather and scatter with global indices, and the errors: a rank that disagrees or fails makes every rank
+raise the same error within seconds.
+
+usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
+failure aborts every rank (MPI_Abort), so nothing waits.
+"""
+
+import sys
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import dlpart
+import dlpart.mpi
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+DTYPES = [np.float32, np.float64, np.int32, np.uint8, np.int64]
+
+
+def splits_of(rng, n, parts, allow_empty):
+    cuts = np.sort(rng.integers(0, n + 1, size=parts - 1)).tolist()
+    s = [0] + cuts + [n]
+    return s if allow_empty else sorted(set(s))
+
+
+def boxes(splits):
+    """(flat, start, shape) of every partition of a grid, C order."""
+    out = []
+    for flat, pos in enumerate(np.ndindex(*[len(s) - 1 for s in splits])):
+        start = [s[i] for s, i in zip(splits, pos)]
+        shape = [s[i + 1] - s[i] for s, i in zip(splits, pos)]
+        out.append((flat, start, shape))
+    return out
+
+
+def region(a, start, shape):
+    return a[tuple(slice(s, s + n) for s, n in zip(start, shape))]
+
+
+def overlap(a_start, a_shape, b_start, b_shape):
+    n = 1
+    for s0, n0, s1, n1 in zip(a_start, a_shape, b_start, b_shape):
+        n *= max(0, min(s0 + n0, s1 + n1) - max(s0, s1))
+    return n
+
+
+def stay_owner(src_splits, src_owner, start):
+    """The owner of the source partition holding `start` (the last slab for an end index)."""
+    pos = [min(int(np.searchsorted(s, i, side="right")) - 1, len(s) - 2) for s, i in zip(src_splits, start)]
+    return src_owner[int(np.ravel_multi_index(pos, [len(s) - 1 for s in src_splits]))]
+
+
+def default_process_grid(ndim, n):
+    if ndim == 1:
+        return [n]
+    p0 = max(p for p in range(1, n + 1) if p * p <= n and n % p == 0)
+    return [p0, n // p0] + [1] * (ndim - 2)
+
+
+def dealt_owner(pos, pg):
+    return int(np.ravel_multi_index([i % p for i, p in zip(pos, pg)], pg))
+
+
+def same_everywhere(value, what):
+    values = comm.allgather(value)
+    assert all(v == values[0] for v in values), f"{what} differs between ranks: {values}"
+
+
+def random_case(case, seed):
+    rng = np.random.default_rng([seed, case])
+    ndim = int(rng.choice([1, 2, 2, 2, 3]))
+    shape = [int(rng.integers(1, 14 if ndim < 3 else 7)) for _ in range(ndim)]
+    dtype = DTYPES[int(rng.integers(len(DTYPES)))]
+    ref = (np.arange(int(np.prod(shape))) % 251).astype(dtype).reshape(shape)
+    src_splits = [splits_of(rng, n, int(rng.integers(1, 5)), False) for n in shape]
+    src = boxes(src_splits)
+    # Rank 2 owns nothing in most cases.
+    src_owner = [int(r) if r != 2 or case % 4 == 0 else 0 for r in rng.integers(0, size, len(src))]
+    mine = {tuple(start): region(ref, start, shp).copy() for f, start, shp in src if src_owner[f] == rank}
+    a = dlpart.mpi.from_local(mine, comm, shape=shape)
+    assert [list(s) for s in a.splits] == src_splits
+    assert sorted(map(tuple, a.locals)) == sorted(
+        tuple(np.unravel_index(f, [len(s) - 1 for s in src_splits])) for f in range(len(src)) if src_owner[f] == rank)
+
+    kind = case % 4
+    if kind == 0:
+        block = [int(rng.integers(1, 5)) for _ in shape]
+        out = a.repartition(block_cyclic=block)
+        dst_splits = [list(range(0, n, b)) + [n] for n, b in zip(shape, block)]
+        pg = default_process_grid(ndim, size)
+    elif kind == 1 and ndim >= 2:
+        tiling = [int(rng.integers(1, 4)) for _ in shape]
+        pg = [2, 2] + [1] * (ndim - 2)
+        out = a.repartition(tiling, devices=["kDLCPU"] * size, process_grid=pg)
+        dst_splits = [list(s) for s in dlpart.split_points(shape, tiling)]
+    else:
+        dst_splits = [splits_of(rng, n, int(rng.integers(1, 5)), True) for n in shape]
+        out = a.repartition(splits=dst_splits)
+        pg = None
+    assert [list(s) for s in out.splits] == dst_splits, (out.splits, dst_splits)
+    dst = boxes(dst_splits)
+    dst_pos = [np.unravel_index(f, [len(s) - 1 for s in dst_splits]) for f in range(len(dst))]
+    dst_owner = [dealt_owner(p, pg) if pg else stay_owner(src_splits, src_owner, start)
+                 for p, (_, start, _) in zip(dst_pos, dst)]
+
+    # The local partitions hold numpy's boxes; the others are None here.
+    d = out.__partitioned__
+    assert sorted(d["locals"]) == sorted(tuple(int(i) for i in p) for p, o in zip(dst_pos, dst_owner) if o == rank)
+    for (f, start, shp), pos, o in zip(dst, dst_pos, dst_owner):
+        entry = d["partitions"][tuple(int(i) for i in pos)]
+        ip, pid, device = entry["location"][0]
+        assert device == "kDLCPU" and isinstance(ip, str) and isinstance(pid, int)
+        if o == rank:
+            assert pid == __import__("os").getpid()
+            np.testing.assert_array_equal(np.asarray(entry["data"]), region(ref, start, shp))
+        else:
+            assert entry["data"] is None
+    same_everywhere([(k, v["start"], v["shape"], v["location"]) for k, v in sorted(d["partitions"].items())],
+                    "the dict")
+
+    # Byte counts: what this rank must send to each rank, and copy locally, from intersections.
+    item = np.dtype(dtype).itemsize
+    sent, local = [0] * size, 0
+    for (fs, ss, ns) in src:
+        if src_owner[fs] != rank:
+            continue
+        for (fd, sd, nd), o in zip(dst, dst_owner):
+            n = overlap(ss, ns, sd, nd) * item
+            if o == rank:
+                local += n
+            else:
+                sent[o] += n
+    assert out.traffic.sent == sent and out.traffic.local == local, (out.traffic, sent, local)
+    assert out.traffic.sent[rank] == 0 and out.traffic.received[rank] == 0
+    assert sum(comm.allgather(sum(out.traffic.sent))) == sum(comm.allgather(sum(out.traffic.received)))
+
+    whole = out.assemble(root=0)
+    if rank == 0:
+        np.testing.assert_array_equal(np.from_dlpack(whole), ref)
+    else:
+        assert whole is None
+    np.testing.assert_array_equal(np.from_dlpack(out.assemble(root=None)), ref)
+
+    # Back into zeroed copies of the source layout.
+    zeros = {k: np.zeros_like(v) for k, v in mine.items()}
+    back = dlpart.mpi.from_local(zeros, comm, shape=shape)
+    out.repartition_into(back)
+    for k, v in zeros.items():
+        np.testing.assert_array_equal(v, region(ref, k, mine[k].shape))
+
+    # The dict read back on every rank.
+    again = dlpart.mpi.from_partitioned(d, comm)
+    np.testing.assert_array_equal(np.from_dlpack(again.assemble(root=None)), ref)
+
+    # Gather and scatter with global indices (negative and repeated ones too).
+    ax = int(rng.integers(ndim))
+    picks = rng.integers(-shape[ax], shape[ax], size=int(rng.integers(0, 2 * shape[ax] + 1)))
+    got = a.gather(picks, axis=ax)
+    want = np.take(ref, picks, axis=ax)
+    np.testing.assert_array_equal(np.from_dlpack(got.assemble(root=None)), want)
+    assert got.traffic.sent[rank] == 0
+    blank = {k: np.zeros_like(v) for k, v in mine.items()}
+    target = dlpart.mpi.from_local(blank, comm, shape=shape)
+    target.scatter(want, picks, axis=ax)
+    expect = np.zeros_like(ref)
+    where = [slice(None)] * ndim
+    where[ax] = picks
+    expect[tuple(where)] = want
+    np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
+
+
+def heat_form():
+    """heat's dict form, built by hand: int ranks as locations, locals, data None elsewhere."""
+    rows = 4 * size + 1
+    ref = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    b = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    d = {"shape": ref.shape, "partition_tiling": (size, 1), "locals": [(rank, 0)],
+         "partitions": {(r, 0): {"start": (int(b[r]), 0), "shape": (int(b[r + 1] - b[r]), 3),
+                                 "data": ref[b[r]:b[r + 1]].copy() if r == rank else None,
+                                 "location": [r]} for r in range(size)},
+         "get": lambda x: x}
+    a = dlpart.mpi.from_partitioned(d, comm)
+    cols = a.repartition((1, 3))
+    np.testing.assert_array_equal(np.from_dlpack(cols.assemble(root=None)), ref)
+    # Each column block starts in row 0, which rank 0 holds: it stays there.
+    assert cols.__partitioned__["locals"] == ([(0, 0), (0, 1), (0, 2)] if rank == 0 else [])
+    dealt = a.repartition((1, size), devices=["kDLCPU"] * size, process_grid=(1, size))
+    assert dealt.__partitioned__["locals"] == [(0, rank)]
+    np.testing.assert_array_equal(np.asarray(dealt.__partitioned__["partitions"][(0, rank)]["data"]),
+                                  np.array_split(ref, size, axis=1)[rank])
+
+
+def expect_collective_error(what, make, cls, text):
+    """Every rank calls `make`; every rank must raise the same `cls` naming `text`, quickly."""
+    t0 = time.monotonic()
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001
+        got = (type(e).__name__, str(e))
+    else:
+        got = ("no error", "")
+    took = time.monotonic() - t0
+    everyone = comm.allgather(got)
+    assert all(g == everyone[0] for g in everyone), f"{what}: ranks raised {everyone}"
+    assert got[0] == cls.__name__ and text in got[1], f"{what}: {got}"
+    assert took < 10, f"{what}: took {took:.1f} s"
+
+
+def errors():
+    row = np.zeros((1, 4), np.float64 if rank == 3 else np.float32)
+    expect_collective_error("dtypes", lambda: dlpart.mpi.from_local(row, comm, axis=0),
+                            dlpart.ProtocolError, "rank 3 gives dtype float64, rank 0 float32")
+    bad = "not an array" if rank == 1 else np.zeros((1, 4), np.float32)
+    try:
+        dlpart.from_dlpack("not an array")
+    except Exception as e:  # noqa: BLE001 - the class a bad part raises on its own rank
+        cls = type(e)
+    expect_collective_error("a failed rank", lambda: dlpart.mpi.from_local(bad, comm, axis=0),
+                            cls, "rank 1: ")
+    claim = {(min(rank, 2), 0): np.zeros((1, 4), np.float32)}
+    expect_collective_error("overlap", lambda: dlpart.mpi.from_local(claim, comm),
+                            dlpart.ProtocolError, "cover the same box")
+    a = dlpart.mpi.from_local(np.zeros((2, 4), np.float32), comm, axis=0)
+    tiling = (1, 2) if rank == 2 else (2, 1)
+    expect_collective_error("layouts", lambda: a.repartition(tiling), dlpart.ProtocolError,
+                            "asked for different")
+    expect_collective_error("a bad layout on one rank",
+                            lambda: a.repartition((2, 1) if rank else (-1, 1)), ValueError, "rank 0: ")
+    expect_collective_error("an index out of range", lambda: a.gather([0, 2 * size]), IndexError,
+                            f"index {2 * size} is out of bounds")
+    expect_collective_error("different indices", lambda: a.gather([rank % 2]), dlpart.ProtocolError,
+                            "asked for different gathers")
+    ro = np.zeros((2, 4), np.float32)
+    ro.flags.writeable = rank != 3
+    out = dlpart.mpi.from_local(ro, comm, axis=0)
+    a2 = dlpart.mpi.from_local(np.ones((2, 4), np.float32), comm, axis=0)
+    expect_collective_error("a read-only target", lambda: a2.repartition_into(out), BufferError, "rank 3: ")
+    assert not ro.any(), "nothing is written when one rank fails"
+
+
+def main():
+    seed, cases = int(sys.argv[1]), int(sys.argv[2])
+    for case in range(cases):
+        try:
+            random_case(case, seed)
+        except Exception:
+            print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
+            raise
+    heat_form()
+    errors()
+    comm.Barrier()
+    print(f"ok {rank} {cases}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:  # noqa: BLE001 - abort every rank rather than leave them waiting
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)

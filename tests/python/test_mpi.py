@@ -1,0 +1,56 @@
+"""SPMD arrays across MPI ranks (`dlpart.mpi`): each test runs a script under `mpirun -n 4`
+(oversubscribed: this machine may have fewer cores) with a timeout, so none can hang. The
+scripts check their own results on every rank against numpy and print one "ok" line per rank;
+any failure aborts every rank. mpi4py.MPI is never imported in this process."""
+
+import pathlib
+import re
+
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).parent / "mpi_scripts"
+RANKS = 4
+
+
+def ok_ranks(out: str, cases: int) -> set:
+    # The ranks' lines may interleave on mpirun's stdout.
+    return set(re.findall(rf"ok (\d+) {cases}\b", out))
+
+
+@pytest.mark.mpi
+def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(mpirun):
+    """300 random global layouts (uneven, several partitions per rank, a rank with none,
+    split points, tilings, block-cyclic and process-grid targets) repartitioned across 4 ranks:
+    local partitions, the whole assembled on rank 0 and on every rank, repartition_into, byte
+    counts (local boxes never sent), dicts, gather and scatter are checked; then every kind of
+    disagreement makes every rank raise the same error within seconds."""
+    cases = 300
+    out = mpirun(SCRIPTS / "spmd_props.py", RANKS, 20240611, cases, timeout=240)
+    assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+
+
+@pytest.mark.mpi
+def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
+    """`mpirun -n 4 python -m dlpart bench --mpi --quick`: rows -> columns across the ranks
+    against MPI's own Alltoall, the result checked, the report written."""
+    import json
+
+    # The fixture runs `python SCRIPT ARGS...`: here `python -m dlpart bench ...`.
+    out = mpirun("-m", RANKS, "dlpart", "bench", "--mpi", "--quick", "--out", tmp_path, timeout=180)
+    assert "x MPI Alltoall" in out, out
+    res = json.loads((tmp_path / "bench-mpi.json").read_text())["results"][0]
+    assert res["correct"] and res["name"].startswith("mpi/rows_to_cols/float32/")
+    # Rank 0 keeps its own quarter of its rows and sends the other three quarters.
+    assert res["bytes_sent_by_rank0"] == 3 * res["bytes_local_rank0"] > 0
+
+
+@pytest.mark.mpi
+def test_guide_spmd_block_is_the_mpi_example_and_runs(mpirun):
+    """The guide's MPI block cannot run in this process (no MPI here): it is
+    examples/mpi/spmd.py, which runs under mpirun."""
+    root = pathlib.Path(__file__).parents[2]
+    block = re.search(r"```py\n(.*?)```", (root / "docs" / "guide.md").read_text(), re.S).group(1)
+    example = root / "examples" / "mpi" / "spmd.py"
+    assert block in example.read_text()
+    out = mpirun(example, RANKS, timeout=120)
+    assert set(re.findall(r"ok (\d+)", out)) == {str(r) for r in range(RANKS)}, out
