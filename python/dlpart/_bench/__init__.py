@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="under mpirun: row blocks -> column blocks across the ranks against MPI's "
                         "own Alltoall of the same bytes (see dlpart/_bench/mpi.py)")
     p.add_argument("--mpi-size", type=int, metavar="N",
-                   help="with --mpi: the N x N array (default 4096, 512 with --quick)")
+                   help="with --mpi: the N x N array (default 8192, 512 with --quick)")
 
 
 def _missing(case: Case) -> Optional[str]:
