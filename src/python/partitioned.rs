@@ -874,7 +874,7 @@ impl PyPartitioned {
         transfer: bool,
     ) -> PyResult<Self> {
         let idx = tensor_arg(indices)?;
-        let axis = axis_arg("gather", axis, self.inner.shape().len())?;
+        let axis = axis_arg("gather", axis, self.inner.shape().len(), "array")?;
         py.detach(|| self.inner.gather(&idx, axis, transfer))
             .map(wrap)
             .map_err(to_py)
@@ -891,7 +891,7 @@ impl PyPartitioned {
         transfer: bool,
     ) -> PyResult<()> {
         let (v, idx) = (tensor_arg(values)?, tensor_arg(indices)?);
-        let axis = axis_arg("scatter", axis, self.inner.shape().len())?;
+        let axis = axis_arg("scatter", axis, self.inner.shape().len(), "array")?;
         py.detach(|| self.inner.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
     }
