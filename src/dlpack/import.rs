@@ -113,17 +113,20 @@ impl ForeignTensor {
             // SAFETY: a non-NULL `shape` of a valid DLTensor holds `ndim` entries.
             unsafe { std::slice::from_raw_parts(t.shape, ndim) }
         };
-        let shape = raw_shape
-            .iter()
-            .map(|&n| usize::try_from(n))
-            .collect::<Result<Vec<usize>, _>>()
-            .map_err(|_| {
-                Error::buffer(format!(
-                    "DLPack tensor with a negative extent in shape {}",
-                    tuple_string(raw_shape)
-                ))
-            })?;
-        let numel = checked_numel(&shape).map_err(|_| {
+        let (mut shape_stack, mut shape_heap) = ([0usize; STACK_AXES], Vec::new());
+        let shape = convert_axes(
+            raw_shape,
+            usize::try_from,
+            &mut shape_stack,
+            &mut shape_heap,
+        )
+        .map_err(|_| {
+            Error::buffer(format!(
+                "DLPack tensor with a negative extent in shape {}",
+                tuple_string(raw_shape)
+            ))
+        })?;
+        let numel = checked_numel(shape).map_err(|_| {
             Error::buffer(format!(
                 "DLPack tensor of shape {} has more elements than fit a usize",
                 tuple_string(&shape)
@@ -140,21 +143,22 @@ impl ForeignTensor {
                 tuple_string(&shape)
             )));
         }
-        let strides: Vec<isize> = if ndim == 0 || t.strides.is_null() {
+        let (mut strides_stack, mut strides_heap) = ([0isize; STACK_AXES], Vec::new());
+        let strides: &[isize] = if ndim == 0 || t.strides.is_null() {
             // DLPack < 1.2 allowed NULL strides to mean C order.
-            contiguous_strides(&shape)
+            strides_heap = contiguous_strides(shape);
+            &strides_heap
         } else {
             // SAFETY: a non-NULL `strides` of a valid DLTensor holds `ndim` entries.
             let s = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-            s.iter()
-                .map(|&x| isize::try_from(x))
-                .collect::<Result<Vec<isize>, _>>()
-                .map_err(|_| {
+            convert_axes(s, isize::try_from, &mut strides_stack, &mut strides_heap).map_err(
+                |_| {
                     Error::buffer(format!(
                         "DLPack strides {} do not fit this platform",
                         tuple_string(s)
                     ))
-                })?
+                },
+            )?
         };
         let data = if numel == 0 {
             // Zero-size tensors may carry NULL or any pointer; never dereferenced.
@@ -163,18 +167,18 @@ impl ForeignTensor {
             if t.data.is_null() {
                 return Err(Error::buffer(format!(
                     "DLPack tensor of shape {} has a NULL data pointer",
-                    tuple_string(&shape)
+                    tuple_string(shape)
                 )));
             }
             let offset = isize::try_from(t.byte_offset).map_err(|_| {
                 Error::buffer(format!("DLPack byte_offset {} is too large", t.byte_offset))
             })?;
-            if byte_span(t.data as usize, offset, &shape, &strides, itemsize).is_none() {
+            if byte_span(t.data as usize, offset, shape, strides, itemsize).is_none() {
                 return Err(Error::buffer(format!(
                     "DLPack strides {} with byte_offset {offset} overflow for shape {} of \
                      {dtype}: the elements would not lie in the address space",
-                    tuple_string(&strides),
-                    tuple_string(&shape)
+                    tuple_string(strides),
+                    tuple_string(shape)
                 )));
             }
             (t.data as *mut u8).wrapping_offset(offset)
@@ -187,7 +191,7 @@ impl ForeignTensor {
         // is valid memory until its deleter runs; the deleter runs when `owner` (this
         // ForeignTensor) is dropped, after the last view is gone.
         Ok(unsafe {
-            Tensor::from_raw_parts(
+            Tensor::from_raw_slices(
                 data,
                 shape,
                 strides,
@@ -197,6 +201,32 @@ impl ForeignTensor {
                 Arc::new(self),
             )
         })
+    }
+}
+
+/// Axes up to this many are read into arrays on the stack: a `Vec` for the shape and one for
+/// the strides cost two allocations and two frees per import, for a tensor that holds its
+/// axes inline anyway.
+const STACK_AXES: usize = 8;
+
+/// `raw` converted by `f`, in `stack` when it fits, else in `heap`.
+fn convert_axes<'a, U: Copy, T: Copy, E>(
+    raw: &[U],
+    f: impl Fn(U) -> std::result::Result<T, E>,
+    stack: &'a mut [T; STACK_AXES],
+    heap: &'a mut Vec<T>,
+) -> std::result::Result<&'a [T], E> {
+    if raw.len() <= STACK_AXES {
+        for (d, &x) in stack.iter_mut().zip(raw) {
+            *d = f(x)?;
+        }
+        Ok(&stack[..raw.len()])
+    } else {
+        *heap = raw
+            .iter()
+            .map(|&x| f(x))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(heap)
     }
 }
 
