@@ -933,6 +933,7 @@ impl PyPartitioned {
         let pid = i64::from(std::process::id());
         let host: std::sync::Arc<str> = host.into();
         let parts = PyDict::new(py);
+        let mut written: Option<(Location, Bound<'py, PyAny>)> = None;
         for p in self.inner.partitions() {
             let entry = PyDict::new(py);
             entry.set_item(intern!(py, "start"), PyTuple::new(py, &p.start)?)?;
@@ -965,7 +966,18 @@ impl PyPartitioned {
             };
             let out = PyList::empty(py);
             for l in locations {
-                out.append(form.write(py, l, &p.position)?)?;
+                // One object per location, shared by the entries that name it (the forms are
+                // immutable: tuples, strings, ints): making a tuple and two strings per entry
+                // was most of a big dict's locations, and a consumer reading them (dlpart's
+                // own reader among them) can then reuse what it read by identity.
+                match &written {
+                    Some((last, obj)) if last == l => out.append(obj)?,
+                    _ => {
+                        let obj = form.write(py, l, &p.position)?;
+                        out.append(&obj)?;
+                        written = Some((l.clone(), obj));
+                    }
+                }
             }
             entry.set_item(intern!(py, "location"), out)?;
             parts.set_item(PyTuple::new(py, &p.position)?, entry)?;
