@@ -89,23 +89,34 @@ impl ForeignTensor {
     pub fn into_tensor(self) -> Result<Tensor> {
         if let Some((major, minor)) = self.version() {
             if major != 1 {
-                return Err(Error::buffer(format!(
-                    "unsupported DLPack version {major}.{minor}: dlpart reads major version 1"
-                )));
+                return Err(field(
+                    "version",
+                    format!("{major}.{minor}"),
+                    "dlpart reads major version 1",
+                ));
             }
         }
         let t = self.dl_tensor();
-        let device = Device::from_dlpack(t.device.device_type as i32, t.device.device_id)
-            .map_err(|e| Error::buffer(format!("DLPack tensor on an unknown device: {e}")))?;
+        let device =
+            Device::from_dlpack(t.device.device_type as i32, t.device.device_id).map_err(|e| {
+                let pair = (t.device.device_type as i32, t.device.device_id);
+                field(
+                    "device",
+                    format!("{pair:?}"),
+                    format!("unknown device ({e})"),
+                )
+            })?;
         let dtype = DType::from_dlpack(t.dtype)?;
         if t.ndim < 0 {
-            return Err(Error::buffer(format!("DLPack tensor with ndim {}", t.ndim)));
+            return Err(field("ndim", t.ndim, "a negative number of axes"));
         }
         let ndim = t.ndim as usize;
         if ndim > 0 && t.shape.is_null() {
-            return Err(Error::buffer(format!(
-                "DLPack tensor with ndim {ndim} and a NULL shape"
-            )));
+            return Err(field(
+                "shape",
+                "NULL",
+                format!("ndim is {ndim}, so a NULL shape is not allowed"),
+            ));
         }
         let raw_shape: &[i64] = if ndim == 0 {
             &[]
@@ -120,17 +131,13 @@ impl ForeignTensor {
             &mut shape_stack,
             &mut shape_heap,
         )
-        .map_err(|_| {
-            Error::buffer(format!(
-                "DLPack tensor with a negative extent in shape {}",
-                tuple_string(raw_shape)
-            ))
-        })?;
+        .map_err(|_| field("shape", tuple_string(raw_shape), "a negative extent"))?;
         let numel = checked_numel(shape).map_err(|_| {
-            Error::buffer(format!(
-                "DLPack tensor of shape {} has more elements than fit a usize",
-                tuple_string(&shape)
-            ))
+            field(
+                "shape",
+                tuple_string(shape),
+                "more elements than fit a usize",
+            )
         })?;
         let itemsize = dtype.itemsize();
         // Every byte count must fit an isize: `Tensor::nbytes` and the copy kernels rely on it.
@@ -138,10 +145,11 @@ impl ForeignTensor {
             .checked_mul(itemsize)
             .is_none_or(|b| b > isize::MAX as usize)
         {
-            return Err(Error::buffer(format!(
-                "DLPack tensor of shape {} and dtype {dtype} has more bytes than fit an isize",
-                tuple_string(&shape)
-            )));
+            return Err(field(
+                "shape",
+                tuple_string(shape),
+                format!("more bytes of {dtype} than fit an isize"),
+            ));
         }
         let (mut strides_stack, mut strides_heap) = ([0isize; STACK_AXES], Vec::new());
         let strides: &[isize] = if ndim == 0 || t.strides.is_null() {
@@ -151,35 +159,35 @@ impl ForeignTensor {
         } else {
             // SAFETY: a non-NULL `strides` of a valid DLTensor holds `ndim` entries.
             let s = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-            convert_axes(s, isize::try_from, &mut strides_stack, &mut strides_heap).map_err(
-                |_| {
-                    Error::buffer(format!(
-                        "DLPack strides {} do not fit this platform",
-                        tuple_string(s)
-                    ))
-                },
-            )?
+            convert_axes(s, isize::try_from, &mut strides_stack, &mut strides_heap)
+                .map_err(|_| field("strides", tuple_string(s), "they do not fit this platform"))?
         };
         let data = if numel == 0 {
             // Zero-size tensors may carry NULL or any pointer; never dereferenced.
             std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
         } else {
             if t.data.is_null() {
-                return Err(Error::buffer(format!(
-                    "DLPack tensor of shape {} has a NULL data pointer",
-                    tuple_string(shape)
-                )));
+                return Err(field(
+                    "data",
+                    "NULL",
+                    format!(
+                        "the shape {} has elements, so a NULL data pointer is not allowed",
+                        tuple_string(shape)
+                    ),
+                ));
             }
-            let offset = isize::try_from(t.byte_offset).map_err(|_| {
-                Error::buffer(format!("DLPack byte_offset {} is too large", t.byte_offset))
-            })?;
+            let offset = isize::try_from(t.byte_offset)
+                .map_err(|_| field("byte_offset", t.byte_offset, "too large"))?;
             if byte_span(t.data as usize, offset, shape, strides, itemsize).is_none() {
-                return Err(Error::buffer(format!(
-                    "DLPack strides {} with byte_offset {offset} overflow for shape {} of \
-                     {dtype}: the elements would not lie in the address space",
+                return Err(field(
+                    "strides",
                     tuple_string(strides),
-                    tuple_string(shape)
-                )));
+                    format!(
+                        "with byte_offset {offset}, shape {} and {dtype} the elements would not \
+                         lie in the address space",
+                        tuple_string(shape)
+                    ),
+                ));
             }
             (t.data as *mut u8).wrapping_offset(offset)
         };
@@ -201,6 +209,16 @@ impl ForeignTensor {
                 Arc::new(self),
             )
         })
+    }
+}
+
+/// An [`Error::DLPackField`]: `name` of the imported tensor holds `value`, which `problem` says
+/// is wrong.
+fn field(name: &'static str, value: impl std::fmt::Display, problem: impl Into<String>) -> Error {
+    Error::DLPackField {
+        field: name,
+        value: value.to_string(),
+        problem: problem.into(),
     }
 }
 
@@ -466,7 +484,7 @@ mod tests {
                 |m| m.dl_tensor.byte_offset = offset,
             ))
             .unwrap_err();
-            assert!(matches!(e, Error::Buffer { .. }), "{shape:?}: {e}");
+            assert!(matches!(e, Error::DLPackField { .. }), "{shape:?}: {e}");
             assert_eq!(DELETED.load(Ordering::SeqCst), i + 1);
         }
     }

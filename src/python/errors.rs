@@ -30,6 +30,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Buffer { .. }
+        | Error::DLPackField { .. }
         | Error::UnsupportedDType { .. }
         | Error::UnsupportedDevice { .. }
         | Error::ReadOnly { .. } => PyBufferError::new_err(msg),

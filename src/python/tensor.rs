@@ -48,7 +48,7 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
         if !(same || host_alias) {
             return Err(to_py(crate::Error::DeviceMismatch {
                 op: "copy".into(),
-                devices: format!("{here} -> {}", target.unwrap_or(here)),
+                devices: crate::error::Devices::move_(here, target.unwrap_or(here)),
                 reason: "dlpart cannot copy between these devices in this build".into(),
             }));
         }

@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::tensor::{checked_numel, contiguous_strides, Tensor};
 use context::{guarded, Scratch};
 use cudarc_driver::CudarcDriver;
@@ -140,7 +140,7 @@ impl CudaBackend {
         if t.device() != self.device {
             return Err(Error::DeviceMismatch {
                 op: op.into(),
-                devices: format!("{} and {}", t.device(), self.device),
+                devices: Devices::Apart(t.device(), self.device),
                 reason: format!("the {role} is not on the backend's device"),
             });
         }
@@ -322,7 +322,7 @@ impl Backend for CudaBackend {
         if src.device() != self.device && dst.device() != self.device {
             return Err(Error::DeviceMismatch {
                 op: "transfer".into(),
-                devices: format!("{} -> {}", src.device(), dst.device()),
+                devices: Devices::move_(src.device(), dst.device()),
                 reason: format!("neither side is on the backend's device {}", self.device),
             });
         }
