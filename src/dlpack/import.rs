@@ -183,8 +183,8 @@ impl ForeignTensor {
                     "strides",
                     tuple_string(strides),
                     format!(
-                        "with byte_offset {offset}, shape {} and {dtype} the elements would not \
-                         lie in the address space",
+                        "with byte_offset {offset}, shape {} and {dtype} the element offsets \
+                         overflow: the elements would not lie in the address space",
                         tuple_string(shape)
                     ),
                 ));
