@@ -9,7 +9,7 @@
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
+//! | `jobs.rs` | lowering strided box copies to job tables (pure host code) |
 //! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
 //! | `driver.rs` | the driver operations the backend uses, behind one interface |
 //! | `cudarc_driver.rs` | that interface on a GPU: cudarc, kernel modules |
@@ -55,7 +55,7 @@ use crate::tensor::{checked_numel, contiguous_strides, Tensor};
 use context::{guarded, Scratch};
 use cudarc_driver::CudarcDriver;
 use driver::{Driver, Kernel};
-use jobs::{Launch, Mode, Transfer, MAX_JOB_NUMEL};
+use jobs::{Launch, Mode, RawCopy, MAX_JOB_NUMEL};
 
 /// Kernels on one CUDA device. Obtain it with [`CudaBackend::get`] (or
 /// [`crate::backend::backend_for`]); all work goes to one stream of the device
@@ -220,9 +220,9 @@ impl CudaBackend {
         Ok(status)
     }
 
-    /// Queues the strided copies of `transfers` (addresses may be on peer devices).
-    fn copy_transfers(&self, transfers: &[Transfer]) -> Result<()> {
-        let launches = jobs::plan(transfers, Mode::Box, MAX_JOB_NUMEL)?;
+    /// Queues the strided `copies` (addresses may be on peer devices).
+    fn copy_raw(&self, copies: &[RawCopy]) -> Result<()> {
+        let launches = jobs::to_launches(copies, Mode::Box, MAX_JOB_NUMEL)?;
         if !launches.is_empty() {
             let mut scratch = self.scratch.lock().expect("scratch lock");
             self.run(&mut scratch, &launches, 0, |_| Ok(()))?;
@@ -265,7 +265,7 @@ impl Backend for CudaBackend {
 
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         self.bind()?;
-        let mut transfers = Vec::with_capacity(jobs.len());
+        let mut copies = Vec::with_capacity(jobs.len());
         for j in jobs {
             self.check_device(j.src, "source", "copy_boxes")?;
             self.check_device(j.dst, "destination", "copy_boxes")?;
@@ -278,7 +278,7 @@ impl Backend for CudaBackend {
             }
             let s = j.src.view(&j.src_start, &j.shape)?;
             let d = j.dst.view(&j.dst_start, &j.shape)?;
-            transfers.push(Transfer {
+            copies.push(RawCopy {
                 src: s.data_ptr() as u64,
                 dst: d.data_ptr() as u64,
                 item: s.dtype().itemsize(),
@@ -290,7 +290,7 @@ impl Backend for CudaBackend {
                 index_len: 0,
             });
         }
-        self.copy_transfers(&transfers)
+        self.copy_raw(&copies)
     }
 
     /// Host indices are copied to this device, then every index is checked there (see
