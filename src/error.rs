@@ -2,14 +2,16 @@
 //!
 //! Every variant carries the offending values as fields, so that callers can match on them and
 //! messages can name them. The Python layer maps variants onto exception classes:
-//! [`Error::Buffer`], [`Error::UnsupportedDType`] and [`Error::UnsupportedDevice`] become
-//! `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
+//! [`Error::Buffer`], [`Error::DLPackField`], [`Error::UnsupportedDType`] and
+//! [`Error::UnsupportedDevice`] become `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
 //! [`Error::InvalidDevice`] and [`Error::DeviceMismatch`] become `dlpart.DeviceError` (a
 //! `ValueError`); [`Error::IndexOutOfRange`] becomes `IndexError`; [`Error::BackendUnavailable`]
 //! becomes `dlpart.BackendUnavailableError` (a `RuntimeError`); [`Error::OutOfMemory`] becomes
 //! `MemoryError`.
 
 use std::fmt;
+
+use crate::device::Device;
 
 /// A grid position, printed like a Python tuple: `(0, 1)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
@@ -48,6 +50,50 @@ pub fn tuple_string<T: fmt::Display>(items: &[T]) -> String {
         }
     }
     T(items).to_string()
+}
+
+/// The devices an [`Error::DeviceMismatch`] names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Devices {
+    /// Data that would move, `(from, to)` per crossing: printed `a -> b, c -> d`.
+    Moves(Vec<(Device, Device)>),
+    /// Data on the first device where the second was required: printed `a and b`.
+    Apart(Device, Device),
+    /// Devices that had to be one and are not: printed `a, b, c`.
+    Several(Vec<Device>),
+}
+
+impl Devices {
+    /// One crossing, `from -> to`.
+    pub fn move_(from: Device, to: Device) -> Self {
+        Devices::Moves(vec![(from, to)])
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::Moves(moves) => {
+                for (i, (from, to)) in moves.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{from} -> {to}")?;
+                }
+                Ok(())
+            }
+            Devices::Apart(a, b) => write!(f, "{a} and {b}"),
+            Devices::Several(all) => {
+                for (i, d) in all.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{d}")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Everything that can go wrong in dlpart.
@@ -97,10 +143,23 @@ pub enum Error {
     DeviceMismatch {
         /// The operation.
         op: String,
-        /// The crossings, `src -> dst`, comma-separated.
-        devices: String,
+        /// The devices at fault.
+        devices: Devices,
         /// Why it is refused, and how to allow it.
         reason: String,
+    },
+
+    /// A DLPack tensor whose fields break the DLPack rules (or ask for what dlpart does not
+    /// read): the field, its value, and what is wrong with it.
+    #[error("DLPack tensor with {field} {value}: {problem}")]
+    DLPackField {
+        /// The field at fault: `"version"`, `"device"`, `"ndim"`, `"shape"`, `"strides"`,
+        /// `"byte_offset"` or `"data"`.
+        field: &'static str,
+        /// Its value, as printed (shapes and strides as tuples).
+        value: String,
+        /// What is wrong with it.
+        problem: String,
     },
 
     /// A `__partitioned__` dict or layout that breaks the protocol.
@@ -289,6 +348,7 @@ impl Error {
     pub fn kind(&self) -> &str {
         match self {
             Error::Buffer { .. }
+            | Error::DLPackField { .. }
             | Error::UnsupportedDType { .. }
             | Error::UnsupportedDevice { .. }
             | Error::ReadOnly { .. } => "BufferError",

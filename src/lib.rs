@@ -68,7 +68,7 @@ mod python;
 
 pub use device::{Device, DeviceType};
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{Devices, Error, Result};
 pub use grid::{Grid, Region};
 pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};

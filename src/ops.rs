@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
 use crate::tensor::Tensor;
@@ -160,15 +160,11 @@ fn check_devices<S: Borrow<Tensor>>(
     let pairs = plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].borrow().device(), &|j| {
         dst_devices[j]
     });
-    let crossing: Vec<String> = pairs
-        .keys()
-        .filter(|(s, d)| s != d)
-        .map(|(s, d)| format!("{s} -> {d}"))
-        .collect();
+    let crossing: Vec<(Device, Device)> = pairs.keys().copied().filter(|(s, d)| s != d).collect();
     if !crossing.is_empty() && !transfer {
         return Err(Error::DeviceMismatch {
             op: "repartition".into(),
-            devices: crossing.join(", "),
+            devices: Devices::Moves(crossing),
             reason: "the target layout moves data to another device; pass transfer=True".into(),
         });
     }
@@ -377,7 +373,7 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
     if values.device() != out.device() {
         return Err(Error::DeviceMismatch {
             op: "scatter".into(),
-            devices: format!("{} -> {}", values.device(), out.device()),
+            devices: Devices::move_(values.device(), out.device()),
             reason: "values and out must be on one device".into(),
         });
     }

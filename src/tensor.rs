@@ -126,6 +126,24 @@ impl Tensor {
         readonly: bool,
         owner: Owner,
     ) -> Self {
+        // SAFETY: forwarded caller contract.
+        unsafe { Self::from_raw_slices(data, &shape, &strides, dtype, device, readonly, owner) }
+    }
+
+    /// As [`Tensor::from_raw_parts`], with the shape and strides borrowed: nothing is
+    /// allocated for them up to the axes a tensor holds inline.
+    ///
+    /// # Safety
+    /// As for [`Tensor::from_raw_parts`].
+    pub(crate) unsafe fn from_raw_slices(
+        data: *mut u8,
+        shape: &[usize],
+        strides: &[isize],
+        dtype: DType,
+        device: Device,
+        readonly: bool,
+        owner: Owner,
+    ) -> Self {
         debug_assert_eq!(shape.len(), strides.len());
         Tensor {
             data,

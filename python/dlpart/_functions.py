@@ -1,13 +1,11 @@
 """`gather` and `scatter` with numpy's conventions: negative axes, Python sequences as indices,
 and partitioned arrays as well as single arrays."""
 
-from typing import TYPE_CHECKING, Any, Optional, Union, overload
+from typing import Any, Optional, Union, overload
 
 from . import _core
 from ._core import Tensor
-
-if TYPE_CHECKING:  # imported at run time inside the functions: _partitioned imports this module
-    from ._partitioned import PartitionedArray
+from ._partitioned import PartitionedArray
 
 __all__ = ["gather", "scatter"]
 
@@ -22,23 +20,6 @@ def _indices(indices):
     if arr.dtype.kind not in "iub" or arr.dtype.kind == "b":
         raise TypeError(f"indices must be integers, found {arr.dtype} in {indices!r}")
     return np.ascontiguousarray(arr.reshape(-1).astype(np.int64, copy=False))
-
-
-def _axis(axis: int, ndim: int, what: str) -> int:
-    """``axis`` in ``[0, ndim)``, counting negative ones from the end, as numpy does."""
-    import operator
-
-    a = operator.index(axis)
-    if not -ndim <= a < ndim:
-        raise ValueError(f"axis {axis} is out of range for the {ndim}-d {what}")
-    return a + ndim if a < 0 else a
-
-
-def _ndim(x) -> int:
-    nd = getattr(x, "ndim", None)
-    if nd is None:
-        nd = _core.from_dlpack(x).ndim
-    return nd
 
 
 @overload
@@ -58,22 +39,24 @@ def gather(x: Any, indices: Any, axis: int = 0,
     axes count from the end. An out-of-range index raises `IndexError` before anything is
     written (numpy's ``mode='raise'``).
     """
-    from ._partitioned import PartitionedArray
-
+    # The extension checks the axis (negative ones count from the end) against the array it
+    # imports: a call on arrays costs one call into it, which halo exchanges make per face.
     if isinstance(x, PartitionedArray):
         if out is not None:
             raise TypeError("gather of a PartitionedArray returns a new one; out= is not taken")
-        return x.gather(_indices(indices), _axis(axis, x.ndim, "array"))
-    return _core.gather(x, _indices(indices), _axis(axis, _ndim(x), "source"), out)
+        return x.gather(indices, axis)
+    if not hasattr(indices, "__dlpack__"):
+        indices = _indices(indices)
+    return _core.gather(x, indices, axis, out)
 
 
 def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     """``out[.., indices[i], ..] = values[.., i, ..]`` along ``axis``, like numpy's fancy
     assignment: the last of duplicate indices wins. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray`; nothing is written unless every index is in range."""
-    from ._partitioned import PartitionedArray
-
     if isinstance(out, PartitionedArray):
-        out.scatter(values, _indices(indices), _axis(axis, out.ndim, "output"))
+        out.scatter(values, indices, axis)
         return None
-    return _core.scatter(values, _indices(indices), out, _axis(axis, _ndim(out), "output"))
+    if not hasattr(indices, "__dlpack__"):
+        indices = _indices(indices)
+    return _core.scatter(values, indices, out, axis)

@@ -337,10 +337,9 @@ class PartitionedArray:
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
         axes and has one slab along ``axis``."""
-        from ._functions import _axis, _indices
+        from ._functions import _indices
 
         self.fetch()
-        axis = _axis(axis, self.ndim, "array")
         return PartitionedArray._wrap(self._core.gather(_indices(indices), axis, transfer))
 
     def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *,
@@ -348,10 +347,10 @@ class PartitionedArray:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range."""
-        from ._functions import _axis, _indices
+        from ._functions import _indices
 
         self.fetch()
-        self._core.scatter(values, _indices(indices), _axis(axis, self.ndim, "array"), transfer)
+        self._core.scatter(values, _indices(indices), axis, transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device: Optional[DeviceLike] = None, transfer: bool = False) -> Tensor:

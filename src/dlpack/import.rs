@@ -89,23 +89,34 @@ impl ForeignTensor {
     pub fn into_tensor(self) -> Result<Tensor> {
         if let Some((major, minor)) = self.version() {
             if major != 1 {
-                return Err(Error::buffer(format!(
-                    "unsupported DLPack version {major}.{minor}: dlpart reads major version 1"
-                )));
+                return Err(field(
+                    "version",
+                    format!("{major}.{minor}"),
+                    "dlpart reads major version 1",
+                ));
             }
         }
         let t = self.dl_tensor();
-        let device = Device::from_dlpack(t.device.device_type as i32, t.device.device_id)
-            .map_err(|e| Error::buffer(format!("DLPack tensor on an unknown device: {e}")))?;
+        let device =
+            Device::from_dlpack(t.device.device_type as i32, t.device.device_id).map_err(|e| {
+                let pair = (t.device.device_type as i32, t.device.device_id);
+                field(
+                    "device",
+                    format!("{pair:?}"),
+                    format!("unknown device ({e})"),
+                )
+            })?;
         let dtype = DType::from_dlpack(t.dtype)?;
         if t.ndim < 0 {
-            return Err(Error::buffer(format!("DLPack tensor with ndim {}", t.ndim)));
+            return Err(field("ndim", t.ndim, "a negative number of axes"));
         }
         let ndim = t.ndim as usize;
         if ndim > 0 && t.shape.is_null() {
-            return Err(Error::buffer(format!(
-                "DLPack tensor with ndim {ndim} and a NULL shape"
-            )));
+            return Err(field(
+                "shape",
+                "NULL",
+                format!("ndim is {ndim}, so a NULL shape is not allowed"),
+            ));
         }
         let raw_shape: &[i64] = if ndim == 0 {
             &[]
@@ -113,21 +124,20 @@ impl ForeignTensor {
             // SAFETY: a non-NULL `shape` of a valid DLTensor holds `ndim` entries.
             unsafe { std::slice::from_raw_parts(t.shape, ndim) }
         };
-        let shape = raw_shape
-            .iter()
-            .map(|&n| usize::try_from(n))
-            .collect::<Result<Vec<usize>, _>>()
-            .map_err(|_| {
-                Error::buffer(format!(
-                    "DLPack tensor with a negative extent in shape {}",
-                    tuple_string(raw_shape)
-                ))
-            })?;
-        let numel = checked_numel(&shape).map_err(|_| {
-            Error::buffer(format!(
-                "DLPack tensor of shape {} has more elements than fit a usize",
-                tuple_string(&shape)
-            ))
+        let (mut shape_stack, mut shape_heap) = ([0usize; STACK_AXES], Vec::new());
+        let shape = convert_axes(
+            raw_shape,
+            usize::try_from,
+            &mut shape_stack,
+            &mut shape_heap,
+        )
+        .map_err(|_| field("shape", tuple_string(raw_shape), "a negative extent"))?;
+        let numel = checked_numel(shape).map_err(|_| {
+            field(
+                "shape",
+                tuple_string(shape),
+                "more elements than fit a usize",
+            )
         })?;
         let itemsize = dtype.itemsize();
         // Every byte count must fit an isize: `Tensor::nbytes` and the copy kernels rely on it.
@@ -135,47 +145,49 @@ impl ForeignTensor {
             .checked_mul(itemsize)
             .is_none_or(|b| b > isize::MAX as usize)
         {
-            return Err(Error::buffer(format!(
-                "DLPack tensor of shape {} and dtype {dtype} has more bytes than fit an isize",
-                tuple_string(&shape)
-            )));
+            return Err(field(
+                "shape",
+                tuple_string(shape),
+                format!("more bytes of {dtype} than fit an isize"),
+            ));
         }
-        let strides: Vec<isize> = if ndim == 0 || t.strides.is_null() {
+        let (mut strides_stack, mut strides_heap) = ([0isize; STACK_AXES], Vec::new());
+        let strides: &[isize] = if ndim == 0 || t.strides.is_null() {
             // DLPack < 1.2 allowed NULL strides to mean C order.
-            contiguous_strides(&shape)
+            strides_heap = contiguous_strides(shape);
+            &strides_heap
         } else {
             // SAFETY: a non-NULL `strides` of a valid DLTensor holds `ndim` entries.
             let s = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-            s.iter()
-                .map(|&x| isize::try_from(x))
-                .collect::<Result<Vec<isize>, _>>()
-                .map_err(|_| {
-                    Error::buffer(format!(
-                        "DLPack strides {} do not fit this platform",
-                        tuple_string(s)
-                    ))
-                })?
+            convert_axes(s, isize::try_from, &mut strides_stack, &mut strides_heap)
+                .map_err(|_| field("strides", tuple_string(s), "they do not fit this platform"))?
         };
         let data = if numel == 0 {
             // Zero-size tensors may carry NULL or any pointer; never dereferenced.
             std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
         } else {
             if t.data.is_null() {
-                return Err(Error::buffer(format!(
-                    "DLPack tensor of shape {} has a NULL data pointer",
-                    tuple_string(&shape)
-                )));
+                return Err(field(
+                    "data",
+                    "NULL",
+                    format!(
+                        "the shape {} has elements, so a NULL data pointer is not allowed",
+                        tuple_string(shape)
+                    ),
+                ));
             }
-            let offset = isize::try_from(t.byte_offset).map_err(|_| {
-                Error::buffer(format!("DLPack byte_offset {} is too large", t.byte_offset))
-            })?;
-            if byte_span(t.data as usize, offset, &shape, &strides, itemsize).is_none() {
-                return Err(Error::buffer(format!(
-                    "DLPack strides {} with byte_offset {offset} overflow for shape {} of \
-                     {dtype}: the elements would not lie in the address space",
-                    tuple_string(&strides),
-                    tuple_string(&shape)
-                )));
+            let offset = isize::try_from(t.byte_offset)
+                .map_err(|_| field("byte_offset", t.byte_offset, "too large"))?;
+            if byte_span(t.data as usize, offset, shape, strides, itemsize).is_none() {
+                return Err(field(
+                    "strides",
+                    tuple_string(strides),
+                    format!(
+                        "with byte_offset {offset}, shape {} and {dtype} the element offsets \
+                         overflow: the elements would not lie in the address space",
+                        tuple_string(shape)
+                    ),
+                ));
             }
             (t.data as *mut u8).wrapping_offset(offset)
         };
@@ -187,7 +199,7 @@ impl ForeignTensor {
         // is valid memory until its deleter runs; the deleter runs when `owner` (this
         // ForeignTensor) is dropped, after the last view is gone.
         Ok(unsafe {
-            Tensor::from_raw_parts(
+            Tensor::from_raw_slices(
                 data,
                 shape,
                 strides,
@@ -197,6 +209,42 @@ impl ForeignTensor {
                 Arc::new(self),
             )
         })
+    }
+}
+
+/// An [`Error::DLPackField`]: `name` of the imported tensor holds `value`, which `problem` says
+/// is wrong.
+fn field(name: &'static str, value: impl std::fmt::Display, problem: impl Into<String>) -> Error {
+    Error::DLPackField {
+        field: name,
+        value: value.to_string(),
+        problem: problem.into(),
+    }
+}
+
+/// Axes up to this many are read into arrays on the stack: a `Vec` for the shape and one for
+/// the strides cost two allocations and two frees per import, for a tensor that holds its
+/// axes inline anyway.
+const STACK_AXES: usize = 8;
+
+/// `raw` converted by `f`, in `stack` when it fits, else in `heap`.
+fn convert_axes<'a, U: Copy, T: Copy, E>(
+    raw: &[U],
+    f: impl Fn(U) -> std::result::Result<T, E>,
+    stack: &'a mut [T; STACK_AXES],
+    heap: &'a mut Vec<T>,
+) -> std::result::Result<&'a [T], E> {
+    if raw.len() <= STACK_AXES {
+        for (d, &x) in stack.iter_mut().zip(raw) {
+            *d = f(x)?;
+        }
+        Ok(&stack[..raw.len()])
+    } else {
+        *heap = raw
+            .iter()
+            .map(|&x| f(x))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(heap)
     }
 }
 
@@ -436,7 +484,7 @@ mod tests {
                 |m| m.dl_tensor.byte_offset = offset,
             ))
             .unwrap_err();
-            assert!(matches!(e, Error::Buffer { .. }), "{shape:?}: {e}");
+            assert!(matches!(e, Error::DLPackField { .. }), "{shape:?}: {e}");
             assert_eq!(DELETED.load(Ordering::SeqCst), i + 1);
         }
     }

@@ -7,7 +7,7 @@ use std::borrow::Borrow;
 use crate::backend::backend_for;
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::Grid;
 use crate::layout::Layout;
 use crate::ops;
@@ -32,7 +32,7 @@ impl PartitionedArray {
         if let Some(d) = target.devices.iter().find(|&&d| d != t.device()) {
             return Err(Error::DeviceMismatch {
                 op: "partition".into(),
-                devices: format!("{} -> {d}", t.device()),
+                devices: Devices::move_(t.device(), *d),
                 reason: "partition makes views of the data where it is; use repartition with \
                          transfer to move it"
                     .into(),
@@ -109,7 +109,7 @@ impl PartitionedArray {
             None if devices.len() > 1 => {
                 return Err(Error::DeviceMismatch {
                     op: "assemble".into(),
-                    devices: device_list(&devices),
+                    devices: Devices::Several(devices),
                     reason: "partitions live on several devices; pass a device and transfer=True"
                         .into(),
                 })
@@ -167,7 +167,7 @@ impl PartitionedArray {
         if !transfer {
             return Err(Error::DeviceMismatch {
                 op: op.into(),
-                devices: format!("{} -> {target}", device_list(&away)),
+                devices: Devices::Moves(away.iter().map(|&d| (d, target)).collect()),
                 reason: "partitions would be moved to another device; pass transfer=True".into(),
             });
         }
@@ -380,7 +380,7 @@ fn check_crossing(op: &str, from: Device, to: Device, transfer: bool) -> Result<
     if from != to && !transfer {
         return Err(Error::DeviceMismatch {
             op: op.into(),
-            devices: format!("{from} -> {to}"),
+            devices: Devices::move_(from, to),
             reason: "the data would move to another device; pass transfer=True".into(),
         });
     }
@@ -396,9 +396,4 @@ fn distinct_devices<T: Borrow<Tensor>>(tensors: &[T]) -> Vec<Device> {
         }
     }
     out
-}
-
-fn device_list(devices: &[Device]) -> String {
-    let names: Vec<String> = devices.iter().map(Device::to_string).collect();
-    names.join(", ")
 }

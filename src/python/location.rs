@@ -32,12 +32,14 @@ fn repr(obj: &Bound<'_, PyAny>) -> String {
 
 /// Reads the location forms into [`Location`]s, reusing what it read for earlier entries of
 /// the same dict: producers repeat one location tuple (dlpart's own dicts share one tuple
-/// object per device) or one host string across their entries, and re-reading each cost about
-/// 0.3 us per entry (string extraction, device parsing, a `String` per host).
+/// object per location) or one host string across their entries, and re-reading each cost
+/// about 0.3 us per entry (string extraction, device parsing, a `String` per host).
 ///
-/// Reuse is by object identity, and only of immutable objects (tuples, strings) that the
-/// reader holds a reference to, so an address cannot be recycled for another object and a
-/// reused value is exactly what reading again would give.
+/// Reuse is by object identity, or for exact `str` objects by equality (producers that make
+/// a new string per entry: comparing two strings allocates nothing, where extracting the text
+/// makes a bytes object under the stable ABI), and only of immutable objects that the reader
+/// holds a reference to, so an address cannot be recycled for another object and a reused
+/// value is exactly what reading again would give.
 #[derive(Default)]
 pub(crate) struct LocationReader<'py> {
     /// The last tuple read, the fallback device it was read with, and what it gave.
@@ -89,7 +91,7 @@ impl<'py> LocationReader<'py> {
     /// The text of a host string, shared with the previous entry when it is the same object.
     fn host(&mut self, s: &Bound<'py, PyString>) -> PyResult<Arc<str>> {
         if let Some((last, text)) = &self.host {
-            if last.is(s) {
+            if same_str(last, s) {
                 return Ok(text.clone());
             }
         }
@@ -101,7 +103,7 @@ impl<'py> LocationReader<'py> {
     /// The device a location's device string names.
     fn device(&mut self, s: &Bound<'py, PyString>, position: &[usize]) -> PyResult<Device> {
         if let Some((last, d)) = &self.device {
-            if last.is(s) {
+            if same_str(last, s) {
                 return Ok(*d);
             }
         }
@@ -221,6 +223,20 @@ impl<'py> LocationReader<'py> {
             rank: None,
         })
     }
+}
+
+/// Whether `a` and `b` are one string: the same object, or two exact `str` objects (no
+/// subclass, whose `__eq__` could run Python code) with equal text.
+fn same_str(a: &Bound<'_, PyString>, b: &Bound<'_, PyString>) -> bool {
+    if a.is(b) {
+        return true;
+    }
+    if !(a.is_exact_instance_of::<PyString>() && b.is_exact_instance_of::<PyString>()) {
+        return false;
+    }
+    // SAFETY: both are live exact `str` objects; comparing two of them runs no Python code and
+    // cannot fail, so no error is left set (-1 is treated as "not equal" all the same).
+    unsafe { pyo3::ffi::PyObject_RichCompareBool(a.as_ptr(), b.as_ptr(), pyo3::ffi::Py_EQ) == 1 }
 }
 
 /// A device given by a framework's own name (heat's extra `device` key: `'cpu'`, `'cuda:1'`,

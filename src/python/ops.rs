@@ -56,7 +56,7 @@ fn gather(
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
     let (x, idx) = (tensor_arg(x)?, tensor_arg(indices)?);
-    let axis = axis_arg("gather", axis, x.inner.ndim())?;
+    let axis = axis_arg("gather", axis, x.inner.ndim(), "source")?;
     let out = out.map(tensor_arg).transpose()?;
     let r = py
         .detach(|| crate::ops::gather(&x.inner, &idx.inner, axis, out.as_ref().map(|o| &o.inner)))
@@ -76,7 +76,7 @@ fn scatter(
     axis: i64,
 ) -> PyResult<()> {
     let (v, idx, o) = (tensor_arg(values)?, tensor_arg(indices)?, tensor_arg(out)?);
-    let axis = axis_arg("scatter", axis, o.inner.ndim())?;
+    let axis = axis_arg("scatter", axis, o.inner.ndim(), "output")?;
     py.detach(|| crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis))
         .map_err(to_py)
 }

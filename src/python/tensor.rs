@@ -48,7 +48,7 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
         if !(same || host_alias) {
             return Err(to_py(crate::Error::DeviceMismatch {
                 op: "copy".into(),
-                devices: format!("{here} -> {}", target.unwrap_or(here)),
+                devices: crate::error::Devices::move_(here, target.unwrap_or(here)),
                 reason: "dlpart cannot copy between these devices in this build".into(),
             }));
         }
@@ -422,16 +422,18 @@ pub fn _tensor_from_bytes(
     Ok(PyTensor::new(t))
 }
 
-/// `axis` of an `ndim`-d array for `func`: negative ones count from the end, as in numpy; one
-/// below `-ndim` is a `ValueError` saying so (pyo3 would raise a bare `OverflowError`).
-pub(crate) fn axis_arg(func: &str, axis: i64, ndim: usize) -> PyResult<usize> {
+/// `axis` of the `ndim`-d array `what` (`"source"`, `"output"`, `"array"`) for `func`:
+/// negative ones count from the end, as in numpy; one outside `[-ndim, ndim)` is a
+/// `ValueError` saying so (pyo3 would raise a bare `OverflowError` below zero).
+pub(crate) fn axis_arg(func: &str, axis: i64, ndim: usize, what: &str) -> PyResult<usize> {
     let a = if axis < 0 { axis + ndim as i64 } else { axis };
-    usize::try_from(a).map_err(|_| {
-        PyValueError::new_err(format!(
-            "{func}: axis {axis} is out of range for a {ndim}-d array (negative axes count \
+    match usize::try_from(a) {
+        Ok(a) if a < ndim => Ok(a),
+        _ => Err(PyValueError::new_err(format!(
+            "{func}: axis {axis} is out of range for the {ndim}-d {what} (negative axes count \
              from the end, down to -{ndim})"
-        ))
-    })
+        ))),
+    }
 }
 
 /// `values` as sizes or positions for `arg` of `func`, each non-negative: a negative one is a

@@ -38,11 +38,13 @@ class Ctx:
         return Stats(times, nbytes)
 
     def stats_together(
-        self, fns: Dict[str, Callable[[], Any]], nbytes: int, check=None, rounds: int = 1
+        self, fns: Dict[str, Callable[[], Any]], nbytes: int, check=None, rounds: int = 1,
+        clean: bool = True,
     ) -> Dict[str, Stats]:
-        """Stats of every function of `fns`, timed round-robin from a clean cache (see
-        `measure_together`), `rounds` times the run's repeat count; `check` validates the
-        result of `fns["dlpart"]`."""
+        """Stats of every function of `fns`, timed round-robin (see `measure_together`),
+        `rounds` times the run's repeat count, from a clean cache unless `clean` is False (for
+        cases whose data is meant to be in cache); `check` validates the result of
+        `fns["dlpart"]`."""
         checks = {"dlpart": check} if check is not None else {}
         times = measure_together(
             fns,
@@ -50,7 +52,7 @@ class Ctx:
             warmup=self.warmup,
             sync=self.env.sync,
             checks=checks,
-            reset=self.env.clean_cache,
+            reset=self.env.clean_cache if clean else None,
             progress=_progress,
         )
         return {name: Stats(t, nbytes) for name, t in times.items()}

@@ -133,10 +133,10 @@ unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor,
     // SAFETY: `copy_and_count` wrote all `n` int64 values of the buffer (every block of every
     // chunk), which `buf`, the owner, keeps alive; C-order strides for one axis of `n`.
     let t = unsafe {
-        Tensor::from_raw_parts(
+        Tensor::from_raw_slices(
             buf.as_ptr(),
-            vec![n],
-            vec![1],
+            &[n],
+            &[1],
             DType::Int64,
             Device::CPU,
             false,

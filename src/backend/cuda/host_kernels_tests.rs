@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{entries, launch, LaunchError, Region};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::index_check::{index_value, verdict, Verdict};
-use crate::backend::cuda::jobs::{plan, Launch, Mode, Transfer, BLOCK, MAX_JOB_NUMEL, TILE};
+use crate::backend::cuda::jobs::{to_launches, Launch, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL, TILE};
 use crate::backend::cuda::nvrtc::SOURCES;
 use crate::backend::{Backend, BoxCopy};
 use crate::{DType, Device, Error, Tensor};
@@ -325,7 +325,7 @@ fn box_copies_match_the_cpu_backend() {
             }])
             .unwrap();
 
-        let t = Transfer {
+        let t = RawCopy {
             src: src_at,
             dst: dst_at,
             item,
@@ -336,7 +336,7 @@ fn box_copies_match_the_cpu_backend() {
             index: 0,
             index_len: 0,
         };
-        let launches = plan(&[t], Mode::Box, max_numel(&mut rng, case)).unwrap();
+        let launches = to_launches(&[t], Mode::Box, max_numel(&mut rng, case)).unwrap();
         let s = schedule(&mut rng);
         let regions = [src.region(false), dst.region(true)];
         run_launches(&launches, 0, 0, s, &regions).unwrap();
@@ -401,7 +401,7 @@ fn check_indexed(mode: Mode, seed: u64) {
         }
         .unwrap();
 
-        let t = Transfer {
+        let t = RawCopy {
             src: src_at,
             dst: dst_at,
             item,
@@ -412,7 +412,7 @@ fn check_indexed(mode: Mode, seed: u64) {
             index: idx.data_ptr() as u64,
             index_len: len,
         };
-        let launches = plan(&[t], mode, max_numel(&mut rng, case)).unwrap();
+        let launches = to_launches(&[t], mode, max_numel(&mut rng, case)).unwrap();
         let s = schedule(&mut rng);
         let mut status = [0u64; 2];
         let winner = vec![0u64; len];
@@ -465,7 +465,7 @@ fn bad_indices_are_reported_and_never_followed() {
                 let src = Buf::random(&mut rng, src_rows * cols * item);
                 let dst = Buf::random(&mut rng, dst_rows * cols * item);
                 let before = dst.dup();
-                let t = Transfer {
+                let t = RawCopy {
                     src: src.addr(),
                     dst: dst.addr(),
                     item,
@@ -476,7 +476,7 @@ fn bad_indices_are_reported_and_never_followed() {
                     index: indices.as_ptr() as u64,
                     index_len: len,
                 };
-                let launches = plan(&[t], mode, MAX_JOB_NUMEL).unwrap();
+                let launches = to_launches(&[t], mode, MAX_JOB_NUMEL).unwrap();
                 let mut status = [0u64; 2];
                 let winner = vec![0u64; len];
                 let (wp, sp) = (winner.as_ptr() as u64, status.as_mut_ptr() as u64);
@@ -685,7 +685,7 @@ fn offsets_past_2_pow_31_elements() {
                         shape: vec![rows, cols],
                     }])
                     .unwrap();
-                let t = Transfer {
+                let t = RawCopy {
                     src: src_at,
                     dst: dst.addr(),
                     item,
@@ -696,7 +696,7 @@ fn offsets_past_2_pow_31_elements() {
                     index: 0,
                     index_len: 0,
                 };
-                let launches = plan(&[t], Mode::Box, max).unwrap();
+                let launches = to_launches(&[t], Mode::Box, max).unwrap();
                 let regions = [sparse.region(), dst.region(true)];
                 let s = Schedule {
                     max_grid: 2,
@@ -741,7 +741,7 @@ fn offsets_past_2_pow_31_elements() {
         )
     };
     cpu().gather(&l, &idx, 0, &e).unwrap();
-    let gather = Transfer {
+    let gather = RawCopy {
         src: long.addr(),
         dst: small.addr(),
         item: 2,
@@ -756,7 +756,7 @@ fn offsets_past_2_pow_31_elements() {
     let mut status = [0u64; 2];
     let sp = status.as_mut_ptr() as u64;
     let idx_region = Region::new(idx.data_ptr() as u64, n * 8, false);
-    let launches = plan(&[gather_again], Mode::Gather, MAX_JOB_NUMEL).unwrap();
+    let launches = to_launches(&[gather_again], Mode::Gather, MAX_JOB_NUMEL).unwrap();
     let s = Schedule {
         max_grid: 1,
         seed: 2,
@@ -779,12 +779,12 @@ fn offsets_past_2_pow_31_elements() {
         )
     };
     cpu().scatter(&v, &idx, 0, &o).unwrap();
-    let scatter = Transfer {
+    let scatter = RawCopy {
         src: small.addr(),
         dst: out.addr(),
         ..gather
     };
-    let launches = plan(&[scatter], Mode::Scatter, MAX_JOB_NUMEL).unwrap();
+    let launches = to_launches(&[scatter], Mode::Scatter, MAX_JOB_NUMEL).unwrap();
     let regions = [
         out.region(),
         small.region(false),

@@ -13,7 +13,7 @@ use super::driver::Kernel;
 use super::index_check::{
     index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
 };
-use super::jobs::{self, Mode, Transfer, BLOCK, MAX_JOB_NUMEL};
+use super::jobs::{self, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL};
 use super::CudaBackend;
 use crate::backend::{Backend, BoxCopy};
 use crate::dtype::DType;
@@ -234,7 +234,7 @@ impl CudaBackend {
             ));
         }
         let len = large.shape()[axis];
-        let t = Transfer {
+        let t = RawCopy {
             src: src.data_ptr() as u64,
             dst: out.data_ptr() as u64,
             item: src.dtype().itemsize(),
@@ -245,7 +245,7 @@ impl CudaBackend {
             index: idx.data_ptr() as u64,
             index_len: len,
         };
-        let launches = jobs::plan(&[t], mode, MAX_JOB_NUMEL)?;
+        let launches = jobs::to_launches(&[t], mode, MAX_JOB_NUMEL)?;
         if launches.is_empty() {
             return Ok(());
         }

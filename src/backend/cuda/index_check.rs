@@ -5,7 +5,7 @@
 
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::tensor::Tensor;
 
 /// Where the indices of a gather or scatter come from, for a backend on some device.
@@ -35,7 +35,7 @@ pub(crate) fn index_home(backend: Device, indices: &Tensor) -> Result<IndexHome>
     } else {
         Err(Error::DeviceMismatch {
             op: "indices".into(),
-            devices: format!("{here} and {backend}"),
+            devices: Devices::Apart(here, backend),
             reason: "indices must be in host memory or on the device of the data".into(),
         })
     }

@@ -1,6 +1,6 @@
-//! Lowering strided transfers to the kernels' job tables (pure host code, no driver calls).
+//! Lowering strided box copies to the kernels' job tables (pure host code, no driver calls).
 //!
-//! A [`Transfer`] is one strided box copy, gather or scatter in C order. [`plan`] drops unit
+//! A [`RawCopy`] is one strided box copy, gather or scatter in C order. [`to_launches`] drops unit
 //! dims, collapses dims that are contiguous on both sides, widens the word where the
 //! innermost run is contiguous and aligned (so a 4-byte copy moves 16-byte words), folds dims
 //! beyond [`MAX_DIMS`] and splits jobs so that every job has fewer than 2^31 elements (the
@@ -75,9 +75,9 @@ impl CudaJob {
     }
 }
 
-/// One strided transfer: `shape` elements of `item` bytes, strides in elements, C order.
+/// One box copy (or gather or scatter) in raw device addresses: `shape` elements of `item` bytes, strides in elements, C order.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Transfer {
+pub struct RawCopy {
     pub src: u64,
     pub dst: u64,
     pub item: usize,
@@ -121,7 +121,7 @@ pub fn magic_div(n: u32, magic: u32, shift: u32) -> u32 {
     (hi + n) >> shift
 }
 
-/// A transfer in working form: dims in C order as (size, src stride, dst stride), strides
+/// A raw copy in working form: dims in C order as (size, src stride, dst stride), strides
 /// in words of `word` bytes.
 #[derive(Clone, Debug)]
 struct Work {
@@ -153,7 +153,7 @@ impl Work {
         }
     }
 
-    /// The sub-transfer at coordinate `c` of dim `d`: the dim goes away, unless it is the axis
+    /// The sub-copy at coordinate `c` of dim `d`: the dim goes away, unless it is the axis
     /// (whose offset lives on the device) which stays with size 1.
     fn fold(&self, mode: Mode, d: usize, c: usize) -> Work {
         let mut w = self.clone();
@@ -172,7 +172,7 @@ impl Work {
     }
 }
 
-fn lower(t: &Transfer) -> Option<Work> {
+fn lower(t: &RawCopy) -> Option<Work> {
     if t.shape.contains(&0) {
         return None;
     }
@@ -328,12 +328,12 @@ fn encode(w: &Work, tile_start: u32) -> CudaJob {
     job
 }
 
-/// Lowers `transfers` to launches, one or more per word size. `max_numel` is
+/// Lowers `copies` to launches, one or more per word size. `max_numel` is
 /// [`MAX_JOB_NUMEL`] except in tests that exercise splitting.
-pub fn plan(transfers: &[Transfer], mode: Mode, max_numel: u64) -> Result<Vec<Launch>> {
+pub fn to_launches(copies: &[RawCopy], mode: Mode, max_numel: u64) -> Result<Vec<Launch>> {
     let max_numel = max_numel.min(MAX_JOB_NUMEL);
     let mut pieces = Vec::new();
-    for t in transfers {
+    for t in copies {
         if !WORDS.contains(&t.item) {
             return Err(Error::Backend {
                 backend: "cuda",

@@ -35,7 +35,7 @@ fn magic_division_matches_integer_division() {
 #[test]
 fn aligned_contiguous_runs_move_in_16_byte_words() {
     // A 2048 x 2048 f32 box of an 8192-wide row-major array into a contiguous block.
-    let t = Transfer {
+    let t = RawCopy {
         src: 256 + 4 * 2048,
         dst: 4096,
         item: 4,
@@ -46,24 +46,27 @@ fn aligned_contiguous_runs_move_in_16_byte_words() {
         index: 0,
         index_len: 0,
     };
-    let l = plan(std::slice::from_ref(&t), Mode::Box, MAX_JOB_NUMEL).unwrap();
+    let l = to_launches(std::slice::from_ref(&t), Mode::Box, MAX_JOB_NUMEL).unwrap();
     assert_eq!(l.len(), 1);
     let j = &l[0].jobs[0];
     assert_eq!((l[0].word, j.ndim), (16, 2));
     assert_eq!((j.size[0], j.size[1]), (512, 2048));
     assert_eq!((j.src_stride[1], j.dst_stride[1]), (2048, 512));
     // Shifted by one element the run is only 4-byte aligned: no widening.
-    let odd = Transfer {
+    let odd = RawCopy {
         src: t.src + 4,
         ..t.clone()
     };
-    assert_eq!(plan(&[odd], Mode::Box, MAX_JOB_NUMEL).unwrap()[0].word, 4);
+    assert_eq!(
+        to_launches(&[odd], Mode::Box, MAX_JOB_NUMEL).unwrap()[0].word,
+        4
+    );
     // Both sides contiguous: one flat run.
-    let flat = Transfer {
+    let flat = RawCopy {
         src_strides: vec![2048, 1],
         ..t
     };
-    let l = plan(&[flat], Mode::Box, MAX_JOB_NUMEL).unwrap();
+    let l = to_launches(&[flat], Mode::Box, MAX_JOB_NUMEL).unwrap();
     assert_eq!(
         (l[0].jobs[0].ndim, l[0].jobs[0].size[0]),
         (1, 2048 * 2048 / 4)
@@ -72,7 +75,7 @@ fn aligned_contiguous_runs_move_in_16_byte_words() {
 
 #[test]
 fn gathered_blocks_of_32_floats_move_in_16_byte_words() {
-    let t = Transfer {
+    let t = RawCopy {
         src: 0,
         dst: 1 << 20,
         item: 4,
@@ -83,7 +86,7 @@ fn gathered_blocks_of_32_floats_move_in_16_byte_words() {
         index: 1 << 30,
         index_len: 5000,
     };
-    let l = plan(&[t], Mode::Gather, MAX_JOB_NUMEL).unwrap();
+    let l = to_launches(&[t], Mode::Gather, MAX_JOB_NUMEL).unwrap();
     let j = &l[0].jobs[0];
     assert_eq!((l[0].word, j.ndim, j.axis), (16, 2, 1));
     assert_eq!((j.size[0], j.size[1], j.src_stride[1]), (8, 1000, 8));
@@ -92,7 +95,7 @@ fn gathered_blocks_of_32_floats_move_in_16_byte_words() {
 #[test]
 fn huge_copies_split_below_2_pow_31_elements() {
     let n = 5usize << 31;
-    let t = Transfer {
+    let t = RawCopy {
         src: 0,
         dst: 1 << 40,
         item: 1,
@@ -103,7 +106,7 @@ fn huge_copies_split_below_2_pow_31_elements() {
         index: 0,
         index_len: 0,
     };
-    let l = plan(&[t], Mode::Box, MAX_JOB_NUMEL).unwrap();
+    let l = to_launches(&[t], Mode::Box, MAX_JOB_NUMEL).unwrap();
     let jobs: Vec<&CudaJob> = l.iter().flat_map(|l| &l.jobs).collect();
     assert_eq!(
         jobs.iter().map(|j| u64::from(j.numel)).sum::<u64>(),
@@ -119,7 +122,7 @@ fn huge_copies_split_below_2_pow_31_elements() {
 
 #[test]
 fn empty_boxes_launch_nothing_and_bad_items_are_named() {
-    let t = Transfer {
+    let t = RawCopy {
         src: 0,
         dst: 0,
         item: 4,
@@ -130,11 +133,13 @@ fn empty_boxes_launch_nothing_and_bad_items_are_named() {
         index: 0,
         index_len: 0,
     };
-    assert!(plan(std::slice::from_ref(&t), Mode::Box, MAX_JOB_NUMEL)
-        .unwrap()
-        .is_empty());
-    let e = plan(
-        &[Transfer {
+    assert!(
+        to_launches(std::slice::from_ref(&t), Mode::Box, MAX_JOB_NUMEL)
+            .unwrap()
+            .is_empty()
+    );
+    let e = to_launches(
+        &[RawCopy {
             item: 3,
             shape: vec![2],
             ..t

@@ -9,7 +9,7 @@
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `jobs.rs` | lowering strided transfers to job tables (pure host code) |
+//! | `jobs.rs` | lowering strided box copies to job tables (pure host code) |
 //! | `nvrtc.rs` | embedded sources, NVRTC compilation to CUBIN/PTX |
 //! | `driver.rs` | the driver operations the backend uses, behind one interface |
 //! | `cudarc_driver.rs` | that interface on a GPU: cudarc, kernel modules |
@@ -50,12 +50,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::tensor::{checked_numel, contiguous_strides, Tensor};
 use context::{guarded, Scratch};
 use cudarc_driver::CudarcDriver;
 use driver::{Driver, Kernel};
-use jobs::{Launch, Mode, Transfer, MAX_JOB_NUMEL};
+use jobs::{Launch, Mode, RawCopy, MAX_JOB_NUMEL};
 
 /// Checks that `device` (`kDLCUDA:n`) exists here: [`Error::InvalidDevice`] when `n` is not
 /// below the driver's device count. Without a usable driver nothing can be counted, so this
@@ -159,7 +159,7 @@ impl CudaBackend {
         if t.device() != self.device {
             return Err(Error::DeviceMismatch {
                 op: op.into(),
-                devices: format!("{} and {}", t.device(), self.device),
+                devices: Devices::Apart(t.device(), self.device),
                 reason: format!("the {role} is not on the backend's device"),
             });
         }
@@ -239,9 +239,9 @@ impl CudaBackend {
         Ok(status)
     }
 
-    /// Queues the strided copies of `transfers` (addresses may be on peer devices).
-    fn copy_transfers(&self, transfers: &[Transfer]) -> Result<()> {
-        let launches = jobs::plan(transfers, Mode::Box, MAX_JOB_NUMEL)?;
+    /// Queues the strided `copies` (addresses may be on peer devices).
+    fn copy_raw(&self, copies: &[RawCopy]) -> Result<()> {
+        let launches = jobs::to_launches(copies, Mode::Box, MAX_JOB_NUMEL)?;
         if !launches.is_empty() {
             // Loaded before the lock: loading may log, and a log record may wait for the GIL.
             self.load_kernels()?;
@@ -286,7 +286,7 @@ impl Backend for CudaBackend {
 
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         self.bind()?;
-        let mut transfers = Vec::with_capacity(jobs.len());
+        let mut copies = Vec::with_capacity(jobs.len());
         for j in jobs {
             self.check_device(j.src, "source", "copy_boxes")?;
             self.check_device(j.dst, "destination", "copy_boxes")?;
@@ -299,7 +299,7 @@ impl Backend for CudaBackend {
             }
             let s = j.src.view(&j.src_start, &j.shape)?;
             let d = j.dst.view(&j.dst_start, &j.shape)?;
-            transfers.push(Transfer {
+            copies.push(RawCopy {
                 src: s.data_ptr() as u64,
                 dst: d.data_ptr() as u64,
                 item: s.dtype().itemsize(),
@@ -311,7 +311,7 @@ impl Backend for CudaBackend {
                 index_len: 0,
             });
         }
-        self.copy_transfers(&transfers)
+        self.copy_raw(&copies)
     }
 
     /// Host indices are copied to this device, then every index is checked there (see
@@ -343,7 +343,7 @@ impl Backend for CudaBackend {
         if src.device() != self.device && dst.device() != self.device {
             return Err(Error::DeviceMismatch {
                 op: "transfer".into(),
-                devices: format!("{} -> {}", src.device(), dst.device()),
+                devices: Devices::move_(src.device(), dst.device()),
                 reason: format!("neither side is on the backend's device {}", self.device),
             });
         }

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use super::context::PinnedBuffer;
-use super::jobs::Transfer;
+use super::jobs::RawCopy;
 use super::CudaBackend;
 use crate::backend::cpu::copy_strided;
 use crate::backend::{Backend, BoxCopy};
@@ -194,7 +194,7 @@ impl CudaBackend {
             if self.enable_peer_access(&peer)? {
                 // Our kernel must not read `src` before the source device's queued work.
                 self.wait_on_other(&peer)?;
-                self.copy_transfers(&[Transfer {
+                self.copy_raw(&[RawCopy {
                     src: src.data_ptr() as u64,
                     dst: dst.data_ptr() as u64,
                     item: src.dtype().itemsize(),
