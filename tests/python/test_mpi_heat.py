@@ -35,9 +35,21 @@ def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun):
     """The real heat: DNDarrays split along axis 0 or 1 (balanced and not) read by
     `dlpart.mpi.from_partitioned`, repartitioned and assembled equal numpy and `x.numpy()`;
     dlpart SPMD arrays of random uneven blocks read by `ht.from_partitioned(to_heat(a))` hold
-    the same memory and equal numpy, and after `split=` heat's `resplit` does too."""
+    the same memory and equal numpy, and after `split=` heat's `resplit` does too. The same
+    launch runs the guide's heat example (examples/mpi/with_heat.py)."""
     if importlib.util.find_spec("heat") is None:  # looked up, not imported (see above)
         pytest.skip("heat is an opt-in install: DLPART_WITH_HEAT=1 scripts/test.sh")
     cases = 12
     out = mpirun(SCRIPTS / "heat_spmd.py", RANKS, 20240611, cases, timeout=240)
     assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+
+
+def test_guide_heat_block_is_the_heat_example():
+    """The guide's heat-over-MPI block cannot run in this process (no MPI, no heat here): it is
+    examples/mpi/with_heat.py, which heat_spmd.py runs under mpirun after its own cases."""
+    root = pathlib.Path(__file__).parents[2]
+    guide = (root / "docs" / "guide.md").read_text()
+    section = guide[guide.index("### heat over MPI"):]
+    block = re.search(r"```py\n(.*?)```", section, re.S).group(1)
+    assert block in (root / "examples" / "mpi" / "with_heat.py").read_text()
+

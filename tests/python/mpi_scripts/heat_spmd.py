@@ -11,10 +11,17 @@ the ranks, in both directions, checked against numpy built on every rank from th
   balanced chunks) `resplit` equal numpy. The SpmdArray's own draft-2 dict is not heat's form:
   heat's `int(location[0])` fails on it, which is why the adapter exists.
 
+Then the guide's heat block runs: examples/mpi/with_heat.py, in this launch (starting heat on
+every rank takes seconds).
+
 usage: heat_spmd.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
 """
 
+import contextlib
+import io
+import pathlib
+import runpy
 import sys
 import traceback
 
@@ -130,6 +137,9 @@ def main():
         except Exception:
             print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
             raise
+    example = pathlib.Path(__file__).parents[3] / "examples" / "mpi" / "with_heat.py"
+    with contextlib.redirect_stdout(io.StringIO()):  # its own "ok <rank>" line, not ours
+        runpy.run_path(str(example), run_name="example")
     sys.stdout.write(f"ok {rank} {cases}\n")  # one write: ranks share the pipe
     sys.stdout.flush()
 
