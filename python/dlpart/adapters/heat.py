@@ -7,16 +7,21 @@ a dlpart array so that its ``__partitioned__`` has exactly that form, over the p
 partitions held here, unless the array has its own), and numpy data (torch for arrays that came
 from torch, as heat's own do). heat's own dicts come back out in their form unchanged: dlpart
 keeps a rank as a rank.
+
+Over MPI, heat also needs one partition per rank, rank ``r`` holding the ``r``-th slab along one
+split axis. `to_heat` checks a `dlpart.mpi.SpmdArray` for that (every rank reaches the same
+verdict, so none is left waiting inside heat), and with ``split=k`` first repartitions it into
+heat's own balanced chunks along axis ``k`` (collective: one ``Alltoallv``).
 """
 
 import sys
-from typing import Any, Optional
+from typing import Any, List, Optional, Sequence
 
-from .. import PartitionedArray
+from .. import PartitionedArray, ProtocolError
 from .. import from_partitioned as _import
 from .._types import PartitionedDict
 
-__all__ = ["HeatPartitioned", "to_heat"]
+__all__ = ["HeatPartitioned", "heat_splits", "to_heat"]
 
 
 def _rank(comm) -> int:
@@ -47,9 +52,69 @@ class HeatPartitioned:
         return d
 
 
-def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None) -> HeatPartitioned:
+def heat_splits(shape: Sequence[int], split: int, size: int) -> List[List[int]]:
+    """The split points of heat's balanced distribution of ``shape`` over ``size`` ranks along
+    axis ``split`` (heat's ``comm.chunk``: the first ``n % size`` ranks hold one more)."""
+    n = shape[split]
+    counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
+    points = [0]
+    for c in counts:
+        points.append(points[-1] + c)
+    return [points if axis == split else [0, m] for axis, m in enumerate(shape)]
+
+
+def _check_heat_layout(array: Any) -> None:
+    """Raises `dlpart.ProtocolError` unless each rank of ``array.comm`` holds exactly one
+    partition, the ``r``-th along at most one tiled axis on rank ``r``, none of them the whole
+    (non-empty) axis: what heat reads. heat infers its split axis from where a rank's chunk is
+    shorter than the whole, so a rank holding all of it would take the array as unsplit while
+    the others split it. Only global metadata is read: every rank raises or none does."""
+    size = array.comm.size
+    tiled = [axis for axis, n in enumerate(array.tiling) if n > 1]
+    axis = tiled[0] if tiled else 0
+    hint = "; pass split= to repartition into heat's layout"
+    if len(tiled) > 1 or array.tiling[axis] != size:
+        raise ProtocolError(f"heat reads one partition per rank along one axis: tiling "
+                            f"{tuple(array.tiling)} over {size} ranks{hint}")
+    # C order: with one tiled axis, the n-th entry is the n-th slab along it.
+    entries = array._core.entries()
+    for pos, (_, _, _, _, locs) in enumerate(entries):
+        ranks = [rank for _, _, _, rank in locs]
+        if ranks != [pos]:
+            raise ProtocolError(f"heat reads the partitions in rank order: partition {pos} "
+                                f"along axis {axis} is on ranks {ranks}, not [{pos}]{hint}")
+    for pos, (_, _, shape, _, _) in enumerate(entries):
+        if size > 1 and shape[axis] == array.shape[axis] > 0:
+            raise ProtocolError(f"heat infers the split axis from each rank's chunk: rank {pos} "
+                                f"holds all {shape[axis]} of axis {axis}, so heat would take it "
+                                f"as unsplit there and split on the other ranks")
+
+
+def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
+            split: Optional[int] = None) -> HeatPartitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
     ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` once the
     program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's
-    (default: the producer's, numpy for host data dlpart made)."""
-    return HeatPartitioned(_import(obj), _rank(comm), framework)
+    (default: the producer's, numpy for host data dlpart made).
+
+    A `dlpart.mpi.SpmdArray` must already be in heat's layout (one partition per rank, in rank
+    order along one axis; `dlpart.ProtocolError` on every rank otherwise), or ``split=k``
+    repartitions it there first, collectively: heat's balanced chunks along axis ``k``, the
+    ``r``-th on rank ``r``. Its own communicator gives the rank (``comm`` is not needed)."""
+    from ..mpi import SpmdArray  # no MPI needed: the module loads mpi4py only for a communicator
+
+    array = obj if isinstance(obj, SpmdArray) else _import(obj)
+    if isinstance(array, SpmdArray):
+        if split is not None:
+            if not 0 <= split < array.ndim:
+                raise ValueError(f"split={split}: not an axis of a {array.ndim}-d array")
+            size = array.comm.size
+            grid = [size if axis == split else 1 for axis in range(array.ndim)]
+            array = array.repartition(splits=heat_splits(array.shape, split, size),
+                                      process_grid=grid)
+        _check_heat_layout(array)
+        return HeatPartitioned(array, array.comm.rank, framework)
+    if split is not None:
+        raise TypeError(f"to_heat(split={split}) repartitions a dlpart.mpi.SpmdArray across "
+                        f"the ranks, not a {type(array).__name__}")
+    return HeatPartitioned(array, _rank(comm), framework)

@@ -1,0 +1,153 @@
+"""Run under mpirun (4 ranks) with heat: heat DNDarrays and dlpart SPMD arrays exchanged across
+the ranks, in both directions, checked against numpy built on every rank from the same seed.
+
+- heat -> dlpart: a DNDarray split along axis 0 or 1 (uneven sizes; heat's balanced chunks and
+  an unbalanced `is_split` array) read by `dlpart.mpi.from_partitioned(x.__partitioned__,
+  comm)` (int ranks as locations), repartitioned across the ranks to the other axis, assembled
+  on rank 0: equal to numpy and to `x.numpy()`.
+- dlpart -> heat: `dlpart.mpi.from_local` row or column blocks of random uneven sizes (one rank
+  may hold none), through `dlpart.adapters.heat.to_heat` into `ht.from_partitioned`: heat's
+  local chunk is this rank's memory, `numpy()` and (after `split=` put the data in heat's
+  balanced chunks) `resplit` equal numpy. The SpmdArray's own draft-2 dict is not heat's form:
+  heat's `int(location[0])` fails on it, which is why the adapter exists.
+
+Then the guide's heat block runs: examples/mpi/with_heat.py, in this launch (starting heat on
+every rank takes seconds).
+
+usage: heat_spmd.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
+failure aborts every rank (MPI_Abort), so nothing waits.
+"""
+
+import contextlib
+import io
+import pathlib
+import runpy
+import sys
+import traceback
+
+import heat as ht
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import dlpart
+import dlpart.mpi
+from dlpart.adapters.heat import to_heat
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+DTYPES = [np.float32, np.float64, np.int64, np.int32]
+
+
+def one_rank_holds_all(points):
+    """heat infers its split axis per rank from the chunk's shape: a rank holding the whole
+    (non-empty) axis would take the array as unsplit, and to_heat refuses such a layout."""
+    n = points[-1]
+    return size > 1 and n > 0 and any(b - a == n for a, b in zip(points, points[1:]))
+
+
+def heat_points(n):
+    counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
+    return np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+
+def region(a, split, lo, hi):
+    return a[tuple(slice(lo, hi) if ax == split else slice(None) for ax in range(a.ndim))]
+
+
+def heat_to_dlpart(rng, ref, split):
+    if rng.random() < 0.5:
+        x = ht.array(torch.from_numpy(ref.copy()), split=split)  # heat's balanced chunks
+    else:  # an unbalanced heat array: each rank's slab of random size
+        pts = [0, *np.sort(rng.integers(0, ref.shape[split] + 1, size=size - 1)).tolist(),
+               ref.shape[split]]
+        x = ht.array(torch.from_numpy(region(ref, split, pts[rank], pts[rank + 1]).copy()),
+                     is_split=split)
+    a = dlpart.mpi.from_partitioned(x.__partitioned__, comm)
+    assert a.locals == x.__partitioned__["locals"], (a.locals, x.__partitioned__["locals"])
+    local = np.from_dlpack(a.partitions[a.locals[0]].tensor)
+    assert local.ctypes.data == x.larray.data_ptr() or local.size == 0, "zero-copy from heat"
+    other = 1 - split
+    moved = a.repartition(tuple(size if ax == other else 1 for ax in range(ref.ndim)))
+    whole = moved.assemble(root=0)
+    gathered = x.numpy()  # collective: every rank
+    if rank == 0:
+        np.testing.assert_array_equal(np.from_dlpack(whole), ref)
+        np.testing.assert_array_equal(np.from_dlpack(whole), gathered)
+    # and back into heat, along the other axis, in torch as it came
+    if one_rank_holds_all(heat_points(ref.shape[other])):
+        return
+    back = ht.from_partitioned(to_heat(moved, split=other))
+    assert back.split == (other if size > 1 else None) and isinstance(back.larray, torch.Tensor)
+    np.testing.assert_array_equal(back.numpy(), ref)
+
+
+def dlpart_to_heat(rng, ref, split):
+    n = ref.shape[split]
+    pts = [0, *np.sort(rng.integers(0, n + 1, size=size - 1)).tolist(), n]
+    mine = region(ref, split, pts[rank], pts[rank + 1])
+    a = dlpart.mpi.from_local(mine, comm, axis=split)
+    if one_rank_holds_all(pts):
+        try:
+            to_heat(a)
+        except dlpart.ProtocolError as e:
+            assert "holds all" in str(e), str(e)
+        else:
+            raise AssertionError(f"to_heat accepted a rank holding all of {pts}")
+    else:
+        dlpart_layout_to_heat(a, ref, split, mine)
+    if one_rank_holds_all(heat_points(n)):
+        return
+    # heat 1.8's resplit fails on unbalanced arrays (MPI_ERR_TRUNCATE, with heat's own
+    # is_split arrays too): split= hands heat its balanced chunks, moved by dlpart.
+    y = ht.from_partitioned(to_heat(a, split=split))
+    lo, hi = heat_points(n)[rank:rank + 2]
+    assert y.is_balanced() and y.lshape == region(ref, split, lo, hi).shape, y.lshape
+    np.testing.assert_array_equal(y.resplit(1 - split).numpy(), ref)
+
+
+def dlpart_layout_to_heat(a, ref, split, mine):
+    try:
+        ht.from_partitioned(a)  # draft-2 (ip, pid, device) locations: not heat's form
+    except TypeError as e:
+        assert "int()" in str(e), str(e)
+    else:
+        raise AssertionError("heat read draft-2 locations")
+    x = ht.from_partitioned(to_heat(a))
+    assert x.shape == ref.shape and x.split == (split if size > 1 else None), (x.shape, x.split)
+    np.testing.assert_array_equal(x.larray.numpy(), mine)
+    assert mine.size == 0 or x.larray.data_ptr() == mine.ctypes.data, "zero-copy into heat"
+    np.testing.assert_array_equal(x.numpy(), ref)
+
+
+def check_case(case, seed):
+    rng = np.random.default_rng([seed, case])  # the same draws on every rank
+    shape = tuple(int(n) for n in rng.integers(1, 14, size=2))
+    ref = (np.arange(shape[0] * shape[1]).reshape(shape) * 7 - 3).astype(DTYPES[case % 4])
+    split = case % 2
+    heat_to_dlpart(rng, ref, split)
+    dlpart_to_heat(rng, ref, split)
+
+
+def main():
+    seed, cases = int(sys.argv[1]), int(sys.argv[2])
+    for case in range(cases):
+        try:
+            check_case(case, seed)
+        except Exception:
+            print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
+            raise
+    example = pathlib.Path(__file__).parents[3] / "examples" / "mpi" / "with_heat.py"
+    with contextlib.redirect_stdout(io.StringIO()):  # its own "ok <rank>" line, not ours
+        runpy.run_path(str(example), run_name="example")
+    sys.stdout.write(f"ok {rank} {cases}\n")  # one write: ranks share the pipe
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:  # noqa: BLE001 - abort every rank rather than leave them waiting
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
