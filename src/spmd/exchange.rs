@@ -8,7 +8,7 @@
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::Grid;
 use crate::layout::{stay_by, Layout, Placement};
 use crate::ops;
@@ -450,9 +450,9 @@ impl Stage {
                 if !transfer {
                     return Err(Error::DeviceMismatch {
                         op: "repartition".into(),
-                        devices: format!("{s} -> {d}"),
+                        devices: Devices::move_(s, d),
                         reason: format!(
-                            "rank {me}'s partitions would move to another device; pass                              transfer=True"
+                            "rank {me}'s partitions would move to another device; pass transfer=True"
                         ),
                     });
                 }

@@ -4,7 +4,7 @@
 
 use crate::backend::backend_for;
 use crate::device::Device;
-use crate::error::{tuple_string, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::Grid;
 use crate::ops;
 use crate::partitioned::{Data, Location, PartitionedArray};
@@ -282,7 +282,7 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
     } else {
         Err(Error::DeviceMismatch {
             op: "gather".into(),
-            devices: format!("{here} -> {dev}"),
+            devices: Devices::move_(here, dev),
             reason: "a rank's partitions must live on one device".into(),
         })
     }
@@ -336,7 +336,7 @@ pub fn scatter(
             if t.device() != values.device() {
                 return Err(Error::DeviceMismatch {
                     op: "scatter".into(),
-                    devices: format!("{} -> {}", values.device(), t.device()),
+                    devices: Devices::move_(values.device(), t.device()),
                     reason: "values must be on each rank's device".into(),
                 });
             }
