@@ -21,11 +21,12 @@ same error (`dlpart.ProtocolError`, or the failed rank's error class, its messag
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence, Union
 
 from . import _core
 from ._core import Device, Tensor
 from ._location import this_host
+from ._types import ArrayLike, DeviceLike, IndicesLike, SplitsLike
 from ._partitioned import (
     PartitionedArray,
     _devices_arg,
@@ -82,6 +83,16 @@ def _checked(comm, make):
         raise  # not reached: _spmd_fail always raises
 
 
+def _axis(axis, ndim: int) -> int:
+    """``axis`` in ``[0, ndim)``, negative ones counted from the end, as numpy does."""
+    import operator
+
+    a = operator.index(axis)
+    if not -ndim <= a < ndim:
+        raise ValueError(f"axis {axis} is out of range for the {ndim}-d array")
+    return a + ndim if a < 0 else a
+
+
 def _as_tensor(x) -> Tensor:
     return x if isinstance(x, Tensor) else _core.from_dlpack(x)
 
@@ -110,7 +121,7 @@ def _local_items(parts, axis):
     return out, (pairs[0][1] if pairs else None)
 
 
-def from_local(parts, comm, *, axis: Optional[int] = None,
+def from_local(parts: Any, comm: Any, *, axis: Optional[int] = None,
                shape: Optional[Sequence[int]] = None) -> "SpmdArray":
     """An SPMD array from every rank's own partitions (collective).
 
@@ -143,7 +154,7 @@ def from_local(parts, comm, *, axis: Optional[int] = None,
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
 
 
-def from_partitioned(obj, comm) -> "SpmdArray":
+def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
     """An SPMD array from a producer's ``__partitioned__`` dict (or object), read on every rank
     (collective): heat's int-rank locations and draft-2 ``(ip, pid, device)`` locations of the
     ranks' processes both name the owning rank. Every rank must read the same global grid."""
@@ -180,8 +191,12 @@ class SpmdArray(PartitionedArray):
                     found.setdefault(rank, str(device))
         return [found.get(r, "kDLCPU") for r in range(self.comm.size)]
 
-    def repartition(self, tiling: Optional[Sequence[int]] = None, *, splits=None, block_cyclic=None,
-                    devices=None, process_grid=None, transfer: bool = False) -> "SpmdArray":
+    def repartition(self, tiling: Optional[Sequence[int]] = None, *,
+                    splits: Optional[SplitsLike] = None,
+                    block_cyclic: Union[int, Sequence[int], None] = None,
+                    devices: Union[DeviceLike, Sequence[DeviceLike], None] = None,
+                    process_grid: Optional[Sequence[int]] = None,
+                    transfer: bool = False) -> "SpmdArray":
         """The same array over another grid, across the ranks (collective): one ``Alltoallv``.
 
         The target is named as for `dlpart.PartitionedArray.repartition`. Each target
@@ -212,7 +227,7 @@ class SpmdArray(PartitionedArray):
             out.traffic = Traffic(*traffic)
         return out
 
-    def assemble(self, *, root: Optional[int] = 0, device=None,
+    def assemble(self, *, root: Optional[int] = 0, device: Optional[DeviceLike] = None,
                  transfer: bool = False) -> Optional[Tensor]:
         """The whole array as one tensor on rank ``root`` (None on the other ranks), or on every
         rank with ``root=None`` (collective). ``device`` defaults to the device of the receiving
@@ -220,29 +235,29 @@ class SpmdArray(PartitionedArray):
         dev = _checked(self.comm, lambda: None if device is None else Device(device))
         return _core._spmd_assemble(self.comm, self._core, root, dev, bool(transfer))
 
-    def gather(self, indices, axis: int = 0, *, transfer: bool = False) -> "SpmdArray":
+    def gather(self, indices: IndicesLike, axis: int = 0, *, transfer: bool = False) -> "SpmdArray":
         """``numpy.take(self, indices, axis)`` across the ranks (collective; every rank passes the
         same indices): each index is served by the rank holding it, the picked slabs travel in
         one ``Alltoallv``. The result keeps this array's split points on the other axes, one
         slab along ``axis``; each partition goes to the rank of the source partition holding
         its first element. An index out of range raises on every rank before anything moves.
         A rank's partitions live on one device (``transfer`` is accepted for the signature)."""
-        from ._functions import _axis, _indices
+        from ._functions import _indices
 
         idx, ax = _checked(self.comm, lambda: (_as_tensor(_indices(indices)),
-                                               _axis(axis, self.ndim, "array")))
+                                               _axis(axis, self.ndim)))
         core, traffic = _core._spmd_gather(self.comm, self._core, idx, ax)
         return SpmdArray._spmd(core, self.comm, traffic, self._framework)
 
-    def scatter(self, values, indices, axis: int = 0, *, transfer: bool = False) -> None:
+    def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *, transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` across the ranks (collective; every
         rank passes the same indices and the whole ``values``): each rank writes the indices
         in its own partitions, so nothing travels. Checked and agreed on every rank first: an
         error anywhere writes nothing anywhere."""
-        from ._functions import _axis, _indices
+        from ._functions import _indices
 
         v, idx, ax = _checked(self.comm, lambda: (_as_tensor(values), _as_tensor(_indices(indices)),
-                                                  _axis(axis, self.ndim, "array")))
+                                                  _axis(axis, self.ndim)))
         _core._spmd_scatter(self.comm, self._core, v, idx, ax)
 
     def __repr__(self) -> str:
