@@ -17,11 +17,11 @@ usage: heat_form.py SEED CASES. Prints "ok <rank> <cases>" when every check pass
 failure aborts every rank (MPI_Abort), so nothing waits.
 """
 
-import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
+
+from _cases import run
 
 import dlpart
 import dlpart.mpi
@@ -164,22 +164,5 @@ def check_case(case, seed):
     assert balanced.array.traffic is not None  # moved across the ranks by dlpart, not by heat
 
 
-def main():
-    seed, cases = int(sys.argv[1]), int(sys.argv[2])
-    for case in range(cases):
-        try:
-            check_case(case, seed)
-        except Exception:
-            print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
-            raise
-    sys.stdout.write(f"ok {rank} {cases}\n")  # one write: ranks share the pipe
-    sys.stdout.flush()
-
-
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # noqa: BLE001 - abort every rank rather than leave them waiting
-        traceback.print_exc()
-        sys.stderr.flush()
-        comm.Abort(1)
+    run(check_case)

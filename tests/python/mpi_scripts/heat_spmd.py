@@ -22,13 +22,13 @@ import contextlib
 import io
 import pathlib
 import runpy
-import sys
-import traceback
 
 import heat as ht
 import numpy as np
 import torch
 from mpi4py import MPI
+
+from _cases import run
 
 import dlpart
 import dlpart.mpi
@@ -129,25 +129,11 @@ def check_case(case, seed):
     dlpart_to_heat(rng, ref, split)
 
 
-def main():
-    seed, cases = int(sys.argv[1]), int(sys.argv[2])
-    for case in range(cases):
-        try:
-            check_case(case, seed)
-        except Exception:
-            print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
-            raise
+def run_guide_example():
     example = pathlib.Path(__file__).parents[3] / "examples" / "mpi" / "with_heat.py"
     with contextlib.redirect_stdout(io.StringIO()):  # its own "ok <rank>" line, not ours
         runpy.run_path(str(example), run_name="example")
-    sys.stdout.write(f"ok {rank} {cases}\n")  # one write: ranks share the pipe
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # noqa: BLE001 - abort every rank rather than leave them waiting
-        traceback.print_exc()
-        sys.stderr.flush()
-        comm.Abort(1)
+    run(check_case, run_guide_example)

@@ -12,12 +12,12 @@ usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check pas
 failure aborts every rank (MPI_Abort), so nothing waits.
 """
 
-import sys
 import time
-import traceback
 
 import numpy as np
 from mpi4py import MPI
+
+from _cases import run
 
 import dlpart
 import dlpart.mpi
@@ -249,24 +249,11 @@ def errors():
     assert not ro.any(), "nothing is written when one rank fails"
 
 
-def main():
-    seed, cases = int(sys.argv[1]), int(sys.argv[2])
-    for case in range(cases):
-        try:
-            random_case(case, seed)
-        except Exception:
-            print(f"rank {rank}: case {case} of seed {seed} failed", file=sys.stderr, flush=True)
-            raise
+def finish():
     heat_form()
     errors()
     comm.Barrier()
-    print(f"ok {rank} {cases}", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # noqa: BLE001 - abort every rank rather than leave them waiting
-        traceback.print_exc()
-        sys.stderr.flush()
-        comm.Abort(1)
+    run(random_case, finish)
