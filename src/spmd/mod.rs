@@ -5,11 +5,11 @@
 //! communicator, [`ThreadComm`] over threads of one process (for tests and examples). Every
 //! rank calls the same collective functions in the same order with the same global arguments:
 //! - [`from_local`]: each rank's own partitions and their global offsets, agreed into one
-//!   global grid by one all-gather of metadata ([`local`]).
+//!   global grid by one all-gather of metadata (module `local`).
 //! - [`repartition`], [`repartition_into`], [`assemble`]: the planner's box copies between
 //!   ranks, packed into one buffer per peer with the backend kernels, exchanged by one
 //!   all-to-all-v, unpacked into the new local partitions; boxes that stay on a rank are
-//!   copied locally and never sent ([`exchange`]).
+//!   copied locally and never sent (module `exchange`).
 //! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
 //!   index served by the rank holding it.
 //!

@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use super::copy::{
     copy_boxes_tuned, store_for, DstView, Ptrs, RawCopy, SrcView, Stores, Tuning, TUNING,
 };
-use super::index_loop::{schedule, BlockUnit, BoxUnit, Word};
+use super::index_loop::{schedule, BlockUnit, BoxUnit, IndexPlan, Inner, Word};
 use super::lower::{is_word, Dim, Dims, Kind, Lowered, Orig, MAX_DIMS};
 use crate::error::{tuple_string, Error, Result};
 
@@ -268,35 +268,6 @@ fn check_shapes(
             tuple_string(valued)
         ),
     ))
-}
-
-/// The inner box of one unit.
-#[derive(Clone)]
-pub(super) enum Inner<'a> {
-    /// One machine word of that many bytes.
-    Word(usize),
-    /// One contiguous block of that many bytes.
-    Block(usize),
-    /// Anything else, planned as a box copy.
-    Strided(Box<Lowered<'a>>),
-}
-
-/// A planned gather or scatter; pointers stay outside (see [`Ptrs`]).
-pub(super) struct IndexPlan<'a> {
-    /// Dims before the axis: `s` on the source, `d` on the destination.
-    pub outer: Dims,
-    pub outer_count: usize,
-    /// Byte strides along the axis.
-    pub ax_s: isize,
-    pub ax_d: isize,
-    /// Extent of the indexed axis.
-    pub len: usize,
-    pub idx: &'a [i64],
-    pub inner: Inner<'a>,
-    /// Whether consecutive indices merge into one copy.
-    pub runs: bool,
-    pub unit_bytes: usize,
-    pub dst_distinct: bool,
 }
 
 /// The shared body of gather (`SCATTER = false`) and scatter. `src`/`dst` shapes are checked.

@@ -1,12 +1,12 @@
-//! The per-thread loops of gather and scatter, and how their work is split among threads
-//! (see [`super::index`]).
+//! The per-thread loops of gather and scatter, how their work is split among threads, and the
+//! plan they run ([`IndexPlan`], built by [`super::index`], which calls into this module and
+//! never the other way).
 
 use std::marker::PhantomData;
 
 use super::copy::{threads, Ptrs, Tuning};
 use super::exec::run;
-use super::index::IndexPlan;
-use super::lower::{Cursor, Lowered};
+use super::lower::{Cursor, Dims, Lowered};
 use super::nontemporal::{copy_row, fence, prefetch, Store};
 
 /// How far ahead random accesses are prefetched (in indices); 0 disables prefetching.
@@ -15,6 +15,35 @@ const PREFETCH: usize = 32;
 const NEAR: u64 = 1024;
 /// The shortest run of consecutive indices copied as one block (see [`slice`]).
 const RUN: usize = 8;
+
+/// The inner box of one unit.
+#[derive(Clone)]
+pub(super) enum Inner<'a> {
+    /// One machine word of that many bytes.
+    Word(usize),
+    /// One contiguous block of that many bytes.
+    Block(usize),
+    /// Anything else, planned as a box copy.
+    Strided(Box<Lowered<'a>>),
+}
+
+/// A planned gather or scatter; pointers stay outside (see [`Ptrs`]).
+pub(super) struct IndexPlan<'a> {
+    /// Dims before the axis: `s` on the source, `d` on the destination.
+    pub outer: Dims,
+    pub outer_count: usize,
+    /// Byte strides along the axis.
+    pub ax_s: isize,
+    pub ax_d: isize,
+    /// Extent of the indexed axis.
+    pub len: usize,
+    pub idx: &'a [i64],
+    pub inner: Inner<'a>,
+    /// Whether consecutive indices merge into one copy.
+    pub runs: bool,
+    pub unit_bytes: usize,
+    pub dst_distinct: bool,
+}
 
 /// Copies `count` consecutive inner boxes (`count > 1` only when the plan merges runs).
 pub(super) trait Unit: Sync {
