@@ -82,19 +82,25 @@ impl PartitionedArray {
         Ok(Self::from_tensors_unchecked(target.grid, out, dtype))
     }
 
+    /// Refuses a `repartition_into` target whose shape differs from this array's.
+    pub(crate) fn check_target_shape(&self, out: &PartitionedArray) -> Result<()> {
+        if out.shape() == self.shape() {
+            return Ok(());
+        }
+        Err(Error::shape(
+            format!(
+                "repartition_into needs a target of this array's shape {}",
+                tuple_string(self.shape())
+            ),
+            format!("shape {}", tuple_string(out.shape())),
+        ))
+    }
+
     /// Copies this array into `out`'s existing partitions (its grid is the target layout),
     /// reusing the caller's buffers. `out` must have the same shape and dtype and writable
     /// partitions; nothing is written unless every check passes.
     pub fn repartition_into(&self, out: &PartitionedArray, transfer: bool) -> Result<()> {
-        if out.shape() != self.shape() {
-            return Err(Error::shape(
-                format!(
-                    "repartition_into needs a target of this array's shape {}",
-                    tuple_string(self.shape())
-                ),
-                format!("shape {}", tuple_string(out.shape())),
-            ));
-        }
+        self.check_target_shape(out)?;
         let plan = Plan::new(&self.grid, &out.grid)?;
         ops::repartition_into(&plan, &self.tensors()?, &out.tensors()?, transfer)
     }

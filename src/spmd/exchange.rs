@@ -173,30 +173,48 @@ pub(crate) fn repartition_target(
     });
     let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint, REPARTITIONS)?;
     let (targets, traffic) = stage.run(comm)?;
-    let n = target.owners.len();
+    let out = spmd_array(
+        target.grid,
+        targets,
+        &target.owners,
+        &target.devices,
+        &peers,
+        dtype_of(pa)?,
+    )?;
+    Ok((out, traffic))
+}
+
+/// The SPMD array over `grid` whose partition `j` lives on rank `owners[j]`, device
+/// `devices[j]`: `local[j]` holds this rank's tensors (`None` where another rank owns `j`).
+pub(super) fn spmd_array(
+    grid: Grid,
+    local: Vec<Option<Tensor>>,
+    owners: &[usize],
+    devices: &[Device],
+    peers: &Peers,
+    dtype: DType,
+) -> Result<PartitionedArray> {
+    let n = grid.num_partitions();
     let mut data = Vec::with_capacity(n);
     let mut locations = Vec::with_capacity(n);
     let mut locals = Vec::new();
-    for (j, t) in targets.into_iter().enumerate() {
-        let r = target.owners[j];
+    for (j, t) in local.into_iter().enumerate().take(n) {
+        let r = owners[j];
         locations.push(vec![Location {
             host: Some(peers.hosts[r].as_str().into()),
             pid: Some(peers.pids[r]),
-            device: target.devices[j],
+            device: devices[j],
             rank: Some(r as i64),
         }]);
         match t {
             Some(t) => {
                 data.push(Data::Tensor(t));
-                locals.push(target.grid.position(j));
+                locals.push(grid.position(j));
             }
             None => data.push(Data::Remote),
         }
     }
-    let dtype = dtype_of(pa)?;
-    let out =
-        PartitionedArray::new(target.grid, data, locations, Some(locals))?.with_dtype(dtype)?;
-    Ok((out, traffic))
+    PartitionedArray::new(grid, data, locations, Some(locals))?.with_dtype(dtype)
 }
 
 /// Copies the SPMD array `pa` into the SPMD array `out`'s partitions (a collective call; `out`
@@ -210,15 +228,7 @@ pub fn repartition_into(
 ) -> Result<Traffic> {
     let me = comm.rank();
     let stage = (|| {
-        if out.shape() != pa.shape() {
-            return Err(Error::shape(
-                format!(
-                    "repartition_into needs a target of this array's shape {}",
-                    tuple_string(pa.shape())
-                ),
-                format!("shape {}", tuple_string(out.shape())),
-            ));
-        }
+        pa.check_target_shape(out)?;
         let target = SpmdTarget {
             grid: out.grid().clone(),
             owners: owners(out)?,

@@ -7,10 +7,12 @@ use crate::device::Device;
 use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::Grid;
 use crate::ops;
-use crate::partitioned::{Data, Location, PartitionedArray};
+use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
 
-use super::exchange::{agreed, box_view, dtype_of, owners, prefix, rank_device, Segments};
+use super::exchange::{
+    agreed, box_view, dtype_of, owners, prefix, rank_device, spmd_array, Segments,
+};
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Traffic};
 
@@ -222,24 +224,6 @@ pub fn gather(
             }
         }
     }
-    let n = p.grid.num_partitions();
-    let (mut data, mut locations, mut locals) = (Vec::new(), Vec::new(), Vec::new());
-    for (j, out) in p.outs.into_iter().enumerate().take(n) {
-        let r = p.out_owner[j];
-        locations.push(vec![Location {
-            host: Some(peers.hosts[r].as_str().into()),
-            pid: Some(peers.pids[r]),
-            device: p.out_dev[j],
-            rank: Some(r as i64),
-        }]);
-        match out {
-            Some(t) => {
-                locals.push(p.grid.position(j));
-                data.push(Data::Tensor(t));
-            }
-            None => data.push(Data::Remote),
-        }
-    }
     let traffic = Traffic {
         sent: p.send_counts.iter().map(|&c| c as u64).collect(),
         received: p.recv_counts.iter().map(|&c| c as u64).collect(),
@@ -253,7 +237,7 @@ pub fn gather(
             })
             .sum(),
     };
-    let out = PartitionedArray::new(p.grid, data, locations, Some(locals))?.with_dtype(dtype)?;
+    let out = spmd_array(p.grid, p.outs, &p.out_owner, &p.out_dev, &peers, dtype)?;
     Ok((out, traffic))
 }
 

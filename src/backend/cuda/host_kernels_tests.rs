@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::{entries, launch, LaunchError, Region};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::args::{CheckArgs, CopyArgs};
 use crate::backend::cuda::index_check::{index_value, verdict, Verdict};
 use crate::backend::cuda::jobs::{to_launches, Launch, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL, TILE};
 use crate::backend::cuda::nvrtc::SOURCES;
@@ -160,22 +161,8 @@ fn run_launches(
         for (w, c) in table.iter_mut().zip(bytes.chunks(8)) {
             *w = u64::from_le_bytes(c.try_into().unwrap());
         }
-        let (mut t, mut n, mut tiles, mut wp, mut sp) = (
-            table.as_ptr() as u64,
-            l.jobs.len() as u32,
-            l.ntiles,
-            winner,
-            status,
-        );
-        let mut params: Vec<*mut c_void> = vec![
-            (&mut t as *mut u64).cast(),
-            (&mut n as *mut u32).cast(),
-            (&mut tiles as *mut u32).cast(),
-        ];
-        if l.mode != Mode::Box {
-            params.push((&mut wp as *mut u64).cast());
-            params.push((&mut sp as *mut u64).cast());
-        }
+        let mut args = CopyArgs::new(l, table.as_ptr() as u64, winner, status);
+        let mut params = args.params();
         let grid = l.ntiles.clamp(1, s.max_grid);
         // SAFETY: the parameters match the kernel (a job table, two u32, and for index
         // kernels two pointers); the table and status outlive the launch; the caller's
@@ -582,24 +569,17 @@ fn index_checks_match_the_cpu_backend() {
         for with_out in [false, true] {
             let mut status = [0u64; 2];
             let mut out = vec![i64::MIN; n];
-            let (mut ip, mut sp, mut np, mut lp, mut sg, mut op, mut stp) = (
-                at,
-                stride as i64,
-                n as u64,
-                len as i64,
-                u32::from(signed),
-                if with_out { out.as_mut_ptr() as u64 } else { 0 },
-                status.as_mut_ptr() as u64,
-            );
-            let mut params: Vec<*mut c_void> = vec![
-                (&mut ip as *mut u64).cast(),
-                (&mut sp as *mut i64).cast(),
-                (&mut np as *mut u64).cast(),
-                (&mut lp as *mut i64).cast(),
-                (&mut sg as *mut u32).cast(),
-                (&mut op as *mut u64).cast(),
-                (&mut stp as *mut u64).cast(),
-            ];
+            let stp = status.as_mut_ptr() as u64;
+            let mut args = CheckArgs {
+                indices: at,
+                stride: stride as i64,
+                n: n as u64,
+                len: len as i64,
+                signed: u32::from(signed),
+                out: if with_out { out.as_mut_ptr() as u64 } else { 0 },
+                status: stp,
+            };
+            let mut params = args.params();
             let s = schedule(&mut rng);
             let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, s.max_grid);
             let regions = [buf.region(false), Region::new(stp, 16, true)];

@@ -9,6 +9,7 @@
 
 use std::ffi::c_void;
 
+use super::args::CheckArgs;
 use super::driver::Kernel;
 use super::index_check::{
     index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
@@ -121,24 +122,16 @@ impl CudaBackend {
         let status = scratch.device(16)?;
         // SAFETY: the scratch allocation holds at least 16 bytes (asked for just above).
         unsafe { self.driver.memset_zero(status, 16) }?;
-        let (mut ip, mut sp, mut np, mut lp, mut signed, mut op, mut stp) = (
-            idx.data_ptr() as u64,
-            idx.strides()[0] as i64,
-            n as u64,
-            len as i64,
-            u32::from(check.signed),
-            out.map_or(0, |o| o.data_ptr() as u64),
+        let mut args = CheckArgs {
+            indices: idx.data_ptr() as u64,
+            stride: idx.strides()[0] as i64,
+            n: n as u64,
+            len: len as i64,
+            signed: u32::from(check.signed),
+            out: out.map_or(0, |o| o.data_ptr() as u64),
             status,
-        );
-        let mut params: Vec<*mut c_void> = vec![
-            (&mut ip as *mut u64).cast(),
-            (&mut sp as *mut i64).cast(),
-            (&mut np as *mut u64).cast(),
-            (&mut lp as *mut i64).cast(),
-            (&mut signed as *mut u32).cast(),
-            (&mut op as *mut u64).cast(),
-            (&mut stp as *mut u64).cast(),
-        ];
+        };
+        let mut params = args.params();
         let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
         // SAFETY: matches `check_indices_W(const uW*, i64, u64, i64, u32, i64*, u64*)`; `idx`
         // holds `n` items of W bytes `stride` apart on this device, aligned to W (the caller

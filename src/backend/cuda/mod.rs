@@ -22,6 +22,7 @@
 //! | `emulated.rs` | the driver emulated on the host over it, for tests (feature `kernel-host-tests`) |
 //! | `emulated_streams.rs` | the emulation's streams and events: work runs when the host waits |
 
+mod args;
 mod jobs;
 pub mod nvrtc;
 
@@ -44,7 +45,6 @@ pub use stream::{wait_on, DlpackStream};
 pub use transfer::copy_tensor;
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{Backend, BoxCopy};
@@ -218,17 +218,8 @@ impl CudaBackend {
                 Mode::Scatter => Kernel::Scatter(l.word),
             };
             let grid = l.ntiles.clamp(1, self.sm_count * 8);
-            let (mut t, mut n, mut tiles, mut wp, mut sp) =
-                (table, l.jobs.len() as u32, l.ntiles, winner, status);
-            let mut params: Vec<*mut c_void> = vec![
-                (&mut t as *mut u64).cast(),
-                (&mut n as *mut u32).cast(),
-                (&mut tiles as *mut u32).cast(),
-            ];
-            if l.mode != Mode::Box {
-                params.push((&mut wp as *mut u64).cast());
-                params.push((&mut sp as *mut u64).cast());
-            }
+            let mut args = args::CopyArgs::new(l, table, winner, status);
+            let mut params = args.params();
             // SAFETY: the parameters match the kernel's signature in kernels/*.cu (a job
             // table pointer, two u32, and for index kernels two pointers); the job table was
             // uploaded on this stream before the launch; every address in it was derived
