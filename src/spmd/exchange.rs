@@ -3,7 +3,8 @@
 //! backend's copy kernels, exchanges them with one all-to-all-v, and unpacks what it receives
 //! straight into its target partitions. Boxes whose source and target live on the same rank
 //! are copied there and never sent. Both sides take the boxes in the plan's order, so the
-//! buffers carry no headers.
+//! buffers carry no headers. Large exchanges in host memory go in rounds (module `rounds`):
+//! each round packs and exchanges a slice of every peer's boxes.
 
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
@@ -19,6 +20,10 @@ use crate::tensor::{contiguous_strides, Tensor};
 use super::agree::{agree, Peers};
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Traffic};
+
+mod rounds;
+
+pub(super) use rounds::{Rounds, ROUNDS};
 
 const REPARTITIONS: &str = "repartitions (source or target grids, owners or dtypes)";
 
@@ -151,6 +156,17 @@ pub(crate) fn repartition_target(
     target: Result<SpmdTarget>,
     transfer: bool,
 ) -> Result<(PartitionedArray, Traffic)> {
+    repartition_target_with(comm, pa, target, transfer, &ROUNDS)
+}
+
+/// [`repartition_target`] cut into rounds by `rounds`.
+pub(super) fn repartition_target_with(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    target: Result<SpmdTarget>,
+    transfer: bool,
+    rounds: &Rounds,
+) -> Result<(PartitionedArray, Traffic)> {
     let me = comm.rank();
     let stage = target.and_then(|t| {
         t.check(comm.size())?;
@@ -169,7 +185,7 @@ pub(crate) fn repartition_target(
         for (j, tensor) in mine.into_iter().zip(targets) {
             all[j] = Some(tensor);
         }
-        Stage::new(comm, pa, &t, all, false, transfer).map(|s| (s, t))
+        Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
     });
     let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint, REPARTITIONS)?;
     let (targets, traffic) = stage.run(comm)?;
@@ -226,6 +242,17 @@ pub fn repartition_into(
     out: &PartitionedArray,
     transfer: bool,
 ) -> Result<Traffic> {
+    repartition_into_with(comm, pa, out, transfer, &ROUNDS)
+}
+
+/// [`repartition_into`] cut into rounds by `rounds`.
+pub(super) fn repartition_into_with(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    out: &PartitionedArray,
+    transfer: bool,
+    rounds: &Rounds,
+) -> Result<Traffic> {
     let me = comm.rank();
     let stage = (|| {
         pa.check_target_shape(out)?;
@@ -270,7 +297,7 @@ pub fn repartition_into(
                  their copies would race"
             )));
         }
-        Stage::new(comm, pa, &target, targets, false, transfer)
+        Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();
     let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
     Ok(stage.run(comm)?.1)
@@ -285,6 +312,18 @@ pub fn assemble(
     root: Option<usize>,
     device: Option<Device>,
     transfer: bool,
+) -> Result<Option<Tensor>> {
+    assemble_with(comm, pa, root, device, transfer, &ROUNDS)
+}
+
+/// [`assemble`] cut into rounds by `rounds`.
+pub(super) fn assemble_with(
+    comm: &dyn Communicator,
+    pa: &PartitionedArray,
+    root: Option<usize>,
+    device: Option<Device>,
+    transfer: bool,
+    rounds: &Rounds,
 ) -> Result<Option<Tensor>> {
     let me = comm.rank();
     let stage = (|| {
@@ -313,7 +352,15 @@ pub fn assemble(
             true => Some(backend_for(dev)?.empty(pa.shape(), dtype_of(pa)?)?),
             false => None,
         };
-        Stage::new(comm, pa, &target, vec![out], root.is_none(), transfer)
+        Stage::new(
+            comm,
+            pa,
+            &target,
+            vec![out],
+            root.is_none(),
+            transfer,
+            rounds,
+        )
     })();
     let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
     let (mut targets, _) = stage.run(comm)?;
@@ -412,15 +459,28 @@ struct Stage {
     sources: Vec<Option<Tensor>>,
     targets: Vec<Option<Tensor>>,
     local: Vec<BoxCopy>,
+    /// The boxes this rank sends: one list per peer, or one for every peer when
+    /// `replicated`.
+    segments: Vec<Vec<BoxCopy>>,
+    replicated: bool,
     /// Per peer: the boxes received from it, in the order it packs them.
     recvs: Vec<Vec<BoxCopy>>,
+    /// What this rank sends: its packed boxes, its one source (sent in place), or in rounds
+    /// the buffer each round is packed into.
     send: Option<Tensor>,
     send_counts: Vec<usize>,
     send_displs: Vec<usize>,
     recv_counts: Vec<usize>,
     recv_displs: Vec<usize>,
+    /// Whether the peers' boxes are sent straight from this rank's one source.
+    send_in_place: bool,
     /// Whether the peers' boxes are received straight into this rank's one target.
     recv_in_place: bool,
+    /// The number of rounds (the same on every rank): 1 packs everything before the ranks
+    /// agree, more (host memory only) pack round by round after.
+    rounds: usize,
+    /// The buffer each round is received into when not in place.
+    recv_buf: Option<Tensor>,
     fingerprint: u64,
     traffic: Traffic,
 }
@@ -428,7 +488,8 @@ struct Stage {
 impl Stage {
     /// Plans the copies from `pa` to `target` (this rank's target partitions in `targets`;
     /// every rank wants the one target partition when `replicated`), checks devices, and packs
-    /// what this rank sends.
+    /// what this rank sends, or, for an exchange in several rounds, allocates the buffers of
+    /// one round.
     fn new(
         comm: &dyn Communicator,
         pa: &PartitionedArray,
@@ -436,6 +497,7 @@ impl Stage {
         targets: Vec<Option<Tensor>>,
         replicated: bool,
         transfer: bool,
+        tuning: &Rounds,
     ) -> Result<Self> {
         let (me, size) = (comm.rank(), comm.size());
         let src_owners = owners(pa)?;
@@ -486,8 +548,18 @@ impl Stage {
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];
         let mut local = Vec::new();
+        // The bytes each rank sends and receives (for the number of rounds).
+        let (mut out_bytes, mut in_bytes) = (vec![0; size], vec![0; size]);
         for op in plan.ops() {
             let s = src_owners[op.src];
+            let n = op.numel() * itemsize;
+            if replicated {
+                out_bytes[s] += n;
+                (0..size).filter(|&r| r != s).for_each(|r| in_bytes[r] += n);
+            } else if s != target.owners[op.dst] {
+                out_bytes[s] += n;
+                in_bytes[target.owners[op.dst]] += n;
+            }
             let d = if replicated {
                 me
             } else {
@@ -537,6 +609,31 @@ impl Stage {
                 }
             })
             .is_some();
+        // Rounds only where every rank's exchange is in host memory, which every rank knows
+        // from the global metadata, so that all make the same number of calls.
+        let host = |d: Option<Device>| d.is_none_or(|d| d.is_host_accessible());
+        let rounds = match (0..pa.len()).all(|i| host(pa.device_of(i)))
+            && target.devices.iter().all(|&d| host(Some(d)))
+        {
+            true => tuning.count(out_bytes.into_iter().chain(in_bytes).max().unwrap_or(0)),
+            false => 1,
+        };
+        let elements = |lists: &[Vec<BoxCopy>]| {
+            let totals: Vec<usize> = lists
+                .iter()
+                .map(|l| l.iter().map(BoxCopy::numel).sum())
+                .collect();
+            rounds::largest_round(&totals, rounds) * itemsize
+        };
+        let recv_total: usize = recv_counts.iter().sum();
+        let recv_buf = match (rounds, recv_in_place, device) {
+            (1, _, _) | (_, true, _) | (_, _, None) => None,
+            _ if recv_total == 0 => None,
+            (_, false, Some(dev)) => {
+                Some(backend_for(dev)?.empty(&[elements(&recvs) / itemsize], dtype)?)
+            }
+        };
+        let send_in_place = send_place.is_some();
         let total: usize = seg_bytes.iter().sum();
         let send = match (total, device, send_place) {
             (0, _, _) | (_, None, _) => None,
@@ -545,6 +642,9 @@ impl Stage {
                     send_displs[p] = at[segment_of(p)];
                 }
                 Some(t)
+            }
+            (_, Some(dev), None) if rounds > 1 => {
+                Some(backend_for(dev)?.empty(&[elements(&segments) / itemsize], dtype)?)
             }
             (_, Some(dev), None) => {
                 let backend = backend_for(dev)?;
@@ -565,6 +665,7 @@ impl Stage {
             // Replicated targets are every rank's own: their owners differ by design.
             w.usizes(&target.owners);
         }
+        w.usize(rounds);
         let local_bytes = bytes(&local) as u64;
         let mut sent: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
         if replicated && size == 1 {
@@ -576,13 +677,18 @@ impl Stage {
             sources,
             targets,
             local,
+            segments,
+            replicated,
             recvs,
             send,
             send_counts,
             send_displs,
             recv_counts: recv_counts.clone(),
             recv_displs,
+            send_in_place,
             recv_in_place,
+            rounds,
+            recv_buf,
             fingerprint: fingerprint(&w.0),
             traffic: Traffic {
                 sent,
@@ -604,18 +710,27 @@ impl Stage {
             .chain(self.sources.iter().flatten())
             .next()
             .map_or(DType::UInt8, Tensor::dtype);
-        let segments = Segments {
-            send: self.send.as_ref(),
-            send_counts: &self.send_counts,
-            send_displs: &self.send_displs,
-            recv_counts: &self.recv_counts,
-            recv_displs: &self.recv_displs,
+        let recv = match self.rounds {
+            1 => {
+                let segments = Segments {
+                    send: self.send.as_ref(),
+                    send_counts: &self.send_counts,
+                    send_displs: &self.send_displs,
+                    recv_counts: &self.recv_counts,
+                    recv_displs: &self.recv_displs,
+                };
+                let into = match self.recv_in_place {
+                    true => self.targets.iter().flatten().next().cloned(),
+                    false => None,
+                };
+                segments.exchange(comm, dev, dtype, self.itemsize, total, into)?
+            }
+            // Received into the targets round by round.
+            _ => {
+                self.exchange_rounds(comm, dev, dtype)?;
+                None
+            }
         };
-        let into = match self.recv_in_place {
-            true => self.targets.iter().flatten().next().cloned(),
-            false => None,
-        };
-        let recv = segments.exchange(comm, dev, dtype, self.itemsize, total, into)?;
         let dst: Vec<&Tensor> = self.targets.iter().flatten().collect();
         if !dst.is_empty() {
             let views = match self.recv_in_place {

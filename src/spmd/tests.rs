@@ -10,6 +10,8 @@ use crate::layout::Layout;
 use crate::partitioned::{Data, PartitionedArray};
 use crate::tensor::Tensor;
 
+mod rounds;
+
 /// A small deterministic generator (xorshift), seeded per case so every rank draws the same.
 struct Rng(u64);
 

@@ -1,0 +1,274 @@
+//! Exchanges in several rounds on small arrays (the round size shrunk to a few bytes), against
+//! the same ndarray reference, with the number of all-to-all-v calls counted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::spmd::exchange::{
+    assemble_with, repartition_into_with, repartition_target_with, Rounds,
+};
+
+/// A rank of a [`ThreadComm`] group that counts its all-to-all-v calls.
+struct Counting<'a> {
+    comm: &'a ThreadComm,
+    calls: AtomicUsize,
+}
+
+impl<'a> Counting<'a> {
+    fn new(comm: &'a ThreadComm) -> Self {
+        Counting {
+            comm,
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// The calls since the last time asked.
+    fn take(&self) -> usize {
+        self.calls.swap(0, Ordering::Relaxed)
+    }
+}
+
+impl Communicator for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn all_gather(&self, bytes: &[u8]) -> crate::Result<Vec<Vec<u8>>> {
+        self.comm.all_gather(bytes)
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> crate::Result<()> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.comm.all_to_all_v(
+            send,
+            send_counts,
+            send_displs,
+            recv,
+            recv_counts,
+            recv_displs,
+        )
+    }
+}
+
+/// The number of rounds of a repartition from `src` to `dst`: the busiest rank's bytes sent
+/// or received, from region intersections, over the round size.
+fn rounds_of(
+    tuning: &Rounds,
+    src: &Grid,
+    src_owners: &[usize],
+    dst: &Grid,
+    dst_owners: &[usize],
+    ranks: usize,
+) -> usize {
+    let mut received = vec![0u64; ranks];
+    let mut largest = 0;
+    for r in 0..ranks {
+        let (sent, _) = expected_traffic(src, src_owners, dst, dst_owners, r, ranks);
+        largest = largest.max(sent.iter().sum::<u64>());
+        for (d, n) in sent.iter().enumerate() {
+            received[d] += n;
+        }
+    }
+    let largest = largest.max(received.into_iter().max().unwrap_or(0));
+    tuning.count(largest as usize)
+}
+
+#[test]
+fn random_repartitions_in_many_rounds_equal_the_reference() {
+    const RANKS: usize = 4;
+    let mut several = 0;
+    for case in 0..60u64 {
+        let mut rng = Rng(0x51_7cc1_b727_220a ^ (case + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let shape: Vec<usize> = match case % 3 {
+            0 => vec![1 + rng.below(5), 1 + rng.below(6), 1 + rng.below(7)],
+            _ => vec![1 + rng.below(13), 1 + rng.below(11)],
+        };
+        let a = reference(&shape);
+        let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
+        let layout = if case % 4 == 0 {
+            let b: Vec<usize> = shape.iter().map(|_| 1 + rng.below(4)).collect();
+            Layout::block_cyclic(&b, vec![Device::CPU; RANKS])
+        } else {
+            let s = shape
+                .iter()
+                .map(|&n| {
+                    let parts = 1 + rng.below(4);
+                    random_splits(&mut rng, n, parts)
+                })
+                .collect();
+            Layout::splits(s)
+        };
+        // Rounds of one element up to a few rows' worth.
+        let tuning = Rounds {
+            bytes: 4 * (1 + rng.below(12)),
+            min_bytes: 0,
+        };
+        let results = ThreadComm::run(RANKS, |comm| {
+            let comm = Counting::new(comm);
+            let me = comm.rank();
+            let parts = local_parts(&a, &grid, &src_owners, me);
+            let pa = from_local(&comm, Ok(parts), Some(&shape)).unwrap();
+            let target = SpmdTarget::resolve(&layout, &pa, RANKS);
+            let (out, traffic) =
+                repartition_target_with(&comm, &pa, target, false, &tuning).unwrap();
+            let calls = comm.take();
+            let dst_grid = out.grid().clone();
+            let dst_owners = owners(&out).unwrap();
+            for p in out.partitions() {
+                if let Some(t) = p.tensor() {
+                    assert_eq!(dst_owners[dst_grid.flat_index(&p.position).unwrap()], me);
+                    let want = block(&a, &p.start, &p.shape);
+                    assert_eq!(t.to_array::<f32>().unwrap(), want, "case {case}");
+                }
+            }
+            let want_rounds = rounds_of(&tuning, &grid, &src_owners, &dst_grid, &dst_owners, 4);
+            assert_eq!(
+                calls, want_rounds,
+                "case {case}: one all-to-all-v per round"
+            );
+            let (sent, local) =
+                expected_traffic(&grid, &src_owners, &dst_grid, &dst_owners, me, RANKS);
+            assert_eq!(
+                (traffic.sent.clone(), traffic.local),
+                (sent, local),
+                "case {case}"
+            );
+            let received: Vec<u64> = (0..RANKS)
+                .map(|s| {
+                    expected_traffic(&grid, &src_owners, &dst_grid, &dst_owners, s, RANKS).0[me]
+                })
+                .collect();
+            assert_eq!(traffic.received, received, "case {case}");
+            // Assembled on rank 0 and on every rank (every rank receiving all of it).
+            let root = assemble_with(&comm, &out, Some(0), None, false, &tuning).unwrap();
+            assert_eq!(root.is_some(), me == 0);
+            if let Some(w) = root {
+                assert_eq!(w.to_array::<f32>().unwrap(), a, "case {case}");
+            }
+            let everywhere = assemble_with(&comm, &out, None, None, false, &tuning).unwrap();
+            assert_eq!(
+                everywhere.unwrap().to_array::<f32>().unwrap(),
+                a,
+                "case {case}"
+            );
+            // Back into copies of the source partitions, filled with zeros first.
+            let zeros = reference(&shape).mapv(|_| 0.0f32);
+            let back_parts = local_parts(&zeros, &grid, &src_owners, me);
+            let back = from_local(&comm, Ok(back_parts), Some(&shape)).unwrap();
+            comm.take();
+            let traffic = repartition_into_with(&comm, &out, &back, false, &tuning).unwrap();
+            let back_rounds = rounds_of(&tuning, &dst_grid, &dst_owners, &grid, &src_owners, 4);
+            assert_eq!(comm.take(), back_rounds, "case {case}");
+            let (sent, _) = expected_traffic(&dst_grid, &dst_owners, &grid, &src_owners, me, 4);
+            assert_eq!(traffic.sent, sent, "case {case}");
+            for p in back.partitions() {
+                if let Some(t) = p.tensor() {
+                    let want = block(&a, &p.start, &p.shape);
+                    assert_eq!(t.to_array::<f32>().unwrap(), want, "case {case}");
+                }
+            }
+            want_rounds
+        });
+        several += usize::from(results[0] > 2);
+    }
+    assert!(several >= 20, "only {several} cases took several rounds");
+}
+
+#[test]
+fn rows_to_columns_in_rounds_send_and_receive_in_place() {
+    // Rows -> columns receives each peer's one box straight into the target, columns -> rows
+    // sends it straight from the source: every round at its offset in that box.
+    let a = reference(&[8, 12]);
+    for bytes in [4, 12, 20, 40] {
+        let tuning = Rounds {
+            bytes,
+            min_bytes: 0,
+        };
+        ThreadComm::run(4, |comm| {
+            let comm = Counting::new(comm);
+            let me = comm.rank();
+            let rows = from_stacked(
+                &comm,
+                vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 12]))],
+                0,
+            )
+            .unwrap();
+            let dealt = |t: &[usize]| {
+                let layout = Layout::tiling(t)
+                    .dealt(vec![Device::CPU; 4])
+                    .process_grid(t);
+                SpmdTarget::resolve(&layout, &rows, 4)
+            };
+            let (cols, traffic) =
+                repartition_target_with(&comm, &rows, dealt(&[1, 4]), false, &tuning).unwrap();
+            // Each rank sends 3 boxes of 2 x 3 float32 and receives as many.
+            assert_eq!(comm.take(), (3 * 6 * 4usize).div_ceil(bytes));
+            let mine = cols.at(&[0, me]).unwrap();
+            let want = block(&a, &[0, 3 * me], &[8, 3]);
+            assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+            assert_eq!(traffic.received.iter().sum::<u64>(), 3 * 6 * 4);
+            let back = from_stacked(
+                &comm,
+                vec![Tensor::from(
+                    block(&a, &[2 * me, 0], &[2, 12]).mapv(|_| 0.0f32),
+                )],
+                0,
+            )
+            .unwrap();
+            repartition_into_with(&comm, &cols, &back, false, &tuning).unwrap();
+            let mine = back.at(&[me, 0]).unwrap();
+            let want = block(&a, &[2 * me, 0], &[2, 12]);
+            assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
+        });
+    }
+}
+
+#[test]
+fn a_rank_failing_before_an_exchange_in_rounds_leaves_every_target_untouched() {
+    let a = reference(&[8, 6]);
+    let tuning = Rounds {
+        bytes: 8,
+        min_bytes: 0,
+    };
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = [(0, 3), (3, 3), (6, 2)][me];
+        let pa = from_stacked(
+            comm,
+            vec![Tensor::from(block(&a, &[rows.0, 0], &[rows.1, 6]))],
+            0,
+        )
+        .unwrap();
+        // Columns, rank 2's read-only: it fails its checks, the others pass theirs.
+        let t = Tensor::from(reference(&[8, 2]).mapv(|_| 0.0f32));
+        let t = if me == 2 {
+            t.with_readonly(true).unwrap()
+        } else {
+            t
+        };
+        let out = from_local(
+            comm,
+            Ok(LocalParts::Placed(vec![(vec![0, 2 * me], t)])),
+            None,
+        )
+        .unwrap();
+        let e = repartition_into_with(comm, &pa, &out, false, &tuning).unwrap_err();
+        let untouched = out.data()[me].tensor().unwrap().to_array::<f32>().unwrap();
+        assert!(untouched.iter().all(|&x| x == 0.0));
+        (e.kind().to_string(), e.to_string())
+    });
+    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+    assert!(errors[0].1.starts_with("rank 2: "), "{}", errors[0].1);
+}
