@@ -6,6 +6,8 @@
 //! buffers carry no headers. Large exchanges in host memory go in rounds (module `rounds`):
 //! each round packs and exchanges a slice of every peer's boxes.
 
+use std::collections::HashMap;
+
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -548,17 +550,19 @@ impl Stage {
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];
         let mut local = Vec::new();
-        // The bytes each rank sends and receives (for the number of rounds).
-        let (mut out_bytes, mut in_bytes) = (vec![0; size], vec![0; size]);
+        // The bytes each rank sends to each other rank (for the number of rounds): a
+        // replicated target gets a rank's every box, so that its one segment goes to all.
+        let mut pairs: HashMap<(usize, usize), usize> = HashMap::new();
         for op in plan.ops() {
             let s = src_owners[op.src];
-            let n = op.numel() * itemsize;
-            if replicated {
-                out_bytes[s] += n;
-                (0..size).filter(|&r| r != s).for_each(|r| in_bytes[r] += n);
-            } else if s != target.owners[op.dst] {
-                out_bytes[s] += n;
-                in_bytes[target.owners[op.dst]] += n;
+            let to = match replicated {
+                // Every box goes to every other rank: counted once, towards the next rank.
+                true if size > 1 => (s + 1) % size,
+                true => s,
+                false => target.owners[op.dst],
+            };
+            if s != to {
+                *pairs.entry((s, to)).or_default() += op.numel() * itemsize;
             }
             let d = if replicated {
                 me
@@ -615,7 +619,7 @@ impl Stage {
         let rounds = match (0..pa.len()).all(|i| host(pa.device_of(i)))
             && target.devices.iter().all(|&d| host(Some(d)))
         {
-            true => tuning.count(out_bytes.into_iter().chain(in_bytes).max().unwrap_or(0)),
+            true => tuning.count(pairs.into_values().max().unwrap_or(0)),
             false => 1,
         };
         let elements = |lists: &[Vec<BoxCopy>]| {

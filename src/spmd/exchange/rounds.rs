@@ -1,8 +1,10 @@
 //! Host exchanges in rounds. Packing every box a rank sends into one buffer writes most of the
 //! rank's data to memory once more before MPI reads it again; in rounds, each round packs a
-//! small slice of every peer's boxes into a buffer that stays in the cache (and is written with
-//! plain stores, being read again at once), then exchanges that slice with one all-to-all-v,
-//! straight into the targets where they take the bytes in place.
+//! slice of every peer's boxes into a buffer that can stay in the cache (written with plain
+//! stores, one copy call per peer, being read again at once), then exchanges that slice with
+//! one all-to-all-v, straight into the targets where they take the bytes in place. Each round
+//! costs a collective call in which every rank waits for the others, so rounds only pay where
+//! those calls are cheap against the bytes they move (see [`ROUNDS`]).
 //!
 //! A peer's list of boxes is cut the same way on the rank that sends it and the rank that
 //! receives it, from the plan alone: round `k` of `n` takes the elements
@@ -25,27 +27,31 @@ use super::{box_view, pack, prefix, Segments, Stage};
 /// that small arrays take many rounds.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rounds {
-    /// The most bytes one rank sends or receives per round (about: rounds cut at elements).
+    /// The most bytes one rank sends another per round (about: rounds cut at elements); 0
+    /// keeps every exchange in one round.
     pub bytes: usize,
-    /// Exchanges in which no rank sends or receives this many bytes take one round.
+    /// Exchanges in which no rank sends another this many bytes take one round.
     pub min_bytes: usize,
 }
 
-/// Round sizes measured with `bench --mpi` (4 ranks on 2 vCPUs, 32 MiB L3): see the commit
-/// that set them. One round's pack stays under the copy kernels' streaming-store threshold.
-pub(crate) const ROUNDS: Rounds = Rounds {
-    bytes: 1 << 20,
-    min_bytes: 4 << 20,
-};
+/// The rounds of real exchanges: `DLPART_MPI_ROUND_BYTES` bytes per peer and round when set
+/// (0 for one round, as by default), read once.
+pub(crate) static ROUNDS: std::sync::LazyLock<Rounds> = std::sync::LazyLock::new(|| Rounds {
+    bytes: std::env::var("DLPART_MPI_ROUND_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0),
+    min_bytes: 2 << 20,
+});
 
 impl Rounds {
-    /// The number of rounds of an exchange in which the busiest rank sends or receives
-    /// `largest` bytes.
+    /// The number of rounds of an exchange in which the busiest pair of ranks moves `largest`
+    /// bytes.
     pub fn count(&self, largest: usize) -> usize {
-        if largest < self.min_bytes.max(1) {
+        if self.bytes == 0 || largest < self.min_bytes.max(1) {
             1
         } else {
-            largest.div_ceil(self.bytes.max(1))
+            largest.div_ceil(self.bytes)
         }
     }
 }
@@ -229,7 +235,17 @@ impl Stage {
                     send_counts[p] = seg_bytes[segment_of(p)];
                     send_displs[p] = seg_start[segment_of(p)];
                 }
-                pack(&*backend, buf, &pieces, &self.sources, isz)?;
+                // One call per peer, so that each stays under the streaming-store threshold.
+                for (s, list) in pieces.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    let view = box_view(buf, seg_start[s], &[seg_bytes[s] / isz]);
+                    pack(
+                        &*backend,
+                        &view,
+                        std::slice::from_ref(list),
+                        &self.sources,
+                        isz,
+                    )?;
+                }
             }
             let pieces: Vec<Vec<BoxCopy>> = recvs.iter().map(|c| c.pieces(k)).collect();
             let recv_counts: Vec<usize> = pieces.iter().map(|r| bytes(r)).collect();
@@ -381,9 +397,12 @@ mod tests {
 
     #[test]
     fn small_exchanges_take_one_round() {
-        assert_eq!(ROUNDS.count(0), 1);
-        assert_eq!(ROUNDS.count(ROUNDS.min_bytes - 1), 1);
-        assert!(ROUNDS.count(64 << 20) > 1);
+        let some = Rounds {
+            bytes: 1 << 20,
+            min_bytes: 4 << 20,
+        };
+        assert_eq!((some.count(0), some.count((4 << 20) - 1)), (1, 1));
+        assert_eq!((some.count(4 << 20), some.count((4 << 20) + 1)), (4, 5));
         let all = Rounds {
             bytes: 10,
             min_bytes: 0,
@@ -392,6 +411,11 @@ mod tests {
             (all.count(0), all.count(1), all.count(10), all.count(11)),
             (1, 1, 1, 2)
         );
+        let none = Rounds {
+            bytes: 0,
+            min_bytes: 0,
+        };
+        assert_eq!(none.count(1 << 40), 1);
         assert_eq!(largest_round(&[10, 3], 4), 4);
     }
 }
