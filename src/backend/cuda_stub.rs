@@ -73,6 +73,10 @@ impl Backend for CudaBackend {
         match *self {}
     }
 
+    fn empty_staging(&self, _shape: &[usize], _dtype: DType) -> Result<Tensor> {
+        match *self {}
+    }
+
     unsafe fn copy_boxes_unchecked(&self, _jobs: &[BoxCopy<'_>]) -> Result<()> {
         match *self {}
     }

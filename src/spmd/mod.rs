@@ -111,3 +111,5 @@ pub struct Traffic {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod tests_staged;
