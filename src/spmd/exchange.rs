@@ -743,8 +743,8 @@ impl Segments<'_> {
             (n, Some(b)) => Some(staging_buffer(&**b, &[n / itemsize], dtype)?),
         };
         if dev.is_host_accessible() || !comm.accepts_device(dev) {
-            // Host memory, or device memory staged through the host for an MPI that does not
-            // take device pointers.
+            // Host memory, or device memory staged through the backend's host memory (pinned
+            // on CUDA) for an MPI that does not take device pointers.
             let send = match (self.send, &staging) {
                 (Some(t), Some(b)) => {
                     let host = staging_buffer(&**b, t.shape(), t.dtype())?;
