@@ -136,8 +136,8 @@ pub struct PinnedCounts {
     /// Bytes allocated and not yet freed.
     pub live_bytes: usize,
     /// The most bytes that may be live at once: beyond it an allocation fails with
-    /// `CUDA_ERROR_OUT_OF_MEMORY`, as on a machine whose lockable memory is spent
-    /// (`ulimit -l`, or memory the OS cannot lock).
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, as on a machine with no memory left that the OS can
+    /// lock.
     pub limit: usize,
 }
 
