@@ -45,7 +45,10 @@
 //!   *lowers* it for its kernels: the CPU backend to raw views and loop nests
 //!   (`backend::cpu::lower`), the CUDA backend to job tables (`backend::cuda::jobs`).
 //! - **backend**: the kernels of one device kind ([`backend::Backend`]); a **transfer** is a
-//!   copy between devices, which only happens when the caller passes `transfer = true`.
+//!   copy between devices, which only happens when the caller passes `transfer = true`;
+//!   **staging** memory is the host memory a device's data passes through on its way to code
+//!   that reads host memory only, an MPI that is not CUDA-aware
+//!   ([`backend::Backend::empty_staging`]: pinned on CUDA).
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 

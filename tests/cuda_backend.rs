@@ -860,3 +860,57 @@ fn an_allocation_the_device_refuses_is_out_of_memory() {
         },
     );
 }
+
+/// On a GPU: row blocks of `kDLCUDA:0` partitions on three ranks (rank 1 without any) become
+/// column blocks across the ranks, staged through pinned host memory as `ThreadComm` takes
+/// host memory only (an MPI that is not CUDA-aware); the staging buffers are then kept for
+/// reuse. The emulated devices run the same path with counted allocations in the crate's
+/// unit tests (`spmd::tests_staged`).
+#[test]
+fn an_spmd_exchange_of_gpu_partitions_stages_through_pinned_memory() {
+    use dlpart::spmd::{
+        from_local, repartition_to, Communicator, LocalParts, SpmdTarget, ThreadComm,
+    };
+    let Some(gpu) = real_gpu("an_spmd_exchange_of_gpu_partitions_stages_through_pinned_memory")
+    else {
+        return;
+    };
+    let whole = iota(&[6, 5]);
+    let rows: [(usize, usize, usize); 2] = [(0, 0, 2), (2, 2, 4)]; // (rank, first row, rows)
+    gpu.release_staging();
+    let results = ThreadComm::run(3, |comm| {
+        assert!(!comm.accepts_device(gpu.device()));
+        let mine = (rows.iter().filter(|r| r.0 == comm.rank()))
+            .map(|&(_, at, n)| {
+                let host = whole.view(&[at, 0], &[n, 5]).unwrap();
+                (vec![at, 0], upload(gpu.as_ref(), &contiguous_host(&host)))
+            })
+            .collect();
+        let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
+        let target = SpmdTarget {
+            grid: Grid::from_splits(&[6, 5], vec![vec![0, 6], vec![0, 1, 3, 5]]).unwrap(),
+            owners: vec![0, 1, 2],
+            devices: vec![gpu.device(); 3],
+        };
+        let (out, _) = repartition_to(comm, &pa, target, false).unwrap();
+        let p = out
+            .partitions()
+            .find(|p| p.data.tensor().is_some())
+            .unwrap();
+        let got = download_f32(gpu.as_ref(), p.data.tensor().unwrap());
+        let want = contiguous_host(&whole.view(&p.start, &p.shape).unwrap());
+        (
+            got,
+            want.to_array::<f32>().unwrap().into_raw_vec_and_offset().0,
+        )
+    });
+    for (rank, (got, want)) in results.iter().enumerate() {
+        assert_eq!(got, want, "rank {rank}");
+    }
+    assert!(
+        gpu.kept_staging_bytes() > 0,
+        "the exchange staged through pinned memory"
+    );
+    gpu.release_staging();
+    assert_eq!(gpu.kept_staging_bytes(), 0);
+}
