@@ -125,6 +125,50 @@ pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<b
     shared
 }
 
+/// Whether some element of `t` is also another of its elements (a zero stride, or strides
+/// that interleave). Strides that nest (each axis, by increasing stride, steps over the whole
+/// reach of the smaller ones) are told apart without cutting `t` into runs.
+pub(crate) fn covers_an_element_twice(t: &Tensor) -> bool {
+    if t.numel() <= 1 {
+        return false;
+    }
+    let item = t.dtype().itemsize() as u128;
+    let mut axes: Vec<(u128, u128)> = t
+        .shape()
+        .iter()
+        .zip(t.strides())
+        .filter(|(&n, _)| n > 1)
+        .map(|(&n, &s)| (s.unsigned_abs() as u128 * item, n as u128))
+        .collect();
+    axes.sort_unstable();
+    let mut reach = item; // bytes spanned by the axes so far, the element included
+    let nested = axes.iter().all(|&(step, n)| {
+        let ok = step >= reach;
+        reach += step * (n - 1);
+        ok
+    });
+    !nested && shared_targets(&[t]).is_some()
+}
+
+/// Whether `a` shares an element with `b` (which covers none of its own twice: see
+/// [`shared_targets`]). Tensors whose byte spans are apart are told so without cutting them
+/// into runs, which a big source would make costly.
+pub(crate) fn shares_memory(a: &Tensor, b: &Tensor) -> bool {
+    if a.numel() == 0 || b.numel() == 0 {
+        return false;
+    }
+    let absolute = |t: &Tensor| {
+        let (lo, hi) = t.byte_span();
+        let base = t.data_ptr() as isize;
+        (
+            base.wrapping_add(lo) as usize,
+            base.wrapping_add(hi) as usize,
+        )
+    };
+    let ((a0, a1), (b0, b1)) = (absolute(a), absolute(b));
+    a0 < b1 && b0 < a1 && sources_sharing(&[a], &[b])[0]
+}
+
 /// Checks the contract of `Backend::copy_boxes_unchecked` on `jobs`: no two destination boxes
 /// share an element, and no job's source box shares one with another job's destination box.
 pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
