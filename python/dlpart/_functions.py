@@ -82,8 +82,8 @@ def prepare_gather(x: Any, indices: Any, axis: int = 0,
     `BufferError`. The object holds ``x`` and ``out`` themselves (their DLPack imports: the
     producers' memory stays valid until the object is dropped), so the caller may change the
     data of ``x`` between calls, and each call copies what is there then; the shapes cannot
-    change. A call does no import and no check beyond what safety needs: its cost is the
-    copy and about a microsecond less than `gather`'s.
+    change. A call imports nothing and checks only what safety needs (a few comparisons):
+    it costs the copy and well under a microsecond more.
     """
     _single(x, "prepare_gather")
     if not hasattr(indices, "__dlpack__"):
