@@ -299,6 +299,51 @@ mod tests {
     }
 
     #[test]
+    fn an_element_covered_twice_is_found_whatever_the_strides() {
+        let a = grid(16, 16);
+        let mut seed = 7u64;
+        let mut below = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) % n) as usize
+        };
+        for case in 0..2000 {
+            let nd = 1 + below(3);
+            let shape: Vec<usize> = (0..nd).map(|_| 1 + below(4)).collect();
+            let strides: Vec<isize> = (0..nd).map(|_| below(7) as isize).collect();
+            let t = strided(&a, &shape, &strides, 0);
+            // Every element's offset, listed: the reference.
+            let mut offsets = vec![0isize];
+            for (&n, &s) in shape.iter().zip(&strides) {
+                offsets = offsets
+                    .iter()
+                    .flat_map(|&o| (0..n as isize).map(move |i| o + i * s))
+                    .collect();
+            }
+            let count = offsets.len();
+            offsets.sort_unstable();
+            offsets.dedup();
+            assert_eq!(
+                covers_an_element_twice(&t),
+                offsets.len() < count,
+                "case {case}: shape {shape:?} strides {strides:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn interleaved_views_share_no_memory_though_their_spans_meet() {
+        let (a, b) = (grid(4, 8), grid(4, 8));
+        let even = strided(&a, &[4, 4], &[8, 2], 0);
+        let odd = strided(&a, &[4, 4], &[8, 2], 1);
+        assert!(!shares_memory(&even, &odd) && !shares_memory(&odd, &even));
+        assert!(shares_memory(&even, &strided(&a, &[1, 1], &[8, 1], 30)));
+        assert!(!shares_memory(&even, &strided(&b, &[4, 4], &[8, 2], 0)));
+        assert!(!shares_memory(&even, &strided(&a, &[0, 4], &[8, 2], 0)));
+    }
+
+    #[test]
     fn box_copies_that_would_race_are_refused() {
         let (a, b) = (grid(4, 4), grid(4, 4));
         // the last one reads what it writes: fine
