@@ -1,13 +1,13 @@
 //! Prepared gathers and scatters: checked once, run again and again.
 //!
 //! A halo exchange or a time-step loop copies the same faces between the same buffers at every
-//! step. [`ops::gather`] and [`ops::scatter`] check their operands on every call, and the
-//! Python bindings import every operand through DLPack on every call, which costs more than a
-//! small copy. A prepared operation does all of that once, when it is made, and keeps what a
-//! run needs: the tensors themselves and the indices, read once into dlpart's own memory and
-//! checked there. These are the persistent operations of HPC libraries for indexing (MPI's
-//! `MPI_Send_init`, the plans of FFTW and cuFFT); the name *plan* stays with [`crate::Plan`],
-//! the box copies between two grids.
+//! step. [`ops::gather`](crate::ops::gather) and [`ops::scatter`](crate::ops::scatter) check
+//! their operands on every call, and the Python bindings import every operand through DLPack
+//! on every call, which costs more than a small copy. A prepared operation does all of that
+//! once, when it is made, and keeps what a run needs: the tensors themselves and the indices,
+//! read once into dlpart's own memory and checked there. These are the persistent operations
+//! of HPC libraries for indexing (MPI's `MPI_Send_init`, the plans of FFTW and cuFFT); the
+//! name *plan* stays with [`crate::Plan`], the box copies between two grids.
 //!
 //! A run still does what the backend's own entry point does for safety (devices, dtypes and
 //! shapes compared, every index checked again as the kernel reads it): a few comparisons and
