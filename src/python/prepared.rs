@@ -14,6 +14,10 @@ use super::tensor::{axis_arg, PyTensor};
 
 /// A gather checked once and run by calling it: ``g()`` does ``out[.., i, ..] =
 /// x[.., indices[i], ..]`` along the axis it was made with (see `dlpart.prepare_gather`).
+///
+/// It holds ``x`` and ``out`` (their DLPack imports, so the producers' memory stays valid
+/// until it is dropped) and its own checked copy of the indices. The data of ``x`` may change
+/// between calls, and each call copies what is there then; the shapes may not.
 #[pyclass(name = "PreparedGather", module = "dlpart", frozen)]
 pub struct PyPreparedGather {
     inner: PreparedGather,
@@ -53,6 +57,10 @@ impl PyPreparedGather {
 
 /// A scatter checked once and run by calling it: ``s()`` does ``out[.., indices[i], ..] =
 /// values[.., i, ..]`` along the axis it was made with (see `dlpart.prepare_scatter`).
+///
+/// It holds ``values`` and ``out`` (their DLPack imports, so the producers' memory stays
+/// valid until it is dropped) and its own checked copy of the indices. The data of ``values``
+/// may change between calls, and each call copies what is there then; the shapes may not.
 #[pyclass(name = "PreparedScatter", module = "dlpart", frozen)]
 pub struct PyPreparedScatter {
     inner: PreparedScatter,
