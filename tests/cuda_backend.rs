@@ -19,7 +19,9 @@ use dlpart::backend::{backend_for, Backend, BoxCopy};
 use dlpart::dlpack::{export_versioned, live_exports, ForeignTensor};
 use ndarray::Dimension;
 
-use dlpart::{DType, Device, DeviceType, Error, Grid, Plan, Tensor};
+use dlpart::{
+    DType, Device, DeviceType, Error, Grid, Plan, PreparedGather, PreparedScatter, Tensor,
+};
 
 /// Emulated CUDA devices are `kDLCUDA:1000` and up (see `CudaBackend::emulated`).
 fn is_emulated(d: Device) -> bool {
@@ -496,6 +498,65 @@ fn gather_and_scatter_match_naive_loops() {
             );
         }
     });
+}
+
+/// Prepared gathers and scatters, made once and run while the data changes under them: on
+/// every backend through `on`, and through `new` where `ops` reaches the backend.
+#[test]
+fn prepared_gathers_and_scatters_follow_changing_data() {
+    let test = "prepared_gathers_and_scatters_follow_changing_data";
+    for be in backends(test) {
+        eprintln!("RUN {test} on {}", be.device());
+        let _running = Running(be.device());
+        let b = be.as_ref();
+        let mut rng = Rng(21);
+        for case in 0..12 {
+            let shape: Vec<usize> = (0..3).map(|_| 1 + rng.below(9)).collect();
+            let axis = rng.below(3);
+            let len = shape[axis];
+            // Negative and repeated indices; the scatter keeps the last of repeated ones.
+            let idx: Vec<i64> = (0..1 + rng.below(5))
+                .map(|_| rng.below(2 * len) as i64 - len as i64)
+                .collect();
+            let mut small = shape.clone();
+            small[axis] = idx.len();
+            let hi = Tensor::from_slice(&idx, &[idx.len()]).unwrap();
+            let indices = if case % 2 == 0 { hi } else { upload(b, &hi) };
+            let src = upload(b, &random_host(&mut rng, &shape, DType::Float32));
+            let out = b.empty(&small, DType::Float32).unwrap();
+            let dst = upload(b, &random_host(&mut rng, &shape, DType::Float32));
+            let (g, s) = if ops_reach(b) && case % 3 == 0 {
+                (
+                    PreparedGather::new(&src, &indices, axis, Some(&out)).unwrap(),
+                    PreparedScatter::new(&out, &indices, &dst, axis).unwrap(),
+                )
+            } else {
+                (
+                    PreparedGather::on(be.clone(), &src, &indices, axis, Some(&out)).unwrap(),
+                    PreparedScatter::on(be.clone(), &out, &indices, &dst, axis).unwrap(),
+                )
+            };
+            for run in 0..3 {
+                let hs = random_host(&mut rng, &shape, DType::Float32);
+                b.transfer(&hs, &src).unwrap(); // new data in the same memory
+                let (out_before, dst_before) = (download(b, &out), download(b, &dst));
+                g.run().unwrap();
+                let got = download(b, &out);
+                let what = format!("case {case} run {run}: {shape:?} axis {axis} {idx:?}");
+                assert_eq!(
+                    host_bytes(&got),
+                    reference(true, &hs, &idx, axis, &out_before, &small),
+                    "gather {what}"
+                );
+                s.run().unwrap();
+                assert_eq!(
+                    host_bytes(&download(b, &dst)),
+                    reference(false, &got, &idx, axis, &dst_before, &small),
+                    "scatter {what}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

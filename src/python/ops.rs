@@ -37,7 +37,8 @@ fn backend_status(device: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
     Ok(crate::backend::backend_for(d).err().map(|e| e.to_string()))
 }
 
-fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+/// `x` itself when it is a `dlpart.Tensor`, else `x` imported through DLPack.
+pub(super) fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     match x.cast::<PyTensor>() {
         Ok(t) => Ok(t.get().clone()),
         Err(_) => from_dlpack(x, None, None),
