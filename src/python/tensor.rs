@@ -603,7 +603,11 @@ pub(crate) fn import_producer(
     // way, and without a target no `dl_device` is passed. So the `__dlpack__` call below is the
     // one the answer would have led to, and the capsule names the device. Asking cost 0.2 us
     // of the 1.0 us a numpy import took.
-    let numpy = if target.is_none() { exact_ndarray(x) } else { None };
+    let numpy = if target.is_none() {
+        exact_ndarray(x)
+    } else {
+        None
+    };
     let source = if numpy.is_some() {
         None
     } else {

@@ -59,9 +59,7 @@ impl CpuBackend {
         // `Arc` per operation was an allocation and a free in every gather of a halo face.
         static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
         if device == Device::CPU {
-            return HOST
-                .get_or_init(|| Arc::new(CpuBackend { device }))
-                .clone();
+            return HOST.get_or_init(|| Arc::new(CpuBackend { device })).clone();
         }
         Arc::new(CpuBackend { device })
     }

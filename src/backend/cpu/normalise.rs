@@ -365,4 +365,41 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn short_lists_on_both_sides_of_the_small_copy_match_the_reference() {
+        // 1 and FEW_INDICES indices take the one-allocation copy, FEW_INDICES + 1 the buffer.
+        for n in [1, FEW_INDICES, FEW_INDICES + 1] {
+            let values: Vec<i64> = (0..n as i64)
+                .map(|i| if i % 2 == 0 { -1 - i } else { i })
+                .collect();
+            let expect: Vec<i64> = values
+                .iter()
+                .map(|&v| if v < 0 { v + 11 } else { v })
+                .collect();
+            let caller = Tensor::from_slice(&values, &[n]).unwrap();
+            let idx = normalise_indices(&caller, 0, 11).unwrap();
+            overwrite(&caller, 0);
+            assert_eq!(idx.shape(), &[n]);
+            assert_eq!(idx.strides(), &[1]);
+            assert!(!idx.readonly());
+            let view = idx.view(&[0], &[n]).unwrap();
+            drop(idx); // the view keeps the copy alive
+            assert_eq!(
+                view.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+                expect
+            );
+            let mut bad = values.clone();
+            bad[n - 1] = -12;
+            let t = Tensor::from_slice(&bad, &[n]).unwrap();
+            assert!(matches!(
+                normalise_indices(&t, 0, 11),
+                Err(Error::IndexOutOfRange {
+                    index: -12,
+                    axis: 0,
+                    len: 11
+                })
+            ));
+        }
+    }
 }
