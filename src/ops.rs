@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
-use crate::tensor::Tensor;
+use crate::tensor::{Axes, Tensor};
 
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on
@@ -350,7 +350,7 @@ pub(crate) fn gather_operands(
     out: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let idx = backend.normalise_indices(indices, axis, src.shape()[axis])?;
-    let mut shape = src.shape().to_vec();
+    let mut shape = Axes::from(src.shape());
     shape[axis] = idx.shape()[0];
     let out = match out {
         Some(o) => {
@@ -383,9 +383,9 @@ pub(crate) fn scatter_operands(
     axis: usize,
 ) -> Result<Tensor> {
     let idx = backend.normalise_indices(indices, axis, out.shape()[axis])?;
-    let mut shape = out.shape().to_vec();
+    let mut shape = Axes::from(out.shape());
     shape[axis] = idx.shape()[0];
-    if values.shape() != shape.as_slice() || values.dtype() != out.dtype() {
+    if values.shape() != &*shape || values.dtype() != out.dtype() {
         return Err(Error::shape(
             format!(
                 "values must have shape {} and dtype {}",

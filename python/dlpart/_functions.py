@@ -41,13 +41,12 @@ def gather(x: Any, indices: Any, axis: int = 0,
     written (numpy's ``mode='raise'``).
     """
     # The extension checks the axis (negative ones count from the end) against the array it
-    # imports: a call on arrays costs one call into it, which halo exchanges make per face.
+    # imports, and turns indices that are no DLPack array into one (`_indices`): a call on
+    # arrays costs one call into it, which halo exchanges make per face.
     if isinstance(x, PartitionedArray):
         if out is not None:
             raise TypeError("gather of a PartitionedArray returns a new one; out= is not taken")
         return x.gather(indices, axis)
-    if not hasattr(indices, "__dlpack__"):
-        indices = _indices(indices)
     return _core.gather(x, indices, axis, out)
 
 
@@ -58,9 +57,7 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None
-    if not hasattr(indices, "__dlpack__"):
-        indices = _indices(indices)
-    return _core.scatter(values, indices, out, axis)
+    return _core.scatter(values, indices, out, axis)  # indices as in `gather`
 
 
 def _single(x: Any, func: str) -> None:
