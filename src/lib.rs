@@ -24,7 +24,7 @@
 //! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray`, the one model |
 //! | planning | [`layout`], [`plan`] | target `Layout`s (a cut and a placement); `Plan`: the box copies between two grids |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
-//! | operations | [`ops`] | repartition, gather, scatter on tensors: validate, then copy |
+//! | operations | [`ops`], [`prepared`] | repartition, gather, scatter on tensors: validate, then copy; gathers and scatters validated once and run again and again |
 //! | ranks | [`spmd`] | SPMD arrays over a `Communicator` (MPI, threads): agreed grids, exchanges between ranks |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 //!
@@ -44,8 +44,14 @@
 //!   the same type with the tensors themselves ([`backend::BoxCopy`]). Each backend then
 //!   *lowers* it for its kernels: the CPU backend to raw views and loop nests
 //!   (`backend::cpu::lower`), the CUDA backend to job tables (`backend::cuda::jobs`).
+//! - **prepared** gather or scatter: one checked once and then run again and again between
+//!   the same tensors ([`PreparedGather`], [`PreparedScatter`]), as MPI's persistent requests
+//!   or FFTW's plans are; "plan" stays the name of the box copies between two grids.
 //! - **backend**: the kernels of one device kind ([`backend::Backend`]); a **transfer** is a
-//!   copy between devices, which only happens when the caller passes `transfer = true`.
+//!   copy between devices, which only happens when the caller passes `transfer = true`;
+//!   **staging** memory is the host memory a device's data passes through on its way to code
+//!   that reads host memory only, an MPI that is not CUDA-aware
+//!   ([`backend::Backend::empty_staging`]: pinned on CUDA).
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 
@@ -60,6 +66,7 @@ pub mod ops;
 mod overlap;
 pub mod partitioned;
 pub mod plan;
+pub mod prepared;
 pub mod spmd;
 pub mod tensor;
 
@@ -73,6 +80,7 @@ pub use grid::{Grid, Region};
 pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{BoxCopy, Plan};
+pub use prepared::{PreparedGather, PreparedScatter};
 pub use tensor::Tensor;
 
 /// The README's Rust code blocks, run as doc tests.

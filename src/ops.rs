@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
-use crate::tensor::Tensor;
+use crate::tensor::{Axes, Tensor};
 
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on
@@ -299,7 +299,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
     backend_for(indices.device())?.normalise_indices(indices, axis, len)
 }
 
-fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
+pub(crate) fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
     if axis >= t.ndim() {
         return Err(Error::shape(
             format!("axis {axis} is out of range for the {}-d {what}", t.ndim()),
@@ -328,12 +328,29 @@ fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Res
 }
 
 /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
-/// on `src`'s device unless given.
+/// on `src`'s device unless given. To copy the same indices between the same tensors again and
+/// again, [`PreparedGather`](crate::PreparedGather) checks all this once.
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
     let backend = backend_for(src.device())?;
+    let (idx, out) = gather_operands(backend.as_ref(), src, indices, axis, out)?;
+    backend.gather(src, &idx, axis, &out)?;
+    backend.synchronize()?;
+    Ok(out)
+}
+
+/// What [`gather`] checks before it writes, on the backend of `src`'s device, once `axis` is
+/// known to be in range: the indices normalised into dlpart's own memory, and `out` (checked,
+/// or allocated when not given).
+pub(crate) fn gather_operands(
+    backend: &dyn Backend,
+    src: &Tensor,
+    indices: &Tensor,
+    axis: usize,
+    out: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     let idx = backend.normalise_indices(indices, axis, src.shape()[axis])?;
-    let mut shape = src.shape().to_vec();
+    let mut shape = Axes::from(src.shape());
     shape[axis] = idx.shape()[0];
     let out = match out {
         Some(o) => {
@@ -342,20 +359,33 @@ pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>)
         }
         None => backend.empty(&shape, src.dtype())?,
     };
-    backend.gather(src, &idx, axis, &out)?;
-    backend.synchronize()?;
-    Ok(out)
+    Ok((idx, out))
 }
 
 /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`, like numpy's fancy assignment
-/// (the last of duplicate indices wins).
+/// (the last of duplicate indices wins). [`PreparedScatter`](crate::PreparedScatter) checks
+/// all this once for a scatter that runs again and again.
 pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
     let backend = backend_for(out.device())?;
+    let idx = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
+    backend.scatter(values, &idx, axis, out)?;
+    backend.synchronize()
+}
+
+/// What [`scatter`] checks before it writes, on the backend of `out`'s device, once `axis` is
+/// known to be in range; returns the indices normalised into dlpart's own memory.
+pub(crate) fn scatter_operands(
+    backend: &dyn Backend,
+    values: &Tensor,
+    indices: &Tensor,
+    out: &Tensor,
+    axis: usize,
+) -> Result<Tensor> {
     let idx = backend.normalise_indices(indices, axis, out.shape()[axis])?;
-    let mut shape = out.shape().to_vec();
+    let mut shape = Axes::from(out.shape());
     shape[axis] = idx.shape()[0];
-    if values.shape() != shape.as_slice() || values.dtype() != out.dtype() {
+    if values.shape() != &*shape || values.dtype() != out.dtype() {
         return Err(Error::shape(
             format!(
                 "values must have shape {} and dtype {}",
@@ -377,8 +407,7 @@ pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> 
             reason: "values and out must be on one device".into(),
         });
     }
-    backend.scatter(values, &idx, axis, out)?;
-    backend.synchronize()
+    Ok(idx)
 }
 
 /// A copy of `t` on `device`: the one way data crosses devices. The same device (or host

@@ -125,6 +125,50 @@ pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<b
     shared
 }
 
+/// Whether some element of `t` is also another of its elements (a zero stride, or strides
+/// that interleave). Strides that nest (each axis, by increasing stride, steps over the whole
+/// reach of the smaller ones) are told apart without cutting `t` into runs.
+pub(crate) fn covers_an_element_twice(t: &Tensor) -> bool {
+    if t.numel() <= 1 {
+        return false;
+    }
+    let item = t.dtype().itemsize() as u128;
+    let mut axes: Vec<(u128, u128)> = t
+        .shape()
+        .iter()
+        .zip(t.strides())
+        .filter(|(&n, _)| n > 1)
+        .map(|(&n, &s)| (s.unsigned_abs() as u128 * item, n as u128))
+        .collect();
+    axes.sort_unstable();
+    let mut reach = item; // bytes spanned by the axes so far, the element included
+    let nested = axes.iter().all(|&(step, n)| {
+        let ok = step >= reach;
+        reach += step * (n - 1);
+        ok
+    });
+    !nested && shared_targets(&[t]).is_some()
+}
+
+/// Whether `a` shares an element with `b` (which covers none of its own twice: see
+/// [`shared_targets`]). Tensors whose byte spans are apart are told so without cutting them
+/// into runs, which a big source would make costly.
+pub(crate) fn shares_memory(a: &Tensor, b: &Tensor) -> bool {
+    if a.numel() == 0 || b.numel() == 0 {
+        return false;
+    }
+    let absolute = |t: &Tensor| {
+        let (lo, hi) = t.byte_span();
+        let base = t.data_ptr() as isize;
+        (
+            base.wrapping_add(lo) as usize,
+            base.wrapping_add(hi) as usize,
+        )
+    };
+    let ((a0, a1), (b0, b1)) = (absolute(a), absolute(b));
+    a0 < b1 && b0 < a1 && sources_sharing(&[a], &[b])[0]
+}
+
 /// Checks the contract of `Backend::copy_boxes_unchecked` on `jobs`: no two destination boxes
 /// share an element, and no job's source box shares one with another job's destination box.
 pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
@@ -252,6 +296,51 @@ mod tests {
             dst_start: d.to_vec(),
             shape: vec![2, 2],
         }
+    }
+
+    #[test]
+    fn an_element_covered_twice_is_found_whatever_the_strides() {
+        let a = grid(16, 16);
+        let mut seed = 7u64;
+        let mut below = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) % n) as usize
+        };
+        for case in 0..2000 {
+            let nd = 1 + below(3);
+            let shape: Vec<usize> = (0..nd).map(|_| 1 + below(4)).collect();
+            let strides: Vec<isize> = (0..nd).map(|_| below(7) as isize).collect();
+            let t = strided(&a, &shape, &strides, 0);
+            // Every element's offset, listed: the reference.
+            let mut offsets = vec![0isize];
+            for (&n, &s) in shape.iter().zip(&strides) {
+                offsets = offsets
+                    .iter()
+                    .flat_map(|&o| (0..n as isize).map(move |i| o + i * s))
+                    .collect();
+            }
+            let count = offsets.len();
+            offsets.sort_unstable();
+            offsets.dedup();
+            assert_eq!(
+                covers_an_element_twice(&t),
+                offsets.len() < count,
+                "case {case}: shape {shape:?} strides {strides:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn interleaved_views_share_no_memory_though_their_spans_meet() {
+        let (a, b) = (grid(4, 8), grid(4, 8));
+        let even = strided(&a, &[4, 4], &[8, 2], 0);
+        let odd = strided(&a, &[4, 4], &[8, 2], 1);
+        assert!(!shares_memory(&even, &odd) && !shares_memory(&odd, &even));
+        assert!(shares_memory(&even, &strided(&a, &[1, 1], &[8, 1], 30)));
+        assert!(!shares_memory(&even, &strided(&b, &[4, 4], &[8, 2], 0)));
+        assert!(!shares_memory(&even, &strided(&a, &[0, 4], &[8, 2], 0)));
     }
 
     #[test]

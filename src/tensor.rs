@@ -38,9 +38,10 @@ const INLINE_AXES: usize = 6;
 /// A tensor's shape or strides: inline up to [`INLINE_AXES`] axes, so that making (and
 /// dropping) a tensor allocates nothing. A repartition into a fine grid makes one tensor per
 /// target: for 65,536 targets of 32x32 float32, the two `Vec`s per tensor cost about 13 ms of
-/// the call here, alongside about 56 ms of copying.
+/// the call here, alongside about 56 ms of copying. The operations use it for the shapes they
+/// work out per call, for the same reason.
 #[derive(Clone)]
-enum Axes<T: Copy + Default> {
+pub(crate) enum Axes<T: Copy + Default> {
     Inline { len: u8, v: [T; INLINE_AXES] },
     Heap(Box<[T]>),
 }
@@ -78,6 +79,16 @@ impl<T: Copy + Default> std::ops::Deref for Axes<T> {
     fn deref(&self) -> &[T] {
         match self {
             Axes::Inline { len, v } => &v[..*len as usize],
+            Axes::Heap(b) => b,
+        }
+    }
+}
+
+impl<T: Copy + Default> std::ops::DerefMut for Axes<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Axes::Inline { len, v } => &mut v[..*len as usize],
             Axes::Heap(b) => b,
         }
     }

@@ -19,7 +19,9 @@ use dlpart::backend::{backend_for, Backend, BoxCopy};
 use dlpart::dlpack::{export_versioned, live_exports, ForeignTensor};
 use ndarray::Dimension;
 
-use dlpart::{DType, Device, DeviceType, Error, Grid, Plan, Tensor};
+use dlpart::{
+    DType, Device, DeviceType, Error, Grid, Plan, PreparedGather, PreparedScatter, Tensor,
+};
 
 /// Emulated CUDA devices are `kDLCUDA:1000` and up (see `CudaBackend::emulated`).
 fn is_emulated(d: Device) -> bool {
@@ -498,6 +500,65 @@ fn gather_and_scatter_match_naive_loops() {
     });
 }
 
+/// Prepared gathers and scatters, made once and run while the data changes under them: on
+/// every backend through `on`, and through `new` where `ops` reaches the backend.
+#[test]
+fn prepared_gathers_and_scatters_follow_changing_data() {
+    let test = "prepared_gathers_and_scatters_follow_changing_data";
+    for be in backends(test) {
+        eprintln!("RUN {test} on {}", be.device());
+        let _running = Running(be.device());
+        let b = be.as_ref();
+        let mut rng = Rng(21);
+        for case in 0..12 {
+            let shape: Vec<usize> = (0..3).map(|_| 1 + rng.below(9)).collect();
+            let axis = rng.below(3);
+            let len = shape[axis];
+            // Negative and repeated indices; the scatter keeps the last of repeated ones.
+            let idx: Vec<i64> = (0..1 + rng.below(5))
+                .map(|_| rng.below(2 * len) as i64 - len as i64)
+                .collect();
+            let mut small = shape.clone();
+            small[axis] = idx.len();
+            let hi = Tensor::from_slice(&idx, &[idx.len()]).unwrap();
+            let indices = if case % 2 == 0 { hi } else { upload(b, &hi) };
+            let src = upload(b, &random_host(&mut rng, &shape, DType::Float32));
+            let out = b.empty(&small, DType::Float32).unwrap();
+            let dst = upload(b, &random_host(&mut rng, &shape, DType::Float32));
+            let (g, s) = if ops_reach(b) && case % 3 == 0 {
+                (
+                    PreparedGather::new(&src, &indices, axis, Some(&out)).unwrap(),
+                    PreparedScatter::new(&out, &indices, &dst, axis).unwrap(),
+                )
+            } else {
+                (
+                    PreparedGather::on(be.clone(), &src, &indices, axis, Some(&out)).unwrap(),
+                    PreparedScatter::on(be.clone(), &out, &indices, &dst, axis).unwrap(),
+                )
+            };
+            for run in 0..3 {
+                let hs = random_host(&mut rng, &shape, DType::Float32);
+                b.transfer(&hs, &src).unwrap(); // new data in the same memory
+                let (out_before, dst_before) = (download(b, &out), download(b, &dst));
+                g.run().unwrap();
+                let got = download(b, &out);
+                let what = format!("case {case} run {run}: {shape:?} axis {axis} {idx:?}");
+                assert_eq!(
+                    host_bytes(&got),
+                    reference(true, &hs, &idx, axis, &out_before, &small),
+                    "gather {what}"
+                );
+                s.run().unwrap();
+                assert_eq!(
+                    host_bytes(&download(b, &dst)),
+                    reference(false, &got, &idx, axis, &dst_before, &small),
+                    "scatter {what}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn out_of_range_indices_are_reported_and_nothing_is_written() {
     on_every_backend(
@@ -859,4 +920,58 @@ fn an_allocation_the_device_refuses_is_out_of_memory() {
             Ok(_) => panic!("2^62 bytes allocated"),
         },
     );
+}
+
+/// On a GPU: row blocks of `kDLCUDA:0` partitions on three ranks (rank 1 without any) become
+/// column blocks across the ranks, staged through pinned host memory as `ThreadComm` takes
+/// host memory only (an MPI that is not CUDA-aware); the staging buffers are then kept for
+/// reuse. The emulated devices run the same path with counted allocations in the crate's
+/// unit tests (`spmd::tests_staged`).
+#[test]
+fn an_spmd_exchange_of_gpu_partitions_stages_through_pinned_memory() {
+    use dlpart::spmd::{
+        from_local, repartition_to, Communicator, LocalParts, SpmdTarget, ThreadComm,
+    };
+    let Some(gpu) = real_gpu("an_spmd_exchange_of_gpu_partitions_stages_through_pinned_memory")
+    else {
+        return;
+    };
+    let whole = iota(&[6, 5]);
+    let rows: [(usize, usize, usize); 2] = [(0, 0, 2), (2, 2, 4)]; // (rank, first row, rows)
+    gpu.release_staging();
+    let results = ThreadComm::run(3, |comm| {
+        assert!(!comm.accepts_device(gpu.device()));
+        let mine = (rows.iter().filter(|r| r.0 == comm.rank()))
+            .map(|&(_, at, n)| {
+                let host = whole.view(&[at, 0], &[n, 5]).unwrap();
+                (vec![at, 0], upload(gpu.as_ref(), &contiguous_host(&host)))
+            })
+            .collect();
+        let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
+        let target = SpmdTarget {
+            grid: Grid::from_splits(&[6, 5], vec![vec![0, 6], vec![0, 1, 3, 5]]).unwrap(),
+            owners: vec![0, 1, 2],
+            devices: vec![gpu.device(); 3],
+        };
+        let (out, _) = repartition_to(comm, &pa, target, false).unwrap();
+        let p = out
+            .partitions()
+            .find(|p| p.data.tensor().is_some())
+            .unwrap();
+        let got = download_f32(gpu.as_ref(), p.data.tensor().unwrap());
+        let want = contiguous_host(&whole.view(&p.start, &p.shape).unwrap());
+        (
+            got,
+            want.to_array::<f32>().unwrap().into_raw_vec_and_offset().0,
+        )
+    });
+    for (rank, (got, want)) in results.iter().enumerate() {
+        assert_eq!(got, want, "rank {rank}");
+    }
+    assert!(
+        gpu.kept_staging_bytes() > 0,
+        "the exchange staged through pinned memory"
+    );
+    gpu.release_staging();
+    assert_eq!(gpu.kept_staging_bytes(), 0);
 }

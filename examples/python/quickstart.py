@@ -47,6 +47,14 @@ y = np.zeros_like(x)
 dlpart.scatter(x[:3], np.array([7, 0, 3]), y)
 np.testing.assert_array_equal(y[[7, 0, 3]], x[:3])
 
+# The same copy at every time step (a halo face): prepared once, each call only copies.
+last_row = np.empty((1, 6), np.float32)
+pack = dlpart.prepare_gather(y, [-1], axis=0, out=last_row)
+for step in range(3):
+    y[-1] += 1  # the step changes the data, never the shape
+    pack()
+np.testing.assert_array_equal(last_row[0], y[-1])
+
 # The same on a partitioned array, with global indices: each index is served by the partition
 # that holds it, on its device.
 picked = rows.gather(np.array([6, 1]), axis=0)

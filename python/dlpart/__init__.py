@@ -4,6 +4,8 @@ from ._core import (
     BackendUnavailableError,
     Device,
     DeviceError,
+    PreparedGather,
+    PreparedScatter,
     ProtocolError,
     Tensor,
     __version__,
@@ -14,7 +16,7 @@ from ._core import (
     set_num_threads,
     split_points,
 )
-from ._functions import gather, scatter
+from ._functions import gather, prepare_gather, prepare_scatter, scatter
 from . import adapters
 from ._location import Location
 from ._partitioned import (
@@ -34,6 +36,8 @@ __all__ = [
     "Location",
     "Partition",
     "PartitionedArray",
+    "PreparedGather",
+    "PreparedScatter",
     "ProtocolError",
     "Tensor",
     "__version__",
@@ -44,6 +48,8 @@ __all__ = [
     "get",
     "get_num_threads",
     "partition",
+    "prepare_gather",
+    "prepare_scatter",
     "reload_log_levels",
     "scatter",
     "set_num_threads",

@@ -1,13 +1,14 @@
 """`gather` and `scatter` with numpy's conventions: negative axes, Python sequences as indices,
-and partitioned arrays as well as single arrays."""
+and partitioned arrays as well as single arrays; `prepare_gather` and `prepare_scatter` for
+the same copy made again and again between the same arrays."""
 
 from typing import Any, Optional, Union, overload
 
 from . import _core
-from ._core import Tensor
+from ._core import PreparedGather, PreparedScatter, Tensor
 from ._partitioned import PartitionedArray
 
-__all__ = ["gather", "scatter"]
+__all__ = ["gather", "prepare_gather", "prepare_scatter", "scatter"]
 
 
 def _indices(indices):
@@ -40,13 +41,12 @@ def gather(x: Any, indices: Any, axis: int = 0,
     written (numpy's ``mode='raise'``).
     """
     # The extension checks the axis (negative ones count from the end) against the array it
-    # imports: a call on arrays costs one call into it, which halo exchanges make per face.
+    # imports, and turns indices that are no DLPack array into one (`_indices`): a call on
+    # arrays costs one call into it, which halo exchanges make per face.
     if isinstance(x, PartitionedArray):
         if out is not None:
             raise TypeError("gather of a PartitionedArray returns a new one; out= is not taken")
         return x.gather(indices, axis)
-    if not hasattr(indices, "__dlpack__"):
-        indices = _indices(indices)
     return _core.gather(x, indices, axis, out)
 
 
@@ -57,6 +57,49 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None
+    return _core.scatter(values, indices, out, axis)  # indices as in `gather`
+
+
+def _single(x: Any, func: str) -> None:
+    if isinstance(x, PartitionedArray):
+        raise TypeError(f"{func} takes single arrays; a PartitionedArray has its own gather and "
+                        "scatter")
+
+
+def prepare_gather(x: Any, indices: Any, axis: int = 0,
+                   out: Optional[Any] = None) -> PreparedGather:
+    """`gather` checked once, for the same copy made again and again (the faces of a halo
+    exchange, at every time step): ``g = prepare_gather(x, indices, axis, out)``, then each
+    ``g()`` does ``out[.., i, ..] = x[.., indices[i], ..]`` and returns ``None``.
+
+    Everything `gather` checks is checked here, once, with the same errors: the axis, each
+    index (read once into dlpart's own memory, so later changes to ``indices`` do not
+    matter), ``out``'s shape, dtype, device and writability. ``out`` is allocated on ``x``'s
+    device when not given (``g.out``); an ``out`` that shares memory with ``x`` raises
+    `BufferError`. The object holds ``x`` and ``out`` themselves (their DLPack imports: the
+    producers' memory stays valid until the object is dropped), so the caller may change the
+    data of ``x`` between calls, and each call copies what is there then; the shapes cannot
+    change. A call imports nothing and checks only what safety needs (a few comparisons):
+    it costs the copy and well under a microsecond more.
+    """
+    _single(x, "prepare_gather")
     if not hasattr(indices, "__dlpack__"):
         indices = _indices(indices)
-    return _core.scatter(values, indices, out, axis)
+    return _core.prepare_gather(x, indices, axis, out)
+
+
+def prepare_scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> PreparedScatter:
+    """`scatter` checked once, for the same copy made again and again: ``s =
+    prepare_scatter(values, indices, out, axis)``, then each ``s()`` does ``out[..,
+    indices[i], ..] = values[.., i, ..]`` (the last of duplicate indices wins) and returns
+    ``None``.
+
+    Everything `scatter` checks is checked here, once, with the same errors; ``values`` that
+    share memory with ``out`` raise `BufferError`. The object holds ``values``, ``out`` and
+    its own copy of the indices, so the caller may change the data of ``values`` between
+    calls (not the shapes), and each call copies what is there then.
+    """
+    _single(out, "prepare_scatter")
+    if not hasattr(indices, "__dlpack__"):
+        indices = _indices(indices)
+    return _core.prepare_scatter(values, indices, out, axis)

@@ -9,6 +9,11 @@ same error (`dlpart.ProtocolError`, or the failed rank's error class, its messag
 (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own ``allgather`` and
 ``Alltoallv`` move the bytes.
 
+Device buffers go to MPI directly when it is CUDA-aware (``MPI.Query_cuda_support()``), else
+through pinned (page-locked) host memory, which the GPU copies to and from at the bus's rate.
+Pinned buffers are kept per device for reuse, up to ``DLPART_PINNED_CACHE_BYTES`` bytes (256 MiB
+by default); when none can be had, the exchange stages through ordinary host memory instead.
+
 ::
 
     from mpi4py import MPI

@@ -62,6 +62,16 @@ impl CudaBackend {
     pub fn wait_for_producer(&self, _producer: Option<i64>) -> Result<()> {
         match *self {}
     }
+
+    /// Never runs: there is no `CudaBackend` to call it on.
+    pub fn release_staging(&self) {
+        match *self {}
+    }
+
+    /// Never runs: there is no `CudaBackend` to call it on.
+    pub fn kept_staging_bytes(&self) -> usize {
+        match *self {}
+    }
 }
 
 impl Backend for CudaBackend {
@@ -70,6 +80,10 @@ impl Backend for CudaBackend {
     }
 
     fn empty(&self, _shape: &[usize], _dtype: DType) -> Result<Tensor> {
+        match *self {}
+    }
+
+    fn empty_staging(&self, _shape: &[usize], _dtype: DType) -> Result<Tensor> {
         match *self {}
     }
 

@@ -63,6 +63,17 @@ pub trait Backend: Send + Sync {
         Ok(out)
     }
 
+    /// A new contiguous tensor in host memory with unspecified contents, suited for staging
+    /// this device's data on its way to or from code that reads only host memory (an MPI
+    /// that takes no device pointers): page-locked memory on CUDA, which the device copies
+    /// to and from by DMA at the bus's rate, kept for reuse as it is expensive to get;
+    /// ordinary host memory elsewhere (this default). [`Backend::transfer`] copies between
+    /// it and the device, into the buffers given. Allocation failure is
+    /// [`Error::OutOfMemory`].
+    fn empty_staging(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        cpu::CpuBackend::shared(Device::CPU).empty(shape, dtype)
+    }
+
     /// Runs every copy, after checking that the jobs' destination boxes share no element with
     /// each other or with another job's source box (a source overlapping its own destination
     /// is fine); jobs that do are refused with [`Error::Buffer`], as their copies would race.
@@ -330,6 +341,17 @@ mod tests {
         };
         let e = b.normalise_indices(&on_gpu, 0, 3).unwrap_err().to_string();
         assert!(e.contains("kDLCUDA:0") && e.contains("CPU backend"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_backend_stages_in_ordinary_host_memory() {
+        let b = backend_for(Device::CPU).unwrap();
+        let t = b.empty_staging(&[2, 3], DType::Int16).unwrap();
+        assert_eq!(
+            (t.device(), t.shape(), t.dtype()),
+            (Device::CPU, &[2, 3][..], DType::Int16)
+        );
+        assert!(t.is_contiguous() && !t.readonly());
     }
 
     #[test]

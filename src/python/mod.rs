@@ -10,6 +10,7 @@ mod errors;
 mod location;
 mod ops;
 mod partitioned;
+mod prepared;
 mod spmd;
 mod tensor;
 mod testing;
@@ -62,6 +63,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     partitioned::register(m)?;
     spmd::register(m)?;
     ops::register(m)?;
+    prepared::register(m)?;
     m.add_function(wrap_pyfunction!(reload_log_levels, m)?)?;
     install_logger(py);
     let testing = PyModule::new(py, "_testing")?;

@@ -3,13 +3,14 @@
 use std::time::Instant;
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use crate::grid::Grid;
 use crate::plan::Plan;
 
 use super::device::target_device_arg;
 use super::errors::to_py;
-use super::tensor::{axis_arg, from_dlpack, PyTensor};
+use super::tensor::{axis_arg, from_dlpack, is_producer, PyTensor};
 
 fn grid(shape: &[usize], splits: Vec<Vec<usize>>) -> PyResult<Grid> {
     Grid::from_splits(shape, splits).map_err(to_py)
@@ -37,11 +38,25 @@ fn backend_status(device: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
     Ok(crate::backend::backend_for(d).err().map(|e| e.to_string()))
 }
 
-fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+/// `x` itself when it is a `dlpart.Tensor`, else `x` imported through DLPack.
+pub(super) fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     match x.cast::<PyTensor>() {
         Ok(t) => Ok(t.get().clone()),
         Err(_) => from_dlpack(x, None, None),
     }
+}
+
+/// `indices` as a tensor: a dlpart tensor or any DLPack array as it is, anything else (a Python
+/// sequence or scalar) through `dlpart._functions._indices`, as int64. Asked here rather than
+/// in the Python wrapper: its `hasattr(indices, "__dlpack__")` cost about 400 instructions
+/// (callgrind) on every call with an index array.
+fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+    static INDICES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if indices.cast::<PyTensor>().is_ok() || is_producer(indices)? {
+        return tensor_arg(indices);
+    }
+    let convert = INDICES.import(indices.py(), "dlpart._functions", "_indices")?;
+    tensor_arg(&convert.call1((indices,))?)
 }
 
 /// `out[.., i, ..] = x[.., indices[i], ..]` along `axis`, like `numpy.take`; negative indices
@@ -55,12 +70,14 @@ fn gather(
     axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
-    let (x, idx) = (tensor_arg(x)?, tensor_arg(indices)?);
+    let (x, idx) = (tensor_arg(x)?, indices_arg(indices)?);
     let axis = axis_arg("gather", axis, x.inner.ndim(), "source")?;
     let out = out.map(tensor_arg).transpose()?;
-    let r = py
-        .detach(|| crate::ops::gather(&x.inner, &idx.inner, axis, out.as_ref().map(|o| &o.inner)))
-        .map_err(to_py)?;
+    let bytes = out.as_ref().map_or(usize::MAX, |o| o.inner.nbytes());
+    let r = detach_unless_small(py, &x.inner, bytes, || {
+        crate::ops::gather(&x.inner, &idx.inner, axis, out.as_ref().map(|o| &o.inner))
+    })
+    .map_err(to_py)?;
     Ok(PyTensor::new(r))
 }
 
@@ -75,10 +92,33 @@ fn scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<()> {
-    let (v, idx, o) = (tensor_arg(values)?, tensor_arg(indices)?, tensor_arg(out)?);
+    let (v, idx, o) = (tensor_arg(values)?, indices_arg(indices)?, tensor_arg(out)?);
     let axis = axis_arg("scatter", axis, o.inner.ndim(), "output")?;
-    py.detach(|| crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis))
-        .map_err(to_py)
+    detach_unless_small(py, &o.inner, v.inner.nbytes(), || {
+        crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis)
+    })
+    .map_err(to_py)
+}
+
+/// Host work up to this many bytes runs with the GIL held. Releasing and retaking it cost
+/// about 470 instructions a call (callgrind), a twentieth of the fixed cost of gathering a
+/// halo face; and below `Tuning::parallel_min` (256 KiB) the CPU kernels run on the calling
+/// thread alone, so no pool thread can be left waiting for the GIL while it is held.
+const GIL_HELD_MAX_BYTES: usize = 64 << 10;
+
+/// `f()`, with the GIL released unless it moves at most [`GIL_HELD_MAX_BYTES`] of `on`'s
+/// host memory.
+fn detach_unless_small<T: Send>(
+    py: Python<'_>,
+    on: &crate::tensor::Tensor,
+    bytes: usize,
+    f: impl FnOnce() -> T + Send,
+) -> T {
+    if bytes <= GIL_HELD_MAX_BYTES && on.device().is_host_accessible() {
+        f()
+    } else {
+        py.detach(f)
+    }
 }
 
 /// Sets the number of threads dlpart's CPU kernels use (the calling thread and `n - 1` pool

@@ -14,7 +14,7 @@ use crate::tensor::Tensor;
 
 use super::capsule::{consume_capsule, export_capsule};
 use super::device::{target_device_arg, PyDevice};
-use super::dlpack_call::{call_legacy, call_versioned, Keywords};
+use super::dlpack_call::{call_legacy, call_numpy, call_versioned, Keywords};
 use super::errors::to_py;
 
 /// A strided n-d array on one device, exchanged zero-copy through DLPack.
@@ -533,17 +533,20 @@ static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 /// Whether `x` is exactly a `numpy.ndarray` (not a subclass, which may override the DLPack
 /// methods). Never imports numpy: while it is not in `sys.modules` no array of it exists.
 pub(crate) fn is_numpy_array(x: &Bound<'_, PyAny>) -> bool {
+    exact_ndarray(x).is_some()
+}
+
+/// `numpy.ndarray` when `x` is exactly one, else `None`.
+fn exact_ndarray<'py>(x: &Bound<'py, PyAny>) -> Option<Bound<'py, PyType>> {
     let py = x.py();
     let ty = match NDARRAY.get(py) {
         Some(t) => t.bind(py),
         None => {
-            let Some(t) = numpy_ndarray(py) else {
-                return false;
-            };
+            let t = numpy_ndarray(py)?;
             NDARRAY.get_or_init(py, || t.unbind()).bind(py)
         }
     };
-    x.get_type().is(ty)
+    x.get_type().is(ty).then(|| ty.clone())
 }
 
 /// `sys.modules["numpy"].ndarray` when numpy is loaded and it is the real one.
@@ -587,7 +590,8 @@ fn is_keyword_error(py: Python<'_>, e: &PyErr) -> bool {
 ///
 /// The call goes through [`call_versioned`]: no keyword dict, no new strings (building the
 /// dict from Rust strings and a new `(1, 3)` per call cost about 0.3 us per import; perf showed
-/// string creation and hashing on top of a 4,096-array import loop).
+/// string creation and hashing on top of a 4,096-array import loop), or, for an exact numpy
+/// array imported as it is, through [`call_numpy`].
 pub(crate) fn import_producer(
     x: &Bound<'_, PyAny>,
     target: Option<Device>,
@@ -599,7 +603,12 @@ pub(crate) fn import_producer(
     // way, and without a target no `dl_device` is passed. So the `__dlpack__` call below is the
     // one the answer would have led to, and the capsule names the device. Asking cost 0.2 us
     // of the 1.0 us a numpy import took.
-    let source = if target.is_none() && is_numpy_array(x) {
+    let numpy = if target.is_none() {
+        exact_ndarray(x)
+    } else {
+        None
+    };
+    let source = if numpy.is_some() {
         None
     } else {
         source_device(x)?
@@ -615,7 +624,11 @@ pub(crate) fn import_producer(
     };
     // Only a TypeError about the keywords themselves means an older producer: any other
     // failure is the producer's answer, and calling it again would repeat its side effects.
-    let (cap, asked) = match call_versioned(x, stream, kw) {
+    let first = match &numpy {
+        Some(ndarray) if copy.is_none() => call_numpy(x, ndarray),
+        _ => call_versioned(x, stream, kw),
+    };
+    let (cap, asked) = match first {
         Ok(cap) => (cap, true),
         Err(e) if is_keyword_error(py, &e) => match call_legacy(x, stream) {
             Ok(cap) => (cap, false),

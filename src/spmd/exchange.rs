@@ -839,7 +839,8 @@ impl Segments<'_> {
     /// returns what arrived: in `into` (this rank's own contiguous tensor, written in place)
     /// when given, else in a new buffer of `total` bytes of `dtype` on `dev`; `None` when
     /// nothing arrives. Device memory goes to MPI directly when the communicator takes it,
-    /// else through host memory.
+    /// else through the device backend's staging memory ([`Backend::empty_staging`]: pinned
+    /// on CUDA).
     pub fn exchange(
         &self,
         comm: &dyn Communicator,
@@ -850,18 +851,26 @@ impl Segments<'_> {
         into: Option<Tensor>,
     ) -> Result<Option<Tensor>> {
         let direct = dev.is_host_accessible() || comm.accepts_device(dev);
-        let recv = match total {
-            0 => None,
+        let staging = match direct {
+            true => None,
+            false => Some(backend_for(dev)?),
+        };
+        let recv = match (total, &staging) {
+            (0, _) => None,
             _ if into.is_some() => into,
-            n if direct => Some(backend_for(dev)?.empty(&[n / itemsize], dtype)?),
-            n => Some(backend_for(Device::CPU)?.empty(&[n / itemsize], dtype)?),
+            (n, None) => Some(backend_for(dev)?.empty(&[n / itemsize], dtype)?),
+            (n, Some(b)) => Some(staging_buffer(&**b, &[n / itemsize], dtype)?),
         };
         if dev.is_host_accessible() || !comm.accepts_device(dev) {
-            // Host memory, or device memory staged through the host for an MPI that does not
-            // take device pointers.
-            let send = match self.send {
-                Some(t) if !dev.is_host_accessible() => Some(ops::to_device(t, Device::CPU)?),
-                other => other.cloned(),
+            // Host memory, or device memory staged through the backend's host memory (pinned
+            // on CUDA) for an MPI that does not take device pointers.
+            let send = match (self.send, &staging) {
+                (Some(t), Some(b)) => {
+                    let host = staging_buffer(&**b, t.shape(), t.dtype())?;
+                    b.transfer(t, &host)?;
+                    Some(host)
+                }
+                (other, _) => other.cloned(),
             };
             let recv_bytes: &mut [u8] = match &recv {
                 // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
@@ -889,12 +898,31 @@ impl Segments<'_> {
                 self.recv_displs,
             )?;
         }
-        Ok(match recv {
-            Some(t) if t.device() != dev && !dev.is_host_accessible() => {
-                Some(ops::to_device(&t, dev)?)
+        Ok(match (recv, staging) {
+            (Some(t), Some(b)) if t.device() != dev => {
+                let out = b.empty(t.shape(), t.dtype())?;
+                b.transfer(&t, &out)?;
+                Some(out)
             }
-            other => other,
+            (other, _) => other,
         })
+    }
+}
+
+/// Host memory to stage `backend`'s data in (pinned on CUDA), or ordinary host memory when
+/// that cannot be had: the ranks are past their agreement here, and a rank that failed would
+/// leave the others waiting in the exchange.
+fn staging_buffer(backend: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    match backend.empty_staging(shape, dtype) {
+        Err(Error::OutOfMemory { bytes, device, .. }) => {
+            log::info!(
+                "{}: no {bytes} bytes of {device} memory to stage an exchange in; staging \
+                 through pageable host memory",
+                backend.device()
+            );
+            backend_for(Device::CPU)?.empty(shape, dtype)
+        }
+        other => other,
     }
 }
 

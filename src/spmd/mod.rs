@@ -13,6 +13,15 @@
 //! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
 //!   index served by the rank holding it.
 //!
+//! Device buffers go to the communicator directly when it takes them
+//! ([`Communicator::accepts_device`]: a CUDA-aware MPI). Otherwise they are staged through
+//! host memory the device's backend hands out for it ([`crate::backend::Backend::empty_staging`]):
+//! on CUDA, pinned (page-locked) memory, which the device copies to and from by DMA at the
+//! bus's rate and which is kept per device for reuse (`DLPART_PINNED_CACHE_BYTES`, 256 MiB by
+//! default), as allocating it costs more than the copies it speeds up. When no pinned memory
+//! can be had, the exchange stages through ordinary host memory rather than fail on one rank
+//! while the others wait in it.
+//!
 //! Collective safety: a rank that fails before a collective still takes part in it, with its
 //! error as payload, and every rank then returns the same [`Error::Collective`] (or the same
 //! validation error, computed from the same gathered metadata), so no rank waits forever.
@@ -70,7 +79,7 @@ pub trait Communicator: Sync {
     ) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware
-    /// MPI); otherwise device buffers are staged through host memory.
+    /// MPI); otherwise device buffers are staged through host memory (pinned on CUDA).
     fn accepts_device(&self, device: Device) -> bool {
         let _ = device;
         false
@@ -111,3 +120,5 @@ pub struct Traffic {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod tests_staged;

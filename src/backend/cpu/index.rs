@@ -22,6 +22,7 @@ use super::copy::{
 use super::index_loop::{schedule, BlockUnit, BoxUnit, IndexPlan, Inner, Word};
 use super::lower::{is_word, Dim, Dims, Kind, Lowered, Orig, MAX_DIMS};
 use crate::error::{tuple_string, Error, Result};
+use crate::tensor::Axes;
 
 /// `dst[.., i, ..] = src[.., indices[i], ..]` along `axis`.
 ///
@@ -100,7 +101,7 @@ unsafe fn gather_slabs(
         return Ok(false);
     }
     check_indices(indices, axis, src.shape[axis])?;
-    let mut slab = dst.shape.to_vec();
+    let mut slab = Axes::from(dst.shape);
     slab[axis] = 1;
     let item = itemsize as isize;
     let dst_at = |i: usize| {

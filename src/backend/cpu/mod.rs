@@ -21,7 +21,7 @@ mod threads;
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub(crate) use copy::{copy_boxes, pack, DstView, RawCopy, SrcView};
 pub(crate) use index::{gather, scatter};
@@ -55,6 +55,12 @@ impl CpuBackend {
     /// A backend for the host-accessible `device` (the kernels are the same for every such
     /// device; the device is what new tensors report).
     pub fn shared(device: Device) -> Arc<dyn Backend> {
+        // `kDLCPU:0`, nearly always the device asked for, has one backend made once: a new
+        // `Arc` per operation was an allocation and a free in every gather of a halo face.
+        static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+        if device == Device::CPU {
+            return HOST.get_or_init(|| Arc::new(CpuBackend { device })).clone();
+        }
         Arc::new(CpuBackend { device })
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! [`Backend::normalise_indices`]: crate::backend::Backend::normalise_indices
 
+use std::cell::UnsafeCell;
 use std::mem::{size_of, MaybeUninit};
 use std::sync::Arc;
 
@@ -110,6 +111,10 @@ unsafe fn copy_and_count_long(src: *const i64, dst: &mut [MaybeUninit<i64>], len
 /// # Safety
 /// As for [`copy_and_count`], with `n` values.
 unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor, usize)> {
+    if n <= FEW_INDICES {
+        // SAFETY: forwarded caller contract.
+        return Ok(unsafe { copy_few_indices(src, n, len) });
+    }
     let nbytes = n.saturating_mul(size_of::<i64>());
     let buf = HostBuffer::uninit(nbytes)
         .map_err(|_| Error::host_oom(nbytes, format!("a copy of {n} indices")))?;
@@ -144,6 +149,47 @@ unsafe fn copy_indices(src: *const i64, n: usize, len: usize) -> Result<(Tensor,
         )
     };
     Ok((t, outside))
+}
+
+/// Index arrays up to this long are copied into one small allocation ([`FewIndices`]).
+const FEW_INDICES: usize = 8;
+
+/// The copy of a short index array: its values and the reference counts share one
+/// allocation (an `Arc` of this), where a [`HostBuffer`] in an `Arc` takes two, the first
+/// aligned to 64 bytes. A halo face is gathered with one index, once per face per step.
+struct FewIndices(UnsafeCell<[MaybeUninit<i64>; FEW_INDICES]>);
+
+// SAFETY: the values are written only by `normalise_indices`, through the tensor it has just
+// made and not yet handed out; after that every thread only reads them.
+unsafe impl Sync for FewIndices {}
+
+/// [`copy_indices`] for `n <= FEW_INDICES`.
+///
+/// # Safety
+/// As for [`copy_and_count`], with `n` values.
+unsafe fn copy_few_indices(src: *const i64, n: usize, len: usize) -> (Tensor, usize) {
+    let owner = Arc::new(FewIndices(UnsafeCell::new(
+        [MaybeUninit::uninit(); FEW_INDICES],
+    )));
+    let data = owner.0.get().cast::<MaybeUninit<i64>>();
+    // SAFETY: `data` addresses the `FEW_INDICES >= n` values inside `owner`, which nothing
+    // else can reach yet; the rest is the caller's contract.
+    let outside = unsafe { copy_and_count(src, std::slice::from_raw_parts_mut(data, n), len) };
+    // SAFETY: `copy_and_count` wrote the first `n` values, which `owner` keeps alive at a
+    // fixed address (the `Arc`'s allocation), writable through `data` (an `UnsafeCell`);
+    // C-order strides for one axis of `n`.
+    let t = unsafe {
+        Tensor::from_raw_slices(
+            data.cast::<u8>(),
+            &[n],
+            &[1],
+            DType::Int64,
+            Device::CPU,
+            false,
+            owner,
+        )
+    };
+    (t, outside)
 }
 
 /// A pointer the index threads share; they only read through it.
@@ -317,6 +363,43 @@ mod tests {
                     other => panic!("{n} {at}: expected {bad} out of range, got {other:?}"),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn short_lists_on_both_sides_of_the_small_copy_match_the_reference() {
+        // 1 and FEW_INDICES indices take the one-allocation copy, FEW_INDICES + 1 the buffer.
+        for n in [1, FEW_INDICES, FEW_INDICES + 1] {
+            let values: Vec<i64> = (0..n as i64)
+                .map(|i| if i % 2 == 0 { -1 - i } else { i })
+                .collect();
+            let expect: Vec<i64> = values
+                .iter()
+                .map(|&v| if v < 0 { v + 11 } else { v })
+                .collect();
+            let caller = Tensor::from_slice(&values, &[n]).unwrap();
+            let idx = normalise_indices(&caller, 0, 11).unwrap();
+            overwrite(&caller, 0);
+            assert_eq!(idx.shape(), &[n]);
+            assert_eq!(idx.strides(), &[1]);
+            assert!(!idx.readonly());
+            let view = idx.view(&[0], &[n]).unwrap();
+            drop(idx); // the view keeps the copy alive
+            assert_eq!(
+                view.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
+                expect
+            );
+            let mut bad = values.clone();
+            bad[n - 1] = -12;
+            let t = Tensor::from_slice(&bad, &[n]).unwrap();
+            assert!(matches!(
+                normalise_indices(&t, 0, 11),
+                Err(Error::IndexOutOfRange {
+                    index: -12,
+                    axis: 0,
+                    len: 11
+                })
+            ));
         }
     }
 }

@@ -136,6 +136,16 @@ impl PinnedBuffer {
         })
     }
 
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The size asked for, in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `bytes` bytes owned by `self`, borrowed mutably here.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
@@ -188,7 +198,7 @@ impl Scratch {
             // SAFETY: `ev` is a live event created below; waiting on it has no other effect.
             unsafe { self.driver.event_synchronize(ev) }?;
         }
-        if self.host.as_ref().is_none_or(|h| h.bytes < bytes.len()) {
+        if self.host.as_ref().is_none_or(|h| h.len() < bytes.len()) {
             self.host = None;
             let cap = bytes.len().next_power_of_two().max(1 << 14);
             self.host = Some(PinnedBuffer::alloc(&self.driver, cap)?);

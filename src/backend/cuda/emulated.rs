@@ -10,7 +10,9 @@
 //! going unnoticed. Queued work runs only when the host waits for it
 //! (`emulated_streams.rs`), so a missing wait shows up as stale data. Emulated devices are `kDLCUDA:1000` and up, reachable only through
 //! [`CudaBackend::emulated`] and from each other: [`crate::backend::backend_for`] never
-//! returns them, so users never get one as a `kDLCUDA` device.
+//! returns them (but in this crate's own unit tests, `cfg(test)`), so users never get one
+//! as a `kDLCUDA` device. Each device counts its pinned host allocations and frees
+//! ([`CudaBackend::emulated_pinned`]), and a limit on them makes allocations fail.
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::any::Any;
@@ -78,17 +80,19 @@ fn allocate(bytes: usize, align: usize, device: Option<i32>, op: &str) -> Result
     Ok(at)
 }
 
-/// Unregisters and frees an allocation of `device` (`None`: pinned).
+/// Unregisters and frees an allocation of `device` (`None`: pinned); returns its bytes as
+/// asked for (at least 1).
 ///
 /// # Safety
 /// Nothing uses the memory any more.
-unsafe fn release(at: u64, device: Option<i32>) {
+unsafe fn release(at: u64, device: Option<i32>) -> usize {
     let entry = memory().lock().expect("emulated memory lock").remove(&at);
     match entry {
         Some((layout, d)) if d == device => {
             // SAFETY: allocated by `allocate` with this layout, unregistered just above so
             // freed once.
-            unsafe { dealloc(at as *mut u8, layout) }
+            unsafe { dealloc(at as *mut u8, layout) };
+            layout.size()
         }
         other => panic!("emulated driver: freeing {at:#x}, which is {other:?}, not {device:?}"),
     }
@@ -117,6 +121,24 @@ fn check_range(addr: u64, len: usize, op: &str) -> Result<()> {
 pub(crate) struct EmulatedDriver {
     n: i32,
     launches: AtomicU64,
+    pinned: Mutex<PinnedCounts>,
+}
+
+/// What an emulated device's pinned host allocations have been, for tests: each device
+/// counts its own, so tests on other devices running at the same time do not disturb them.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedCounts {
+    /// Allocations made (`cuMemHostAlloc`).
+    pub allocs: usize,
+    /// Allocations freed (`cuMemFreeHost`); freeing one twice panics.
+    pub frees: usize,
+    /// Bytes allocated and not yet freed.
+    pub live_bytes: usize,
+    /// The most bytes that may be live at once: beyond it an allocation fails with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, as on a machine with no memory left that the OS can
+    /// lock.
+    pub limit: usize,
 }
 
 /// Whether `len` bytes at `addr` lie in one pinned host allocation.
@@ -220,17 +242,31 @@ impl Driver for EmulatedDriver {
         // As cuMemFree: queued work that may use the memory runs first.
         streams::drain_all();
         // SAFETY: the caller's contract; no work is queued any more.
-        unsafe { release(ptr, Some(self.n)) }
+        unsafe { release(ptr, Some(self.n)) };
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        allocate(bytes, 64, None, &format!("cuMemAllocHost({bytes} bytes)")).map(|p| p as *mut u8)
+        let op = format!("cuMemAllocHost({bytes} bytes)");
+        let mut counts = self.pinned.lock().expect("pinned counts lock");
+        if bytes > counts.limit.saturating_sub(counts.live_bytes) {
+            return Err(fail(
+                op,
+                "CUDA_ERROR_OUT_OF_MEMORY: the pinned limit is reached",
+            ));
+        }
+        let at = allocate(bytes, 64, None, &op)?;
+        counts.allocs += 1;
+        counts.live_bytes += bytes.max(1);
+        Ok(at as *mut u8)
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8) {
         streams::drain_all();
         // SAFETY: the caller's contract; no work is queued any more.
-        unsafe { release(ptr as u64, None) }
+        let bytes = unsafe { release(ptr as u64, None) };
+        let mut counts = self.pinned.lock().expect("pinned counts lock");
+        counts.frees += 1;
+        counts.live_bytes -= bytes;
     }
 
     unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
@@ -370,7 +406,9 @@ pub(super) fn backend_of(device: Device) -> Result<Arc<CudaBackend>> {
 impl CudaBackend {
     /// The CUDA backend of emulated device `n`, on `kDLCUDA:{1000 + n}`, over the host
     /// emulation of the driver: for tests only (feature `kernel-host-tests`). Never returned
-    /// by [`crate::backend::backend_for`] or [`CudaBackend::get`].
+    /// by [`crate::backend::backend_for`] or [`CudaBackend::get`] outside this crate's own
+    /// unit tests (which reach it through them once made, to run code that picks backends
+    /// by device, such as the SPMD exchange).
     #[doc(hidden)]
     pub fn emulated(n: u32) -> Arc<CudaBackend> {
         let n = i32::try_from(n).expect("a small emulated device number");
@@ -380,6 +418,12 @@ impl CudaBackend {
                 let driver = Arc::new(EmulatedDriver {
                     n,
                     launches: AtomicU64::new(0),
+                    pinned: Mutex::new(PinnedCounts {
+                        allocs: 0,
+                        frees: 0,
+                        live_bytes: 0,
+                        limit: usize::MAX,
+                    }),
                 });
                 streams::add_stream(driver.stream());
                 Arc::new(CudaBackend::over(
@@ -389,6 +433,32 @@ impl CudaBackend {
                 ))
             })
             .clone()
+    }
+
+    fn emulated_driver(&self) -> &EmulatedDriver {
+        assert!(self.emulated, "{} is not an emulated device", self.device);
+        (self.driver.as_any().downcast_ref::<EmulatedDriver>())
+            .expect("an emulated backend runs over the emulated driver")
+    }
+
+    /// The pinned host allocations of this emulated device so far (tests only).
+    #[doc(hidden)]
+    pub fn emulated_pinned(&self) -> PinnedCounts {
+        *self
+            .emulated_driver()
+            .pinned
+            .lock()
+            .expect("pinned counts lock")
+    }
+
+    /// Sets the most pinned bytes this emulated device may have live at once (tests only).
+    #[doc(hidden)]
+    pub fn set_emulated_pinned_limit(&self, bytes: usize) {
+        self.emulated_driver()
+            .pinned
+            .lock()
+            .expect("pinned counts lock")
+            .limit = bytes;
     }
 }
 

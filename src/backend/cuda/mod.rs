@@ -17,6 +17,7 @@
 //! | `index_check.rs` | where indices must be and what the index check found (pure host code) |
 //! | `index.rs` | the index check, gather and scatter launches |
 //! | `stream.rs` | DLPack stream values and event-based waits |
+//! | `staging.rs` | pinned host memory for staging, kept for reuse |
 //! | `transfer.rs` | host <-> device and device <-> device copies |
 //! | `host_kernels.rs` | the kernel source built for the host, for tests (feature `kernel-host-tests`) |
 //! | `emulated.rs` | the driver emulated on the host over it, for tests (feature `kernel-host-tests`) |
@@ -37,10 +38,12 @@ mod emulated_streams;
 mod host_kernels;
 mod index;
 mod index_check;
+mod staging;
 mod stream;
 mod transfer;
 
 pub use context::DeviceBuffer;
+pub use staging::pinned_cache_limit;
 pub use stream::{wait_on, DlpackStream};
 pub use transfer::copy_tensor;
 
@@ -63,6 +66,10 @@ use jobs::{Launch, Mode, RawCopy, MAX_JOB_NUMEL};
 /// device is used. The count is read once per process, as the driver fixes it at `cuInit`.
 pub fn check_present(device: Device) -> Result<()> {
     static COUNT: OnceLock<Option<i32>> = OnceLock::new();
+    #[cfg(all(test, feature = "kernel-host-tests"))]
+    if device.id >= emulated::EMULATED_ID_BASE {
+        return emulated::backend_of(device).map(drop);
+    }
     let count = *COUNT.get_or_init(|| guarded(cudarc_driver::device_count).ok());
     match count {
         Some(n) if device.id >= n => Err(cudarc_driver::missing_device(device, n)),
@@ -78,6 +85,8 @@ pub struct CudaBackend {
     driver: Arc<dyn Driver>,
     sm_count: u32,
     scratch: Mutex<Scratch>,
+    /// Freed pinned staging buffers, kept for reuse ([`Backend::empty_staging`]).
+    staging: Arc<staging::StagingCache>,
     /// Runs on the host emulation of the driver (tests only): its peers are emulated too,
     /// and no call needs libcuda.
     emulated: bool,
@@ -97,6 +106,13 @@ impl CudaBackend {
                 device: device.to_string(),
                 op: "the CUDA backend".into(),
             });
+        }
+        // This crate's own unit tests reach the emulated devices they made by id, so that
+        // code picking backends by device (the SPMD exchange) runs over them; the library
+        // and its integration tests never do.
+        #[cfg(all(test, feature = "kernel-host-tests"))]
+        if device.id >= emulated::EMULATED_ID_BASE {
+            return emulated::backend_of(device);
         }
         let map = BACKENDS.get_or_init(Default::default);
         let mut map = map.lock().expect("CUDA backend registry lock");
@@ -120,6 +136,10 @@ impl CudaBackend {
             device,
             sm_count: driver.sm_count(),
             scratch: Mutex::new(Scratch::new(driver.clone())),
+            staging: Arc::new(staging::StagingCache::new(
+                driver.clone(),
+                pinned_cache_limit(),
+            )),
             driver,
             emulated,
         }
@@ -273,6 +293,12 @@ impl Backend for CudaBackend {
                 owner,
             )
         })
+    }
+
+    /// Page-locked host memory (`cuMemHostAlloc`, labelled `kDLCUDAHost`), kept for reuse
+    /// once its tensors go (see [`pinned_cache_limit`]).
+    fn empty_staging(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.staging_tensor(shape, dtype)
     }
 
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {

@@ -83,7 +83,7 @@ fn rounds_of(
 fn random_repartitions_in_many_rounds_equal_the_reference() {
     const RANKS: usize = 4;
     // A few cases under Miri, which checks the unsafe copies of each round.
-    let cases = if cfg!(miri) { 3 } else { 60 };
+    let cases: u64 = if cfg!(miri) { 3 } else { 60 };
     let mut several = 0;
     for case in 0..cases {
         let mut rng = Rng(0x51_7cc1_b727_220a ^ (case + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
@@ -179,7 +179,7 @@ fn random_repartitions_in_many_rounds_equal_the_reference() {
         });
         several += usize::from(results[0] > 2);
     }
-    assert!(3 * several >= cases, "only {several} cases took several rounds");
+    assert!(3 * several as u64 >= cases, "only {several} cases took several rounds");
 }
 
 #[test]

@@ -11,7 +11,7 @@ data), a cross-rank repartition assembled on rank 0 and on every rank, and the d
 `dlpart.adapters.heat.to_heat` produces, read by the rules heat's `from_partitioned` applies
 (`read_like_heat` below), which must give back the input's grid and memory; then a layout heat
 cannot read raises `dlpart.ProtocolError` on every rank, and `to_heat(split=k)` repartitions
-into heat's balanced chunks.
+into heat's balanced chunks. heat's replicated form (`split=None`) is read too.
 
 usage: heat_form.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -99,6 +99,36 @@ def read_like_heat(d):
     return local, (nonzero[0] if nonzero else None)
 
 
+def replicated_dict(ref, local):
+    """heat's dict for an unsplit DNDarray (`split=None`): every rank holds the whole array,
+    and heat's loop over the ranks writes the one key (0, ..) each time, so the last rank's
+    location stays, with this rank's own data, listed in `locals` on every rank."""
+    zero = (0,) * ref.ndim
+    return {"shape": ref.shape, "partition_tiling": (1,) * ref.ndim,
+            "partitions": {zero: {"start": zero, "shape": ref.shape, "data": local,
+                                  "location": [size - 1], "dtype": ref.dtype, "device": "cpu"}},
+            "locals": [zero], "get": lambda x: x}
+
+
+def check_replicated(ref, rng):
+    """heat's replicated form is read as one partition owned by the last rank (the location
+    heat writes), each rank's own copy its local data: it assembles to the array and deals
+    over the ranks like any SPMD array."""
+    local = ref.copy()
+    a = dlpart.mpi.from_partitioned(replicated_dict(ref, local), comm)
+    assert a.shape == ref.shape and a.locals == [(0,) * ref.ndim], (a.shape, a.locals)
+    here = np.from_dlpack(a.partitions[a.locals[0]].tensor)
+    assert local.size == 0 or here.ctypes.data == local.ctypes.data, "zero-copy import"
+    np.testing.assert_array_equal(np.from_dlpack(a.assemble(root=None)), ref)
+    axis = int(rng.integers(0, ref.ndim))
+    dealt = a.repartition(tuple(size if ax == axis else 1 for ax in range(ref.ndim)),
+                          process_grid=tuple(size if ax == axis else 1 for ax in range(ref.ndim)))
+    (mine,) = dealt.locals
+    lo, hi = dealt.splits[axis][mine[axis]], dealt.splits[axis][mine[axis] + 1]
+    np.testing.assert_array_equal(np.from_dlpack(dealt.partitions[mine].tensor),
+                                  region(ref, axis, lo, hi))
+
+
 def check_case(case, seed):
     rng = np.random.default_rng([seed, case])  # the same draws on every rank
     ndim = int(rng.integers(1, 4))
@@ -109,6 +139,7 @@ def check_case(case, seed):
     points = slab_points(rng, shape[split])
     d = heat_dict(ref, split, points)
     mine = d["partitions"][d["locals"][0]]["data"]
+    check_replicated(ref, rng)
 
     # heat -> dlpart: ranks as locations, this rank's slab local and zero-copy.
     a = dlpart.mpi.from_partitioned(d, comm)

@@ -4,7 +4,8 @@ the ranks, in both directions, checked against numpy built on every rank from th
 - heat -> dlpart: a DNDarray split along axis 0 or 1 (uneven sizes; heat's balanced chunks and
   an unbalanced `is_split` array) read by `dlpart.mpi.from_partitioned(x.__partitioned__,
   comm)` (int ranks as locations), repartitioned across the ranks to the other axis, assembled
-  on rank 0: equal to numpy and to `x.numpy()`.
+  on rank 0: equal to numpy and to `x.numpy()`; now and then an unsplit (`split=None`) one,
+  which every rank holds whole.
 - dlpart -> heat: `dlpart.mpi.from_local` row or column blocks of random uneven sizes (one rank
   may hold none), through `dlpart.adapters.heat.to_heat` into `ht.from_partitioned`: heat's
   local chunk is this rank's memory, `numpy()` and (after `split=` put the data in heat's
@@ -55,7 +56,20 @@ def region(a, split, lo, hi):
     return a[tuple(slice(lo, hi) if ax == split else slice(None) for ax in range(a.ndim))]
 
 
+def replicated_heat_to_dlpart(ref):
+    """An unsplit DNDarray (split=None): every rank's whole copy is its local data, read as one
+    partition on the rank heat's dict names (the last), and it assembles to the array."""
+    x = ht.array(torch.from_numpy(ref.copy()), split=None)
+    a = dlpart.mpi.from_partitioned(x.__partitioned__, comm)
+    assert a.locals == [(0,) * ref.ndim], a.locals
+    local = np.from_dlpack(a.partitions[a.locals[0]].tensor)
+    assert local.ctypes.data == x.larray.data_ptr() or local.size == 0, "zero-copy from heat"
+    np.testing.assert_array_equal(np.from_dlpack(a.assemble(root=None)), ref)
+
+
 def heat_to_dlpart(rng, ref, split):
+    if rng.random() < 0.25:
+        replicated_heat_to_dlpart(ref)
     if rng.random() < 0.5:
         x = ht.array(torch.from_numpy(ref.copy()), split=split)  # heat's balanced chunks
     else:  # an unbalanced heat array: each rank's slab of random size

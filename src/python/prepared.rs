@@ -1,0 +1,160 @@
+//! Bindings for prepared gathers and scatters (`dlpart.prepare_gather`,
+//! `dlpart.prepare_scatter`): the operands are imported and checked once; a call of the
+//! object runs the copy and nothing else, with no argument to convert.
+
+use pyo3::prelude::*;
+
+use crate::error::tuple_string;
+use crate::prepared::{PreparedGather, PreparedScatter};
+use crate::tensor::Tensor;
+
+use super::errors::to_py;
+use super::ops::tensor_arg;
+use super::tensor::{axis_arg, PyTensor};
+
+/// A gather checked once and run by calling it: ``g()`` does ``out[.., i, ..] =
+/// x[.., indices[i], ..]`` along the axis it was made with (see `dlpart.prepare_gather`).
+///
+/// It holds ``x`` and ``out`` (their DLPack imports, so the producers' memory stays valid
+/// until it is dropped) and its own checked copy of the indices. The data of ``x`` may change
+/// between calls, and each call copies what is there then; the shapes may not.
+#[pyclass(name = "PreparedGather", module = "dlpart", frozen)]
+pub struct PyPreparedGather {
+    inner: PreparedGather,
+}
+
+#[pymethods]
+impl PyPreparedGather {
+    /// Copies the selected slices of the source into ``out``; returns ``None`` once they are
+    /// there. The GIL is released meanwhile.
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.run()).map_err(to_py)
+    }
+
+    /// The array each call writes, as a `dlpart.Tensor` over its memory.
+    #[getter]
+    fn out(&self) -> PyTensor {
+        PyTensor::new(self.inner.out().clone())
+    }
+
+    /// The axis the slices are selected along (non-negative).
+    #[getter]
+    fn axis(&self) -> usize {
+        self.inner.axis()
+    }
+
+    fn __repr__(&self) -> String {
+        let g = &self.inner;
+        repr(
+            "PreparedGather",
+            g.axis(),
+            g.num_indices(),
+            g.src(),
+            g.out(),
+        )
+    }
+}
+
+/// A scatter checked once and run by calling it: ``s()`` does ``out[.., indices[i], ..] =
+/// values[.., i, ..]`` along the axis it was made with (see `dlpart.prepare_scatter`).
+///
+/// It holds ``values`` and ``out`` (their DLPack imports, so the producers' memory stays
+/// valid until it is dropped) and its own checked copy of the indices. The data of ``values``
+/// may change between calls, and each call copies what is there then; the shapes may not.
+#[pyclass(name = "PreparedScatter", module = "dlpart", frozen)]
+pub struct PyPreparedScatter {
+    inner: PreparedScatter,
+}
+
+#[pymethods]
+impl PyPreparedScatter {
+    /// Copies the values into the selected slices of ``out``; returns ``None`` once they are
+    /// there. The GIL is released meanwhile.
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.run()).map_err(to_py)
+    }
+
+    /// The array each call writes into, as a `dlpart.Tensor` over its memory.
+    #[getter]
+    fn out(&self) -> PyTensor {
+        PyTensor::new(self.inner.out().clone())
+    }
+
+    /// The axis the slices are selected along (non-negative).
+    #[getter]
+    fn axis(&self) -> usize {
+        self.inner.axis()
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.inner;
+        repr(
+            "PreparedScatter",
+            s.axis(),
+            s.num_indices(),
+            s.values(),
+            s.out(),
+        )
+    }
+}
+
+fn repr(name: &str, axis: usize, n: usize, read: &Tensor, out: &Tensor) -> String {
+    format!(
+        "dlpart.{name}(axis={axis}, indices={n}, {}={}, out={}, dtype='{}', device='{}')",
+        if name == "PreparedGather" {
+            "source"
+        } else {
+            "values"
+        },
+        tuple_string(read.shape()),
+        tuple_string(out.shape()),
+        out.dtype(),
+        out.device()
+    )
+}
+
+/// A gather checked once: see `dlpart.prepare_gather`.
+#[pyfunction]
+#[pyo3(signature = (x, indices, axis=0, out=None))]
+fn prepare_gather(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    indices: &Bound<'_, PyAny>,
+    axis: i64,
+    out: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyPreparedGather> {
+    let (x, idx) = (tensor_arg(x)?, tensor_arg(indices)?);
+    let axis = axis_arg("prepare_gather", axis, x.inner.ndim(), "source")?;
+    let out = out.map(tensor_arg).transpose()?;
+    let out = out.as_ref().map(|o| &o.inner);
+    let inner = py
+        .detach(|| PreparedGather::new(&x.inner, &idx.inner, axis, out))
+        .map_err(to_py)?;
+    Ok(PyPreparedGather { inner })
+}
+
+/// A scatter checked once: see `dlpart.prepare_scatter`.
+#[pyfunction]
+#[pyo3(signature = (values, indices, out, axis=0))]
+fn prepare_scatter(
+    py: Python<'_>,
+    values: &Bound<'_, PyAny>,
+    indices: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    axis: i64,
+) -> PyResult<PyPreparedScatter> {
+    let (v, idx, o) = (tensor_arg(values)?, tensor_arg(indices)?, tensor_arg(out)?);
+    let axis = axis_arg("prepare_scatter", axis, o.inner.ndim(), "output")?;
+    let inner = py
+        .detach(|| PreparedScatter::new(&v.inner, &idx.inner, &o.inner, axis))
+        .map_err(to_py)?;
+    Ok(PyPreparedScatter { inner })
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPreparedGather>()?;
+    m.add_class::<PyPreparedScatter>()?;
+    m.add_function(wrap_pyfunction!(prepare_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_scatter, m)?)?;
+    Ok(())
+}

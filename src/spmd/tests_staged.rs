@@ -1,0 +1,210 @@
+//! Exchanges of CUDA partitions staged through pinned host memory (feature
+//! `kernel-host-tests`): every rank's partitions live on an emulated CUDA device of its own,
+//! and [`ThreadComm`] takes host memory only, as an MPI that is not CUDA-aware. Each test's
+//! devices are its own, so that the pinned allocations each device counts are the test's.
+
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn, SliceInfoElem};
+
+use super::*;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{Backend, BoxCopy};
+use crate::device::{Device, DeviceType};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::grid::Grid;
+use crate::partitioned::{Data, PartitionedArray};
+use crate::tensor::Tensor;
+
+/// The reference, built by hand: element `(i, j)` is `100 i + j`.
+fn reference(shape: [usize; 2]) -> ArrayD<f32> {
+    ArrayD::from_shape_fn(IxDyn(&shape), |ix| (100 * ix[0] + ix[1]) as f32)
+}
+
+fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
+    let info: Vec<SliceInfoElem> = start
+        .iter()
+        .zip(shape)
+        .map(|(&s, &n)| (s..s + n).into())
+        .collect();
+    a.slice(info.as_slice()).to_owned()
+}
+
+/// `a` on `be`'s device.
+fn upload(be: &CudaBackend, a: &ArrayD<f32>) -> Tensor {
+    let host = Tensor::from(a.clone());
+    let t = be.empty(host.shape(), DType::Float32).unwrap();
+    be.transfer(&host, &t).unwrap();
+    t
+}
+
+/// A device tensor's elements, copied to a host tensor of our own.
+fn download(be: &CudaBackend, t: &Tensor) -> ArrayD<f32> {
+    let host = crate::backend::cpu::CpuBackend::shared(Device::CPU)
+        .empty(t.shape(), t.dtype())
+        .unwrap();
+    be.transfer(t, &host).unwrap();
+    host.to_array::<f32>().unwrap()
+}
+
+/// The emulated devices `base..base + ranks`, one per rank, each with its job-table scratch
+/// (pinned too) already made, so that later pinned allocations are staging ones.
+fn devices(base: u32, ranks: usize) -> Vec<Arc<CudaBackend>> {
+    (0..ranks as u32)
+        .map(|r| {
+            let be = CudaBackend::emulated(base + r);
+            let t = be.empty(&[4], DType::UInt8).unwrap();
+            let u = be.empty(&[4], DType::UInt8).unwrap();
+            be.copy_boxes(&[BoxCopy::whole(&t, &u)]).unwrap();
+            be.synchronize().unwrap();
+            be
+        })
+        .collect()
+}
+
+/// Checks that `pa`'s local partitions on this rank hold the reference's boxes, and returns
+/// how many there are.
+fn check_locals(be: &CudaBackend, pa: &PartitionedArray, a: &ArrayD<f32>) -> usize {
+    let mut n = 0;
+    for p in pa.partitions() {
+        if let Data::Tensor(t) = p.data {
+            assert_eq!(t.device(), be.device());
+            assert_eq!(
+                download(be, t),
+                block(a, &p.start, &p.shape),
+                "{:?}",
+                p.position
+            );
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Rank 0: two boxes, rank 1: none, rank 2: two boxes, rank 3: none, of the uneven grid rows
+/// [0, 3) [3, 7), columns [0, 2) [2, 5).
+const SOURCE: [(usize, [usize; 2], [usize; 2]); 4] = [
+    (0, [0, 0], [3, 2]),
+    (2, [0, 2], [3, 3]),
+    (2, [3, 0], [4, 2]),
+    (0, [3, 2], [4, 3]),
+];
+
+/// The source array of [`SOURCE`] on this rank's device.
+fn source(comm: &ThreadComm, be: &CudaBackend, a: &ArrayD<f32>) -> PartitionedArray {
+    let mine = (SOURCE.iter().filter(|b| b.0 == comm.rank()))
+        .map(|(_, s, n)| (s.to_vec(), upload(be, &block(a, s, n))))
+        .collect();
+    from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap()
+}
+
+/// The uneven target: rows [0, 2) [2, 7), columns [0, 4) [4, 5), owned by ranks 1, 0, 2, 1
+/// (rank 1, which has no source, receives; rank 3 has nothing at all).
+fn target(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
+    on_ranks(vec![vec![0, 2, 7], vec![0, 4, 5]], vec![1, 0, 2, 1], devs)
+}
+
+/// The grid of [`SOURCE`] with its owners, as a target.
+fn back(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
+    on_ranks(vec![vec![0, 3, 7], vec![0, 2, 5]], vec![0, 2, 2, 0], devs)
+}
+
+fn on_ranks(splits: Vec<Vec<usize>>, owners: Vec<usize>, devs: &[Arc<CudaBackend>]) -> SpmdTarget {
+    SpmdTarget {
+        grid: Grid::from_splits(&[7, 5], splits).unwrap(),
+        devices: owners.iter().map(|&r| devs[r].device()).collect(),
+        owners,
+    }
+}
+
+#[test]
+fn cuda_partitions_cross_ranks_through_pinned_memory_freed_once() {
+    let a = reference([7, 5]);
+    let devs = devices(20, 4);
+    let before: Vec<_> = devs.iter().map(|d| d.emulated_pinned()).collect();
+    let counts = ThreadComm::run(4, |comm| {
+        let be = &devs[comm.rank()];
+        assert!(!comm.accepts_device(be.device()), "the staging path runs");
+        let pa = source(comm, be, &a);
+        let (out, traffic) = repartition_to(comm, &pa, target(&devs), false).unwrap();
+        let held = check_locals(be, &out, &a);
+        assert_eq!(held, [1, 2, 1, 0][comm.rank()]);
+        let first = be.emulated_pinned();
+        // Back to the source grid (rank 1 sends and receives nothing), then the first
+        // exchange again, whose sizes reuse the buffers kept from its first run.
+        let (returned, _) = repartition_to(comm, &out, back(&devs), false).unwrap();
+        assert_eq!(check_locals(be, &returned, &a), [2, 0, 2, 0][comm.rank()]);
+        let second = be.emulated_pinned();
+        let (again, _) = repartition_to(comm, &returned, target(&devs), false).unwrap();
+        check_locals(be, &again, &a);
+        let third = be.emulated_pinned();
+        assert_eq!(third.allocs, second.allocs, "the kept buffers are reused");
+        (traffic, first, third, be.kept_staging_bytes())
+    });
+    for (r, (traffic, first, again, kept)) in counts.into_iter().enumerate() {
+        let base = before[r];
+        let moved = traffic.sent.iter().chain(&traffic.received).any(|&b| b > 0);
+        // Ranks 0 and 2 send and receive (a send and a receive buffer staged), rank 1 only
+        // receives; rank 3 moves nothing and stages nothing.
+        assert_eq!(moved, r != 3, "rank {r}: {traffic:?}");
+        let staged = first.allocs - base.allocs;
+        assert_eq!(staged, [2, 1, 2, 0][r], "rank {r}: pinned allocations");
+        // Every staging buffer is back in the cache, and nothing else is live.
+        assert_eq!(again.frees, base.frees, "rank {r}");
+        assert_eq!(again.live_bytes - base.live_bytes, kept, "rank {r}");
+        devs[r].release_staging();
+        let after = devs[r].emulated_pinned();
+        let made = again.allocs - base.allocs;
+        assert_eq!(after.frees - base.frees, made, "rank {r}: each freed once");
+        assert_eq!(after.live_bytes, base.live_bytes, "rank {r}");
+        assert_eq!(devs[r].kept_staging_bytes(), 0);
+    }
+}
+
+#[test]
+fn pinned_memory_that_cannot_be_had_is_out_of_memory_and_the_exchange_stages_anyway() {
+    let be = &devices(30, 1)[0];
+    let base = be.emulated_pinned();
+    // 1000 bytes beyond the job-table scratch's.
+    be.set_emulated_pinned_limit(base.live_bytes + 1000);
+    let small = be.empty_staging(&[100], DType::Float32).unwrap();
+    assert_eq!(small.device().kind, DeviceType::CudaHost);
+    drop(small);
+    assert_eq!(be.kept_staging_bytes(), 400);
+    match be.empty_staging(&[1000], DType::Float32) {
+        Err(Error::OutOfMemory { bytes, device, .. }) => {
+            assert_eq!((bytes, device.as_str()), (4000, "pinned host"))
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    // Nothing was allocated or kept by the failed request; the kept buffer is still there.
+    let now = be.emulated_pinned();
+    assert_eq!((now.allocs, now.frees), (base.allocs + 1, base.frees));
+    assert_eq!(now.live_bytes, base.live_bytes + 400);
+    assert_eq!(be.kept_staging_bytes(), 400);
+    be.release_staging();
+
+    // An exchange whose devices have no pinned memory to give stages through pageable memory
+    // instead of failing on one rank while the others wait in the exchange.
+    let a = reference([7, 5]);
+    let devs = devices(31, 4);
+    for d in &devs {
+        d.set_emulated_pinned_limit(0);
+    }
+    let before: Vec<_> = devs.iter().map(|d| d.emulated_pinned()).collect();
+    ThreadComm::run(4, |comm| {
+        let be = &devs[comm.rank()];
+        let pa = source(comm, be, &a);
+        let (out, _) = repartition_to(comm, &pa, target(&devs), false).unwrap();
+        check_locals(be, &out, &a);
+    });
+    for (d, b) in devs.iter().zip(before) {
+        assert_eq!(
+            d.emulated_pinned(),
+            b,
+            "{}: no pinned allocation",
+            d.device()
+        );
+    }
+}
