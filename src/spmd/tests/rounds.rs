@@ -179,7 +179,10 @@ fn random_repartitions_in_many_rounds_equal_the_reference() {
         });
         several += usize::from(results[0] > 2);
     }
-    assert!(3 * several as u64 >= cases, "only {several} cases took several rounds");
+    assert!(
+        3 * several as u64 >= cases,
+        "only {several} cases took several rounds"
+    );
 }
 
 #[test]
