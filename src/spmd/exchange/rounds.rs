@@ -38,12 +38,12 @@ pub(crate) struct Rounds {
 /// (0 for one round, as by default), read once.
 ///
 /// One round by default, from `bench --mpi` (rows -> columns, float32, 4 ranks on the 2-vCPU
-/// machine while other work loaded it, load average 4-8), median ratios to MPI's `Alltoall`:
+/// machine while other work loaded it, load average 4-9), median ratios to MPI's `Alltoall`:
 /// at 8192², 1 MiB per peer (16 rounds) 0.60 against 0.70 in one round over 12 alternated
-/// pairs, but 0.82 against 0.65 over 6 others at lower load; 341 KiB per peer (48 rounds)
+/// pairs, but 0.82 against 0.65 over 6 other pairs; 341 KiB per peer (48 rounds)
 /// 0.43-0.63 against 0.63-0.73; at 4096², 0.50 (4 rounds) and 0.40 (8) against 0.55. Each
 /// round's `Alltoallv` waits for ranks that share a CPU: one of 1 MiB per peer moved
-/// 2.0 GB/s, one of 16 MiB 7.5 GB/s. Rounds should pay where ranks have CPUs of their own.
+/// 2.0 GB/s, one of 16 MiB 7.5 GB/s. Not measured where each rank has a CPU of its own.
 pub(crate) static ROUNDS: std::sync::LazyLock<Rounds> = std::sync::LazyLock::new(|| Rounds {
     bytes: std::env::var("DLPART_MPI_ROUND_BYTES")
         .ok()
