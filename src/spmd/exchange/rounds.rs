@@ -43,7 +43,10 @@ pub(crate) struct Rounds {
 /// pairs, but 0.82 against 0.65 over 6 other pairs; 341 KiB per peer (48 rounds)
 /// 0.43-0.63 against 0.63-0.73; at 4096², 0.50 (4 rounds) and 0.40 (8) against 0.55. Each
 /// round's `Alltoallv` waits for ranks that share a CPU: one of 1 MiB per peer moved
-/// 2.0 GB/s, one of 16 MiB 7.5 GB/s. Not measured where each rank has a CPU of its own.
+/// 2.0 GB/s, one of 16 MiB 7.5 GB/s. With only the benchmark loading the machine, at 8192²:
+/// one round 0.62, 0.71, 0.73; 1 MiB per peer 0.56, 0.67, 0.57 (three alternated pairs,
+/// `benches/results/cpu-2vcpu-2026-11-22-mpi-13c1bec.txt`). Not measured where each rank has
+/// a CPU of its own.
 pub(crate) static ROUNDS: std::sync::LazyLock<Rounds> = std::sync::LazyLock::new(|| Rounds {
     bytes: std::env::var("DLPART_MPI_ROUND_BYTES")
         .ok()
