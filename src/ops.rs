@@ -430,7 +430,8 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         device: format!("{here} -> {device}"),
         op: "transfer".into(),
     };
-    // dlpart allocates host memory only as kDLCPU (pinned kDLCUDAHost is the producer's).
+    // A new host tensor is always kDLCPU: pinned kDLCUDAHost memory is a producer's, or the
+    // staging buffers the SPMD exchange gets from `Backend::empty_staging` and fills itself.
     if device.is_host_accessible() && device != Device::CPU {
         return Err(refused());
     }
