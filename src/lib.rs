@@ -69,6 +69,8 @@ pub mod plan;
 pub mod prepared;
 pub mod spmd;
 pub mod tensor;
+#[cfg(test)]
+mod test_rng;
 
 #[cfg(feature = "python")]
 mod python;

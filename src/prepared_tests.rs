@@ -7,17 +7,9 @@ use super::*;
 use crate::dtype::DType;
 use crate::ops;
 
-struct Rng(u64);
+use crate::test_rng::Rng;
+
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
     fn tensor(&mut self, shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
         let v: Vec<i32> = (0..n).map(|_| self.next() as i32).collect();

@@ -36,13 +36,31 @@ fn reference(shape: &[usize]) -> ArrayD<f32> {
     })
 }
 
-fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
+/// The box of `a` at `start` of `shape`, copied out.
+pub(super) fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
     let info: Vec<SliceInfoElem> = start
         .iter()
         .zip(shape)
         .map(|(&s, &n)| (s..s + n).into())
         .collect();
     a.slice(info.as_slice()).to_owned()
+}
+
+/// A random target: blocks of 1-4 along each axis dealt over `ranks` host slots when
+/// `cyclic`, else 1-4 random (possibly empty) slabs along each axis.
+fn random_layout(rng: &mut Rng, shape: &[usize], cyclic: bool, ranks: usize) -> Layout {
+    if cyclic {
+        let b: Vec<usize> = shape.iter().map(|_| 1 + rng.below(4)).collect();
+        return Layout::block_cyclic(&b, vec![Device::CPU; ranks]);
+    }
+    let s = shape
+        .iter()
+        .map(|&n| {
+            let parts = 1 + rng.below(4);
+            random_splits(rng, n, parts)
+        })
+        .collect();
+    Layout::splits(s)
 }
 
 /// Random split points of `len` into `parts` slabs (some possibly empty).
@@ -281,19 +299,7 @@ fn random_repartitions_across_ranks_equal_the_reference() {
         let a = reference(&shape);
         let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
         let use_cyclic = case % 3 == 0;
-        let layout = if use_cyclic {
-            let b = [1 + rng.below(4), 1 + rng.below(4)];
-            Layout::block_cyclic(&b, vec![Device::CPU; RANKS])
-        } else {
-            let s = shape
-                .iter()
-                .map(|&n| {
-                    let parts = 1 + rng.below(4);
-                    random_splits(&mut rng, n, parts)
-                })
-                .collect();
-            Layout::splits(s)
-        };
+        let layout = random_layout(&mut rng, &shape, use_cyclic, RANKS);
         ThreadComm::run(RANKS, |comm| {
             let me = comm.rank();
             let parts = local_parts(&a, &grid, &src_owners, me);

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use ndarray::{ArrayD, IxDyn, SliceInfoElem};
+use ndarray::{ArrayD, IxDyn};
 
+use super::tests::block;
 use super::*;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, BoxCopy};
@@ -20,15 +21,6 @@ use crate::tensor::Tensor;
 /// The reference, built by hand: element `(i, j)` is `100 i + j`.
 fn reference(shape: [usize; 2]) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&shape), |ix| (100 * ix[0] + ix[1]) as f32)
-}
-
-fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
-    let info: Vec<SliceInfoElem> = start
-        .iter()
-        .zip(shape)
-        .map(|(&s, &n)| (s..s + n).into())
-        .collect();
-    a.slice(info.as_slice()).to_owned()
 }
 
 /// `a` on `be`'s device.

@@ -15,19 +15,7 @@ use crate::backend::cuda::nvrtc::SOURCES;
 use crate::backend::{Backend, BoxCopy};
 use crate::{DType, Device, Error, Tensor};
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use crate::test_rng::Rng;
 
 /// Host memory standing in for device memory: 16-byte aligned, random bytes.
 struct Buf(Vec<u128>, usize);

@@ -94,19 +94,7 @@ fn random_repartitions_in_many_rounds_equal_the_reference() {
         };
         let a = reference(&shape);
         let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
-        let layout = if case % 4 == 0 {
-            let b: Vec<usize> = shape.iter().map(|_| 1 + rng.below(4)).collect();
-            Layout::block_cyclic(&b, vec![Device::CPU; RANKS])
-        } else {
-            let s = shape
-                .iter()
-                .map(|&n| {
-                    let parts = 1 + rng.below(4);
-                    random_splits(&mut rng, n, parts)
-                })
-                .collect();
-            Layout::splits(s)
-        };
+        let layout = random_layout(&mut rng, &shape, case % 4 == 0, RANKS);
         // Rounds of one element up to a few rows' worth.
         let tuning = Rounds {
             bytes: 4 * (1 + rng.below(6)),

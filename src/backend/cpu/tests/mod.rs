@@ -54,21 +54,11 @@ fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
+use crate::test_rng::Rng;
 
 impl Rng {
     fn new(seed: u64) -> Self {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         let mut v = vec![0u8; n];
