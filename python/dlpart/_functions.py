@@ -83,8 +83,6 @@ def prepare_gather(x: Any, indices: Any, axis: int = 0,
     it costs the copy and well under a microsecond more.
     """
     _single(x, "prepare_gather")
-    if not hasattr(indices, "__dlpack__"):
-        indices = _indices(indices)
     return _core.prepare_gather(x, indices, axis, out)
 
 
@@ -100,6 +98,4 @@ def prepare_scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> Prepa
     calls (not the shapes), and each call copies what is there then.
     """
     _single(out, "prepare_scatter")
-    if not hasattr(indices, "__dlpack__"):
-        indices = _indices(indices)
     return _core.prepare_scatter(values, indices, out, axis)

@@ -50,7 +50,7 @@ pub(super) fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
 /// sequence or scalar) through `dlpart._functions._indices`, as int64. Asked here rather than
 /// in the Python wrapper: its `hasattr(indices, "__dlpack__")` cost about 400 instructions
 /// (callgrind) on every call with an index array.
-fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     static INDICES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if indices.cast::<PyTensor>().is_ok() || is_producer(indices)? {
         return tensor_arg(indices);

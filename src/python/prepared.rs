@@ -9,7 +9,7 @@ use crate::prepared::{PreparedGather, PreparedScatter};
 use crate::tensor::Tensor;
 
 use super::errors::to_py;
-use super::ops::tensor_arg;
+use super::ops::{indices_arg, tensor_arg};
 use super::tensor::{axis_arg, PyTensor};
 
 /// A gather checked once and run by calling it: ``g()`` does ``out[.., i, ..] =
@@ -123,7 +123,7 @@ fn prepare_gather(
     axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPreparedGather> {
-    let (x, idx) = (tensor_arg(x)?, tensor_arg(indices)?);
+    let (x, idx) = (tensor_arg(x)?, indices_arg(indices)?);
     let axis = axis_arg("prepare_gather", axis, x.inner.ndim(), "source")?;
     let out = out.map(tensor_arg).transpose()?;
     let out = out.as_ref().map(|o| &o.inner);
@@ -143,7 +143,7 @@ fn prepare_scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<PyPreparedScatter> {
-    let (v, idx, o) = (tensor_arg(values)?, tensor_arg(indices)?, tensor_arg(out)?);
+    let (v, idx, o) = (tensor_arg(values)?, indices_arg(indices)?, tensor_arg(out)?);
     let axis = axis_arg("prepare_scatter", axis, o.inner.ndim(), "output")?;
     let inner = py
         .detach(|| PreparedScatter::new(&v.inner, &idx.inner, &o.inner, axis))
