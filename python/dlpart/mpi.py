@@ -3,9 +3,9 @@ array, and repartitioning moves the boxes between ranks.
 
 Every function and method here is *collective*: all ranks of the communicator call it, in the
 same order, with the same global arguments (the layout, the root). Ranks that disagree, or a
-rank that fails (bad input, a failed import, a read-only target), make every rank raise the
-same error (`dlpart.ProtocolError`, or the failed rank's error class, its message prefixed with
-``rank N:``) instead of leaving the others waiting. The logic is the Rust crate's
+rank that fails (bad input, a failed import, a read-only target, a failed allocation or GPU
+copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
+class, its message prefixed with ``rank N:``) instead of leaving the others waiting. The logic is the Rust crate's
 (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own ``allgather`` and
 ``Alltoallv`` move the bytes.
 

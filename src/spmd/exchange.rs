@@ -24,8 +24,12 @@ use super::wire::{fingerprint, Writer};
 use super::{Communicator, Segments, Traffic};
 
 mod rounds;
+mod segments;
 
 pub(super) use rounds::{Rounds, ROUNDS};
+pub(super) use segments::confirmed;
+pub(super) use segments::Buffers;
+use segments::{any_device, DEVICE_NOTE};
 
 const REPARTITIONS: &str = "repartitions (source or target grids, owners or dtypes)";
 
@@ -189,8 +193,14 @@ pub(super) fn repartition_target_with(
         }
         Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
     });
-    let ((stage, target), peers) = agreed(comm, stage, |(s, _)| s.fingerprint, REPARTITIONS)?;
-    let (targets, traffic) = stage.run(comm)?;
+    let ((stage, target), peers) = agreed(
+        comm,
+        stage,
+        |(s, _)| s.fingerprint,
+        |(s, _)| s.note(),
+        REPARTITIONS,
+    )?;
+    let (targets, traffic) = stage.run(comm, any_device(&peers))?;
     let out = spmd_array(
         target.grid,
         targets,
@@ -301,8 +311,8 @@ pub(super) fn repartition_into_with(
         }
         Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();
-    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
-    Ok(stage.run(comm)?.1)
+    let (stage, peers) = agreed(comm, stage, |s| s.fingerprint, Stage::note, REPARTITIONS)?;
+    Ok(stage.run(comm, any_device(&peers))?.1)
 }
 
 /// The whole array as one tensor on rank `root` (`Some` there, `None` elsewhere), or on every
@@ -364,21 +374,24 @@ pub(super) fn assemble_with(
             rounds,
         )
     })();
-    let (stage, _) = agreed(comm, stage, |s| s.fingerprint, REPARTITIONS)?;
-    let (mut targets, _) = stage.run(comm)?;
+    let (stage, peers) = agreed(comm, stage, |s| s.fingerprint, Stage::note, REPARTITIONS)?;
+    let (mut targets, _) = stage.run(comm, any_device(&peers))?;
     Ok(targets.pop().flatten())
 }
 
 /// The agreement before any data moves: every rank's outcome so far, all-gathered; an error on
-/// any rank (or different plans) is an error on every rank.
+/// any rank (or different plans) is an error on every rank. Each rank's `note` on its stage
+/// travels along (see [`agree`]).
 pub(super) fn agreed<T>(
     comm: &dyn Communicator,
     stage: Result<T>,
     print: impl Fn(&T) -> u64,
+    note: impl Fn(&T) -> &'static str,
     what: &str,
 ) -> Result<(T, Peers)> {
     let outcome = stage.as_ref().map(print);
-    let peers = agree(comm, outcome, what, "")?;
+    let note = stage.as_ref().map_or("", note);
+    let peers = agree(comm, outcome, what, note)?;
     Ok((stage.expect("every rank succeeded"), peers))
 }
 
@@ -441,18 +454,6 @@ pub(super) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
     }
 }
 
-/// The bytes of a contiguous host tensor dlpart allocated (empty for `None`).
-fn host_bytes(t: Option<&Tensor>) -> &[u8] {
-    match t {
-        // SAFETY: a contiguous host tensor of `nbytes()` bytes at `data_ptr()`, allocated by
-        // this module and not written while the slice lives (the exchange only reads it).
-        Some(t) if t.nbytes() > 0 => unsafe {
-            std::slice::from_raw_parts(t.data_ptr(), t.nbytes())
-        },
-        _ => &[],
-    }
-}
-
 /// One rank's part of a collective exchange, prepared (planned, packed, allocated) before
 /// the ranks agree to go on.
 struct Stage {
@@ -483,15 +484,19 @@ struct Stage {
     rounds: usize,
     /// The buffer each round is received into when not in place.
     recv_buf: Option<Tensor>,
+    /// In one round, the exchange's buffers, made (and the send buffer staged) before the
+    /// ranks agree.
+    buffers: Option<Buffers>,
     fingerprint: u64,
     traffic: Traffic,
 }
 
 impl Stage {
     /// Plans the copies from `pa` to `target` (this rank's target partitions in `targets`;
-    /// every rank wants the one target partition when `replicated`), checks devices, and packs
-    /// what this rank sends, or, for an exchange in several rounds, allocates the buffers of
-    /// one round.
+    /// every rank wants the one target partition when `replicated`), checks devices, packs
+    /// what this rank sends and makes every buffer of the exchange (staging it in host memory
+    /// where the communicator takes no device memory), or, for an exchange in several rounds,
+    /// allocates the buffers of one round: everything that can fail before the bytes move.
     fn new(
         comm: &dyn Communicator,
         pa: &PartitionedArray,
@@ -657,6 +662,23 @@ impl Stage {
                 Some(buf)
             }
         };
+        let buffers = match rounds {
+            1 => {
+                let segments = Segments {
+                    send_counts: &send_counts,
+                    send_displs: &send_displs,
+                    recv_counts: &recv_counts,
+                    recv_displs: &recv_displs,
+                };
+                let into = match recv_in_place {
+                    true => targets.iter().flatten().next().cloned(),
+                    false => None,
+                };
+                let dev = device.unwrap_or(Device::CPU);
+                Some(segments.prepare(comm, send.as_ref(), dev, dtype, itemsize, into)?)
+            }
+            _ => None,
+        };
         let mut w = Writer::default();
         w.u8(u8::from(replicated)).str(dtype.name());
         for grid in [pa.grid(), &target.grid] {
@@ -693,6 +715,7 @@ impl Stage {
             recv_in_place,
             rounds,
             recv_buf,
+            buffers,
             fingerprint: fingerprint(&w.0),
             traffic: Traffic {
                 sent,
@@ -702,9 +725,37 @@ impl Stage {
         })
     }
 
+    /// The note this rank gives in the agreement: whether its side of the exchange is in
+    /// device memory, where its work after the exchange can fail on its own.
+    fn note(&self) -> &'static str {
+        match self.device {
+            Some(d) if !d.is_host_accessible() => DEVICE_NOTE,
+            _ => "",
+        }
+    }
+
     /// Exchanges the packed boxes (every rank calls this, with or without bytes to move) and
-    /// writes the local and received boxes into the targets.
-    fn run(self, comm: &dyn Communicator) -> Result<(Vec<Option<Tensor>>, Traffic)> {
+    /// writes the local and received boxes into the targets. With `confirm` (the same on
+    /// every rank: some rank noted device memory in the agreement) the ranks then agree on
+    /// how it went, so that a rank whose device work failed after the exchange (the copy of
+    /// what arrived to the device, the unpack kernels) fails every rank; the targets then
+    /// hold what the ranks had written by then.
+    fn run(
+        mut self,
+        comm: &dyn Communicator,
+        confirm: bool,
+    ) -> Result<(Vec<Option<Tensor>>, Traffic)> {
+        let buffers = self.buffers.take();
+        let moved = self.move_boxes(comm, buffers);
+        match confirm {
+            true => confirmed(comm, moved, "exchanges")?,
+            false => moved?,
+        }
+        Ok((self.targets, self.traffic))
+    }
+
+    /// [`Stage::run`] but for the confirmation.
+    fn move_boxes(&self, comm: &dyn Communicator, buffers: Option<Buffers>) -> Result<()> {
         let dev = self.device.unwrap_or(Device::CPU);
         let dtype = self
             .targets
@@ -713,20 +764,15 @@ impl Stage {
             .chain(self.sources.iter().flatten())
             .next()
             .map_or(DType::UInt8, Tensor::dtype);
-        let recv = match self.rounds {
-            1 => {
+        let recv = match buffers {
+            Some(buffers) => {
                 let segments = Segments {
                     send_counts: &self.send_counts,
                     send_displs: &self.send_displs,
                     recv_counts: &self.recv_counts,
                     recv_displs: &self.recv_displs,
                 };
-                let into = match self.recv_in_place {
-                    true => self.targets.iter().flatten().next().cloned(),
-                    false => None,
-                };
-                let send = self.send.as_ref();
-                segments.exchange(comm, send, dev, dtype, self.itemsize, into)?
+                segments.exchange(comm, buffers)?
             }
             // Received into the targets round by round.
             _ => {
@@ -770,7 +816,7 @@ impl Stage {
             unsafe { backend.copy_boxes_unchecked(&jobs)? };
             backend.synchronize()?;
         }
-        Ok((self.targets, self.traffic))
+        Ok(())
     }
 
     /// Each received box as a view of `recv`, with its copy, in the order the peers packed them.
@@ -821,86 +867,6 @@ fn in_place(
             _ => None,
         })
         .collect()
-}
-
-impl Segments<'_> {
-    /// Exchanges the segments of `send` (one buffer, a segment per peer; every rank calls
-    /// this, with or without bytes to move) and returns what arrived: in `into` (this rank's
-    /// own contiguous tensor, written in place) when given, else in a new buffer of `dtype` on
-    /// `dev`; `None` when nothing arrives. Device memory goes to MPI directly when the
-    /// communicator takes it, else through the device backend's staging memory
-    /// ([`Backend::empty_staging`]: pinned on CUDA).
-    pub(super) fn exchange(
-        &self,
-        comm: &dyn Communicator,
-        send: Option<&Tensor>,
-        dev: Device,
-        dtype: DType,
-        itemsize: usize,
-        into: Option<Tensor>,
-    ) -> Result<Option<Tensor>> {
-        let total: usize = self.recv_counts.iter().sum();
-        let direct = dev.is_host_accessible() || comm.accepts_device(dev);
-        let staging = match direct {
-            true => None,
-            false => Some(backend_for(dev)?),
-        };
-        let recv = match (total, &staging) {
-            (0, _) => None,
-            _ if into.is_some() => into,
-            (n, None) => Some(backend_for(dev)?.empty(&[n / itemsize], dtype)?),
-            (n, Some(b)) => Some(staging_buffer(&**b, &[n / itemsize], dtype)?),
-        };
-        if dev.is_host_accessible() || !comm.accepts_device(dev) {
-            // Host memory, or device memory staged through the backend's host memory (pinned
-            // on CUDA) for an MPI that does not take device pointers.
-            let send = match (send, &staging) {
-                (Some(t), Some(b)) => {
-                    let host = staging_buffer(&**b, t.shape(), t.dtype())?;
-                    b.transfer(t, &host)?;
-                    Some(host)
-                }
-                (other, _) => other.cloned(),
-            };
-            let recv_bytes: &mut [u8] = match &recv {
-                // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer just
-                // allocated here, or this rank's own target (writable, checked disjoint from
-                // every source), which nothing else reads or writes while the slice lives.
-                Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
-                None => &mut [],
-            };
-            comm.all_to_all_v(host_bytes(send.as_ref()), recv_bytes, self)?;
-        } else {
-            let empty = backend_for(dev)?.empty(&[0], DType::UInt8)?;
-            let recv = recv.as_ref().unwrap_or(&empty);
-            comm.all_to_all_v_device(send.unwrap_or(&empty), recv, self)?;
-        }
-        Ok(match (recv, staging) {
-            (Some(t), Some(b)) if t.device() != dev => {
-                let out = b.empty(t.shape(), t.dtype())?;
-                b.transfer(&t, &out)?;
-                Some(out)
-            }
-            (other, _) => other,
-        })
-    }
-}
-
-/// Host memory to stage `backend`'s data in (pinned on CUDA), or ordinary host memory when
-/// that cannot be had: the ranks are past their agreement here, and a rank that failed would
-/// leave the others waiting in the exchange.
-fn staging_buffer(backend: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    match backend.empty_staging(shape, dtype) {
-        Err(Error::OutOfMemory { bytes, device, .. }) => {
-            log::info!(
-                "{}: no {bytes} bytes of {device} memory to stage an exchange in; staging \
-                 through pageable host memory",
-                backend.device()
-            );
-            backend_for(Device::CPU)?.empty(shape, dtype)
-        }
-        other => other,
-    }
 }
 
 pub(super) fn prefix(counts: &[usize]) -> Vec<usize> {

@@ -19,12 +19,16 @@
 //! on CUDA, pinned (page-locked) memory, which the device copies to and from by DMA at the
 //! bus's rate and which is kept per device for reuse (`DLPART_PINNED_CACHE_BYTES`, 256 MiB by
 //! default), as allocating it costs more than the copies it speeds up. When no pinned memory
-//! can be had, the exchange stages through ordinary host memory rather than fail on one rank
-//! while the others wait in it.
+//! can be had, the exchange stages through ordinary host memory: slower copies, but no
+//! failure.
 //!
 //! Collective safety: a rank that fails before a collective still takes part in it, with its
 //! error as payload, and every rank then returns the same [`Error::Collective`] (or the same
 //! validation error, computed from the same gathered metadata), so no rank waits forever.
+//! Everything of an exchange that can fail on one rank (packing, every buffer, the staging
+//! copy of what it sends) happens before that agreement; what can fail after the bytes moved
+//! (device work: the copy of what arrived back to the device, the unpack kernels) is agreed
+//! on once more when any rank's side is in device memory, and gathers always confirm.
 
 mod agree;
 mod exchange;
@@ -133,5 +137,7 @@ pub struct Traffic {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod tests_faults;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_staged;

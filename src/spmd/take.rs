@@ -10,7 +10,9 @@ use crate::ops;
 use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
 
-use super::exchange::{agreed, box_view, dtype_of, owners, prefix, rank_device, spmd_array};
+use super::exchange::{
+    agreed, box_view, confirmed, dtype_of, owners, prefix, rank_device, spmd_array, Buffers,
+};
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Segments, Traffic};
 
@@ -166,6 +168,14 @@ pub fn gather(
                 Some(buf)
             }
         };
+        let (sends_displs, recv_displs) = (prefix(&send_counts), prefix(&recv_counts));
+        let segments = Segments {
+            send_counts: &send_counts,
+            send_displs: &sends_displs,
+            recv_counts: &recv_counts,
+            recv_displs: &recv_displs,
+        };
+        let buffers = segments.prepare(comm, send.as_ref(), dev, dtype, item, None)?;
         let fp = fingerprint(&print(pa, &src_owners, axis, &idx).0);
         Ok(Prepared {
             grid,
@@ -173,18 +183,25 @@ pub fn gather(
             out_dev,
             outs,
             slabs,
-            sends_displs: prefix(&send_counts),
+            sends_displs,
             send_counts,
-            recv_displs: prefix(&recv_counts),
+            recv_displs,
             recv_counts,
+            buffers: Some(buffers),
             recvs,
             local,
-            send,
             dev,
             fp,
         })
     })();
-    let (p, peers) = agreed(comm, stage, |p| p.fp, "gathers (indices, axes or grids)")?;
+    let (mut p, peers) = agreed(
+        comm,
+        stage,
+        |p| p.fp,
+        |_| "",
+        "gathers (indices, axes or grids)",
+    )?;
+    let buffers = p.buffers.take().expect("prepared before the agreement");
     let source = |j: usize, s: usize| {
         let mut pos = p.grid.position(j);
         pos[axis] = s;
@@ -198,28 +215,35 @@ pub fn gather(
         recv_counts: &p.recv_counts,
         recv_displs: &p.recv_displs,
     };
-    let recv = segments.exchange(comm, p.send.as_ref(), p.dev, dtype, item, None)?;
-    let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
-    for &(j, s) in &p.local {
-        let part = pa.data()[source(j, s)]
-            .tensor()
-            .expect("checked when packing");
-        let part = on_device(part, p.dev)?;
-        let picked = ops::gather(&part, &index_tensor(&p.slabs.local[s])?, axis, None)?;
-        ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
-    }
-    if let Some(recv) = &recv {
-        for (peer, list) in p.recvs.iter().enumerate() {
-            let mut at = p.recv_displs[peer];
-            for &(j, s) in list {
-                let mut shp = p.grid.region_at(j).shape;
-                shp[axis] = p.slabs.at[s].len();
-                let view = box_view(recv, at, &shp);
-                ops::scatter(&view, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
-                at += view.nbytes();
+    // Picking the local slabs allocates, on the host too, and device work can fail on one
+    // rank: the ranks always confirm a gather's outcome, one small all-gather against the
+    // per-index work of the picks.
+    let moved = (|| {
+        let recv = segments.exchange(comm, buffers)?;
+        let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
+        for &(j, s) in &p.local {
+            let part = pa.data()[source(j, s)]
+                .tensor()
+                .expect("checked when packing");
+            let part = on_device(part, p.dev)?;
+            let picked = ops::gather(&part, &index_tensor(&p.slabs.local[s])?, axis, None)?;
+            ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
+        }
+        if let Some(recv) = &recv {
+            for (peer, list) in p.recvs.iter().enumerate() {
+                let mut at = p.recv_displs[peer];
+                for &(j, s) in list {
+                    let mut shp = p.grid.region_at(j).shape;
+                    shp[axis] = p.slabs.at[s].len();
+                    let view = box_view(recv, at, &shp);
+                    ops::scatter(&view, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
+                    at += view.nbytes();
+                }
             }
         }
-    }
+        Ok(())
+    })();
+    confirmed(comm, moved, "gathers")?;
     let traffic = Traffic {
         sent: p.send_counts.iter().map(|&c| c as u64).collect(),
         received: p.recv_counts.iter().map(|&c| c as u64).collect(),
@@ -249,7 +273,8 @@ struct Prepared {
     recv_displs: Vec<usize>,
     recvs: Vec<Vec<(usize, usize)>>,
     local: Vec<(usize, usize)>,
-    send: Option<Tensor>,
+    /// The exchange's buffers, made (and the send buffer staged) before the ranks agree.
+    buffers: Option<Buffers>,
     dev: Device,
     fp: u64,
 }
@@ -326,8 +351,13 @@ pub fn scatter(
         w.usizes(values.shape()).str(values.dtype().name());
         Ok((writes, slabs, fingerprint(&w.0)))
     })();
-    let ((writes, slabs, _), _) =
-        agreed(comm, stage, |s| s.2, "scatters (indices, values or grids)")?;
+    let ((writes, slabs, _), _) = agreed(
+        comm,
+        stage,
+        |s| s.2,
+        |_| "",
+        "scatters (indices, values or grids)",
+    )?;
     for (f, s) in writes {
         let t = pa.data()[f].tensor().expect("checked");
         let r = pa.grid().region_at(f);

@@ -403,6 +403,28 @@ fn a_rank_failing_before_the_exchange_fails_every_rank() {
 }
 
 #[test]
+fn a_rank_failing_after_an_exchange_fails_every_rank_once_confirmed() {
+    let out = ThreadComm::run(3, |comm| {
+        let outcome = match comm.rank() {
+            1 => Err(crate::Error::buffer("rank 1 could not unpack")),
+            r => Ok(r),
+        };
+        let e = exchange::confirmed(comm, outcome, "exchanges").unwrap_err();
+        let fine = exchange::confirmed(comm, Ok(comm.rank()), "exchanges").unwrap();
+        (e.kind().to_string(), e.to_string(), fine == comm.rank())
+    });
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    let want = (
+        "BufferError".to_string(),
+        "rank 1: rank 1 could not unpack".to_string(),
+    );
+    assert_eq!(
+        (out[0].0.clone(), out[0].1.clone(), out[0].2),
+        (want.0, want.1, true)
+    );
+}
+
+#[test]
 fn arrays_without_ranks_are_refused_by_name() {
     let t = Tensor::from(reference(&[2, 2]));
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();

@@ -19,12 +19,12 @@ use crate::partitioned::{Data, PartitionedArray};
 use crate::tensor::Tensor;
 
 /// The reference, built by hand: element `(i, j)` is `100 i + j`.
-fn reference(shape: [usize; 2]) -> ArrayD<f32> {
+pub(super) fn reference(shape: [usize; 2]) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&shape), |ix| (100 * ix[0] + ix[1]) as f32)
 }
 
 /// `a` on `be`'s device.
-fn upload(be: &CudaBackend, a: &ArrayD<f32>) -> Tensor {
+pub(super) fn upload(be: &CudaBackend, a: &ArrayD<f32>) -> Tensor {
     let host = Tensor::from(a.clone());
     let t = be.empty(host.shape(), DType::Float32).unwrap();
     be.transfer(&host, &t).unwrap();
@@ -32,7 +32,7 @@ fn upload(be: &CudaBackend, a: &ArrayD<f32>) -> Tensor {
 }
 
 /// A device tensor's elements, copied to a host tensor of our own.
-fn download(be: &CudaBackend, t: &Tensor) -> ArrayD<f32> {
+pub(super) fn download(be: &CudaBackend, t: &Tensor) -> ArrayD<f32> {
     let host = crate::backend::cpu::CpuBackend::shared(Device::CPU)
         .empty(t.shape(), t.dtype())
         .unwrap();
@@ -42,7 +42,7 @@ fn download(be: &CudaBackend, t: &Tensor) -> ArrayD<f32> {
 
 /// The emulated devices `base..base + ranks`, one per rank, each with its job-table scratch
 /// (pinned too) already made, so that later pinned allocations are staging ones.
-fn devices(base: u32, ranks: usize) -> Vec<Arc<CudaBackend>> {
+pub(super) fn devices(base: u32, ranks: usize) -> Vec<Arc<CudaBackend>> {
     (0..ranks as u32)
         .map(|r| {
             let be = CudaBackend::emulated(base + r);
@@ -57,7 +57,7 @@ fn devices(base: u32, ranks: usize) -> Vec<Arc<CudaBackend>> {
 
 /// Checks that `pa`'s local partitions on this rank hold the reference's boxes, and returns
 /// how many there are.
-fn check_locals(be: &CudaBackend, pa: &PartitionedArray, a: &ArrayD<f32>) -> usize {
+pub(super) fn check_locals(be: &CudaBackend, pa: &PartitionedArray, a: &ArrayD<f32>) -> usize {
     let mut n = 0;
     for p in pa.partitions() {
         if let Data::Tensor(t) = p.data {
@@ -84,7 +84,7 @@ const SOURCE: [(usize, [usize; 2], [usize; 2]); 4] = [
 ];
 
 /// The source array of [`SOURCE`] on this rank's device.
-fn source(comm: &ThreadComm, be: &CudaBackend, a: &ArrayD<f32>) -> PartitionedArray {
+pub(super) fn source(comm: &ThreadComm, be: &CudaBackend, a: &ArrayD<f32>) -> PartitionedArray {
     let mine = (SOURCE.iter().filter(|b| b.0 == comm.rank()))
         .map(|(_, s, n)| (s.to_vec(), upload(be, &block(a, s, n))))
         .collect();
@@ -93,12 +93,12 @@ fn source(comm: &ThreadComm, be: &CudaBackend, a: &ArrayD<f32>) -> PartitionedAr
 
 /// The uneven target: rows [0, 2) [2, 7), columns [0, 4) [4, 5), owned by ranks 1, 0, 2, 1
 /// (rank 1, which has no source, receives; rank 3 has nothing at all).
-fn target(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
+pub(super) fn target(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
     on_ranks(vec![vec![0, 2, 7], vec![0, 4, 5]], vec![1, 0, 2, 1], devs)
 }
 
 /// The grid of [`SOURCE`] with its owners, as a target.
-fn back(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
+pub(super) fn back(devs: &[Arc<CudaBackend>]) -> SpmdTarget {
     on_ranks(vec![vec![0, 3, 7], vec![0, 2, 5]], vec![0, 2, 2, 0], devs)
 }
 

@@ -12,7 +12,9 @@
 //! [`CudaBackend::emulated`] and from each other: [`crate::backend::backend_for`] never
 //! returns them (but in this crate's own unit tests, `cfg(test)`), so users never get one
 //! as a `kDLCUDA` device. Each device counts its pinned host allocations and frees
-//! ([`CudaBackend::emulated_pinned`]), and a limit on them makes allocations fail.
+//! ([`CudaBackend::emulated_pinned`]), and a limit on them makes allocations fail. Tests
+//! can also make one given allocation or copy of a device fail
+//! ([`CudaBackend::fail_emulated`]), to see what a driver error at that point does.
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::any::Any;
@@ -122,6 +124,43 @@ pub(crate) struct EmulatedDriver {
     n: i32,
     launches: AtomicU64,
     pinned: Mutex<PinnedCounts>,
+    /// Calls made to fail: each entry fails the call of its kind after skipping that many.
+    faults: Mutex<Vec<(EmulatedCall, usize)>>,
+}
+
+/// A driver call of an emulated device that a test can make fail
+/// ([`CudaBackend::fail_emulated`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmulatedCall {
+    /// `cuMemAlloc`: fails as `CUDA_ERROR_OUT_OF_MEMORY`.
+    Alloc,
+    /// `cuMemAllocHost`: fails as `CUDA_ERROR_OUT_OF_MEMORY`.
+    AllocPinned,
+    /// `cuMemcpyHtoDAsync`: fails as `CUDA_ERROR_UNKNOWN`.
+    CopyHtod,
+    /// `cuMemcpyDtoHAsync`: fails as `CUDA_ERROR_UNKNOWN`.
+    CopyDtoh,
+}
+
+impl EmulatedDriver {
+    /// Fails this `call` (made as `op`) if a test asked for it, counting it otherwise.
+    fn injected(&self, call: EmulatedCall, op: &str) -> Result<()> {
+        let mut faults = self.faults.lock().expect("emulated faults lock");
+        let Some(i) = faults.iter().position(|f| f.0 == call) else {
+            return Ok(());
+        };
+        if faults[i].1 > 0 {
+            faults[i].1 -= 1;
+            return Ok(());
+        }
+        faults.remove(i);
+        let code = match call {
+            EmulatedCall::Alloc | EmulatedCall::AllocPinned => "CUDA_ERROR_OUT_OF_MEMORY",
+            EmulatedCall::CopyHtod | EmulatedCall::CopyDtoh => "CUDA_ERROR_UNKNOWN",
+        };
+        Err(fail(op, format!("{code}: made to fail by the test")))
+    }
 }
 
 /// What an emulated device's pinned host allocations have been, for tests: each device
@@ -230,12 +269,9 @@ impl Driver for EmulatedDriver {
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
-        allocate(
-            bytes,
-            256,
-            Some(self.n),
-            &format!("cuMemAlloc({bytes} bytes)"),
-        )
+        let op = format!("cuMemAlloc({bytes} bytes)");
+        self.injected(EmulatedCall::Alloc, &op)?;
+        allocate(bytes, 256, Some(self.n), &op)
     }
 
     unsafe fn free(&self, ptr: u64) {
@@ -247,6 +283,7 @@ impl Driver for EmulatedDriver {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         let op = format!("cuMemAllocHost({bytes} bytes)");
+        self.injected(EmulatedCall::AllocPinned, &op)?;
         let mut counts = self.pinned.lock().expect("pinned counts lock");
         if bytes > counts.limit.saturating_sub(counts.live_bytes) {
             return Err(fail(
@@ -280,6 +317,7 @@ impl Driver for EmulatedDriver {
     }
 
     unsafe fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.injected(EmulatedCall::CopyHtod, "cuMemcpyHtoDAsync")?;
         check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
         let len = src.len();
         // A pinned source is read when the copy runs; a pageable one is staged now.
@@ -303,6 +341,7 @@ impl Driver for EmulatedDriver {
     }
 
     unsafe fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.injected(EmulatedCall::CopyDtoh, "cuMemcpyDtoHAsync")?;
         check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
         let (to, len) = (dst.as_mut_ptr() as u64, dst.len());
         let op = move || {
@@ -424,6 +463,7 @@ impl CudaBackend {
                         live_bytes: 0,
                         limit: usize::MAX,
                     }),
+                    faults: Mutex::new(Vec::new()),
                 });
                 streams::add_stream(driver.stream());
                 Arc::new(CudaBackend::over(
@@ -449,6 +489,26 @@ impl CudaBackend {
             .pinned
             .lock()
             .expect("pinned counts lock")
+    }
+
+    /// Makes the `call` after the next `skip` ones of this emulated device fail, once, as a
+    /// driver error (tests only).
+    #[doc(hidden)]
+    pub fn fail_emulated(&self, call: EmulatedCall, skip: usize) {
+        self.emulated_driver()
+            .faults
+            .lock()
+            .expect("emulated faults lock")
+            .push((call, skip));
+    }
+
+    /// Whether every call made to fail by [`CudaBackend::fail_emulated`] has failed (tests
+    /// only).
+    #[doc(hidden)]
+    pub fn emulated_faults_spent(&self) -> bool {
+        (self.emulated_driver().faults.lock())
+            .expect("emulated faults lock")
+            .is_empty()
     }
 
     /// Sets the most pinned bytes this emulated device may have live at once (tests only).

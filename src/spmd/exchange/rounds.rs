@@ -277,7 +277,11 @@ impl Stage {
                 recv_counts: &recv_counts,
                 recv_displs: &recv_displs,
             };
-            segments.exchange(comm, self.send.as_ref(), dev, dtype, isz, into.clone())?;
+            // Host memory, received into a buffer already made: preparing allocates nothing
+            // and stages nothing, so it cannot fail on one rank after the agreement.
+            let buffers =
+                segments.prepare(comm, self.send.as_ref(), dev, dtype, isz, into.clone())?;
+            segments.exchange(comm, buffers)?;
             if let (false, Some(buf), true) = (self.recv_in_place, &into, total > 0) {
                 self.unpack(&*backend, buf, &pieces, &recv_displs)?;
             }

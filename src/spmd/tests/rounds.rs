@@ -1,5 +1,5 @@
 //! Exchanges in several rounds on small arrays (the round size shrunk to a few bytes), against
-//! the same ndarray reference, with the number of all-to-all-v calls counted.
+//! the same ndarray reference, with the number of all-to-all-v and all-gather calls counted.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -8,10 +8,11 @@ use crate::spmd::exchange::{
     assemble_with, repartition_into_with, repartition_target_with, Rounds,
 };
 
-/// A rank of a [`ThreadComm`] group that counts its all-to-all-v calls.
+/// A rank of a [`ThreadComm`] group that counts its all-to-all-v and all-gather calls.
 struct Counting<'a> {
     comm: &'a ThreadComm,
     calls: AtomicUsize,
+    gathers: AtomicUsize,
 }
 
 impl<'a> Counting<'a> {
@@ -19,12 +20,18 @@ impl<'a> Counting<'a> {
         Counting {
             comm,
             calls: AtomicUsize::new(0),
+            gathers: AtomicUsize::new(0),
         }
     }
 
-    /// The calls since the last time asked.
+    /// The all-to-all-v calls since the last time asked.
     fn take(&self) -> usize {
         self.calls.swap(0, Ordering::Relaxed)
+    }
+
+    /// The all-gather calls since the last time asked.
+    fn take_gathers(&self) -> usize {
+        self.gathers.swap(0, Ordering::Relaxed)
     }
 }
 
@@ -38,6 +45,7 @@ impl Communicator for Counting<'_> {
     }
 
     fn all_gather(&self, bytes: &[u8]) -> crate::Result<Vec<Vec<u8>>> {
+        self.gathers.fetch_add(1, Ordering::Relaxed);
         self.comm.all_gather(bytes)
     }
 
@@ -191,10 +199,14 @@ fn rows_to_columns_in_rounds_send_and_receive_in_place() {
                     .process_grid(t);
                 SpmdTarget::resolve(&layout, &rows, 4)
             };
+            comm.take_gathers();
             let (cols, traffic) =
                 repartition_target_with(&comm, &rows, dealt(&[1, 4]), false, &tuning).unwrap();
             // Each rank sends each other rank a box of 2 x 3 float32.
             assert_eq!(comm.take(), (6 * 4usize).div_ceil(bytes));
+            // The agreement only: a host exchange cannot fail on one rank after it, and is
+            // not confirmed.
+            assert_eq!(comm.take_gathers(), 1);
             let mine = cols.at(&[0, me]).unwrap();
             let want = block(&a, &[0, 3 * me], &[8, 3]);
             assert_eq!(mine.tensor().unwrap().to_array::<f32>().unwrap(), want);
