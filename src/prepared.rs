@@ -54,11 +54,7 @@ use crate::tensor::Tensor;
 /// # Ok::<(), dlpart::Error>(())
 /// ```
 pub struct PreparedGather {
-    backend: Arc<dyn Backend>,
-    src: Tensor,
-    indices: Tensor,
-    axis: usize,
-    out: Tensor,
+    op: Operands,
 }
 
 impl PreparedGather {
@@ -86,51 +82,47 @@ impl PreparedGather {
         if out.is_some() {
             check_apart(src, &new_out, "source")?;
         }
-        Ok(PreparedGather {
+        let op = Operands {
             backend,
-            src: src.clone(),
+            read: src.clone(),
             indices,
             axis,
             out: new_out,
-        })
+        };
+        Ok(PreparedGather { op })
     }
 
     /// Copies the selected slices of the source into `out`, and returns when they are there.
     pub fn run(&self) -> Result<()> {
-        self.backend
-            .gather(&self.src, &self.indices, self.axis, &self.out)?;
-        self.backend.synchronize()
+        let op = &self.op;
+        op.backend.gather(&op.read, &op.indices, op.axis, &op.out)?;
+        op.backend.synchronize()
     }
 
     /// The tensor the slices are gathered from.
     pub fn src(&self) -> &Tensor {
-        &self.src
+        &self.op.read
     }
 
     /// The tensor each run writes: the caller's, or the one allocated when none was given.
     pub fn out(&self) -> &Tensor {
-        &self.out
+        &self.op.out
     }
 
     /// The axis along which slices are selected (non-negative).
     pub fn axis(&self) -> usize {
-        self.axis
+        self.op.axis
     }
 
     /// The number of indices, which is `out`'s extent along the axis.
     pub fn num_indices(&self) -> usize {
-        self.indices.shape()[0]
+        self.op.num_indices()
     }
 }
 
 impl fmt::Debug for PreparedGather {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PreparedGather")
-            .field("axis", &self.axis)
-            .field("indices", &self.num_indices())
-            .field("src", &self.src)
-            .field("out", &self.out)
-            .finish()
+        self.op.debug(f, "PreparedGather", "src")
     }
 }
 
@@ -143,11 +135,7 @@ impl fmt::Debug for PreparedGather {
 /// backend. The data of `values` may change between runs; shapes and indices are fixed.
 /// `values` may not share memory with `out`. See [`PreparedGather`] for an example.
 pub struct PreparedScatter {
-    backend: Arc<dyn Backend>,
-    values: Tensor,
-    indices: Tensor,
-    axis: usize,
-    out: Tensor,
+    op: Operands,
 }
 
 impl PreparedScatter {
@@ -172,49 +160,73 @@ impl PreparedScatter {
         check_backend(backend.as_ref(), out.device(), "scatter")?;
         let indices = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
         check_apart(values, out, "values")?;
-        Ok(PreparedScatter {
+        let op = Operands {
             backend,
-            values: values.clone(),
+            read: values.clone(),
             indices,
             axis,
             out: out.clone(),
-        })
+        };
+        Ok(PreparedScatter { op })
     }
 
     /// Copies the values into the selected slices of `out`, and returns when they are there.
     pub fn run(&self) -> Result<()> {
-        self.backend
-            .scatter(&self.values, &self.indices, self.axis, &self.out)?;
-        self.backend.synchronize()
+        let op = &self.op;
+        op.backend
+            .scatter(&op.read, &op.indices, op.axis, &op.out)?;
+        op.backend.synchronize()
     }
 
     /// The tensor whose slices are copied out.
     pub fn values(&self) -> &Tensor {
-        &self.values
+        &self.op.read
     }
 
     /// The tensor each run writes into.
     pub fn out(&self) -> &Tensor {
-        &self.out
+        &self.op.out
     }
 
     /// The axis along which slices are selected (non-negative).
     pub fn axis(&self) -> usize {
-        self.axis
+        self.op.axis
     }
 
     /// The number of indices, which is `values`'s extent along the axis.
     pub fn num_indices(&self) -> usize {
-        self.indices.shape()[0]
+        self.op.num_indices()
     }
 }
 
 impl fmt::Debug for PreparedScatter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PreparedScatter")
+        self.op.debug(f, "PreparedScatter", "values")
+    }
+}
+
+/// What a prepared gather and a prepared scatter both keep: the backend that runs the copy,
+/// the tensor each run reads (a gather's source, a scatter's values), the checked indices,
+/// the axis and the tensor each run writes.
+struct Operands {
+    backend: Arc<dyn Backend>,
+    read: Tensor,
+    indices: Tensor,
+    axis: usize,
+    out: Tensor,
+}
+
+impl Operands {
+    fn num_indices(&self) -> usize {
+        self.indices.shape()[0]
+    }
+
+    /// The `Debug` form of the prepared operation `name`, whose read tensor is `read`.
+    fn debug(&self, f: &mut fmt::Formatter<'_>, name: &str, read: &str) -> fmt::Result {
+        f.debug_struct(name)
             .field("axis", &self.axis)
             .field("indices", &self.num_indices())
-            .field("values", &self.values)
+            .field(read, &self.read)
             .field("out", &self.out)
             .finish()
     }

@@ -6,11 +6,52 @@ use pyo3::prelude::*;
 
 use crate::error::tuple_string;
 use crate::prepared::{PreparedGather, PreparedScatter};
-use crate::tensor::Tensor;
 
 use super::errors::to_py;
 use super::ops::{indices_arg, tensor_arg};
 use super::tensor::{axis_arg, PyTensor};
+
+/// The methods both prepared classes share: `$class` wraps `inner`, shown by `__repr__` as
+/// `dlpart.$name`, with the tensor it reads (the Rust accessor `$read`) named `$label`.
+macro_rules! prepared_methods {
+    ($class:ident, $name:literal, $read:ident, $label:literal) => {
+        #[pymethods]
+        impl $class {
+            /// Runs the copy the object was made for (see the class); returns ``None`` once it
+            /// is done. The GIL is released meanwhile.
+            fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+                py.detach(|| self.inner.run()).map_err(to_py)
+            }
+
+            /// The array each call writes, as a `dlpart.Tensor` over its memory.
+            #[getter]
+            fn out(&self) -> PyTensor {
+                PyTensor::new(self.inner.out().clone())
+            }
+
+            /// The axis the slices are selected along (non-negative).
+            #[getter]
+            fn axis(&self) -> usize {
+                self.inner.axis()
+            }
+
+            fn __repr__(&self) -> String {
+                let (p, out) = (&self.inner, self.inner.out());
+                format!(
+                    "dlpart.{}(axis={}, indices={}, {}={}, out={}, dtype='{}', device='{}')",
+                    $name,
+                    p.axis(),
+                    p.num_indices(),
+                    $label,
+                    tuple_string(p.$read().shape()),
+                    tuple_string(out.shape()),
+                    out.dtype(),
+                    out.device()
+                )
+            }
+        }
+    };
+}
 
 /// A gather checked once and run by calling it: ``g()`` does ``out[.., i, ..] =
 /// x[.., indices[i], ..]`` along the axis it was made with (see `dlpart.prepare_gather`).
@@ -23,37 +64,7 @@ pub struct PyPreparedGather {
     inner: PreparedGather,
 }
 
-#[pymethods]
-impl PyPreparedGather {
-    /// Copies the selected slices of the source into ``out``; returns ``None`` once they are
-    /// there. The GIL is released meanwhile.
-    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.run()).map_err(to_py)
-    }
-
-    /// The array each call writes, as a `dlpart.Tensor` over its memory.
-    #[getter]
-    fn out(&self) -> PyTensor {
-        PyTensor::new(self.inner.out().clone())
-    }
-
-    /// The axis the slices are selected along (non-negative).
-    #[getter]
-    fn axis(&self) -> usize {
-        self.inner.axis()
-    }
-
-    fn __repr__(&self) -> String {
-        let g = &self.inner;
-        repr(
-            "PreparedGather",
-            g.axis(),
-            g.num_indices(),
-            g.src(),
-            g.out(),
-        )
-    }
-}
+prepared_methods!(PyPreparedGather, "PreparedGather", src, "source");
 
 /// A scatter checked once and run by calling it: ``s()`` does ``out[.., indices[i], ..] =
 /// values[.., i, ..]`` along the axis it was made with (see `dlpart.prepare_scatter`).
@@ -66,52 +77,7 @@ pub struct PyPreparedScatter {
     inner: PreparedScatter,
 }
 
-#[pymethods]
-impl PyPreparedScatter {
-    /// Copies the values into the selected slices of ``out``; returns ``None`` once they are
-    /// there. The GIL is released meanwhile.
-    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.run()).map_err(to_py)
-    }
-
-    /// The array each call writes into, as a `dlpart.Tensor` over its memory.
-    #[getter]
-    fn out(&self) -> PyTensor {
-        PyTensor::new(self.inner.out().clone())
-    }
-
-    /// The axis the slices are selected along (non-negative).
-    #[getter]
-    fn axis(&self) -> usize {
-        self.inner.axis()
-    }
-
-    fn __repr__(&self) -> String {
-        let s = &self.inner;
-        repr(
-            "PreparedScatter",
-            s.axis(),
-            s.num_indices(),
-            s.values(),
-            s.out(),
-        )
-    }
-}
-
-fn repr(name: &str, axis: usize, n: usize, read: &Tensor, out: &Tensor) -> String {
-    format!(
-        "dlpart.{name}(axis={axis}, indices={n}, {}={}, out={}, dtype='{}', device='{}')",
-        if name == "PreparedGather" {
-            "source"
-        } else {
-            "values"
-        },
-        tuple_string(read.shape()),
-        tuple_string(out.shape()),
-        out.dtype(),
-        out.device()
-    )
-}
+prepared_methods!(PyPreparedScatter, "PreparedScatter", values, "values");
 
 /// A gather checked once: see `dlpart.prepare_gather`.
 #[pyfunction]

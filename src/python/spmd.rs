@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyTuple};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::spmd::{self, Communicator, LocalParts, Traffic};
+use crate::spmd::{self, Communicator, LocalParts, Segments, Traffic};
 
 use super::device::device_arg;
 use super::errors::to_py;
@@ -98,16 +98,12 @@ unsafe fn memoryview<'py>(
 }
 
 impl MpiComm {
-    #[allow(clippy::too_many_arguments)]
     fn alltoallv<'py>(
         &self,
         py: Python<'py>,
         send: Bound<'py, PyAny>,
-        send_counts: &[usize],
-        send_displs: &[usize],
         recv: Bound<'py, PyAny>,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        segments: &Segments<'_>,
     ) -> Result<()> {
         let spec = |buf: &Bound<'py, PyAny>, counts: &[usize], displs: &[usize]| -> Result<_> {
             let layout = (c_ints("counts", counts)?, c_ints("displacements", displs)?);
@@ -124,8 +120,8 @@ impl MpiComm {
                 byte,
             ])
         };
-        let s = spec(&send, send_counts, send_displs)?;
-        let r = spec(&recv, recv_counts, recv_displs)?;
+        let s = spec(&send, segments.send_counts, segments.send_displs)?;
+        let r = spec(&recv, segments.recv_counts, segments.recv_displs)?;
         let result = self.comm.bind(py).call_method1("Alltoallv", (s, r));
         // The views lent our memory for this call only.
         for v in [&send, &recv] {
@@ -161,15 +157,7 @@ impl Communicator for MpiComm {
         .map_err(|e| mpi_error("allgather", e))
     }
 
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()> {
+    fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
         // Empty slices share one dangling address, and Open MPI refuses a send buffer equal
         // to the receive buffer (MPI_ERR_ARG): give empty ones distinct addresses of their own.
         let (mut s_spare, mut r_spare) = ([0u8; 1], [0u8; 1]);
@@ -194,7 +182,7 @@ impl Communicator for MpiComm {
                 s.map_err(|e| mpi_error("memoryview", e))?,
                 r.map_err(|e| mpi_error("memoryview", e))?,
             );
-            self.alltoallv(py, s, send_counts, send_displs, r, recv_counts, recv_displs)
+            self.alltoallv(py, s, r, segments)
         })
     }
 
@@ -205,11 +193,8 @@ impl Communicator for MpiComm {
     fn all_to_all_v_device(
         &self,
         send: &crate::Tensor,
-        send_counts: &[usize],
-        send_displs: &[usize],
         recv: &crate::Tensor,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        segments: &Segments<'_>,
     ) -> Result<()> {
         Python::attach(|py| {
             // A CUDA-aware mpi4py takes device buffers through DLPack.
@@ -220,7 +205,7 @@ impl Communicator for MpiComm {
                     .map_err(|e| mpi_error("tensor", e))
             };
             let (s, r) = (as_py(send)?, as_py(recv)?);
-            self.alltoallv(py, s, send_counts, send_displs, r, recv_counts, recv_displs)
+            self.alltoallv(py, s, r, segments)
         })
     }
 }

@@ -21,7 +21,7 @@ use crate::tensor::{contiguous_strides, Tensor};
 
 use super::agree::{agree, Peers};
 use super::wire::{fingerprint, Writer};
-use super::{Communicator, Traffic};
+use super::{Communicator, Segments, Traffic};
 
 mod rounds;
 
@@ -705,7 +705,6 @@ impl Stage {
     /// Exchanges the packed boxes (every rank calls this, with or without bytes to move) and
     /// writes the local and received boxes into the targets.
     fn run(self, comm: &dyn Communicator) -> Result<(Vec<Option<Tensor>>, Traffic)> {
-        let total: usize = self.recv_counts.iter().sum();
         let dev = self.device.unwrap_or(Device::CPU);
         let dtype = self
             .targets
@@ -717,7 +716,6 @@ impl Stage {
         let recv = match self.rounds {
             1 => {
                 let segments = Segments {
-                    send: self.send.as_ref(),
                     send_counts: &self.send_counts,
                     send_displs: &self.send_displs,
                     recv_counts: &self.recv_counts,
@@ -727,7 +725,8 @@ impl Stage {
                     true => self.targets.iter().flatten().next().cloned(),
                     false => None,
                 };
-                segments.exchange(comm, dev, dtype, self.itemsize, total, into)?
+                let send = self.send.as_ref();
+                segments.exchange(comm, send, dev, dtype, self.itemsize, into)?
             }
             // Received into the targets round by round.
             _ => {
@@ -824,32 +823,23 @@ fn in_place(
         .collect()
 }
 
-/// One rank's side of an all-to-all-v: what it sends (one buffer, a segment per peer) and
-/// where each peer's bytes go in what it receives (byte counts and displacements).
-pub(super) struct Segments<'a> {
-    pub send: Option<&'a Tensor>,
-    pub send_counts: &'a [usize],
-    pub send_displs: &'a [usize],
-    pub recv_counts: &'a [usize],
-    pub recv_displs: &'a [usize],
-}
-
 impl Segments<'_> {
-    /// Exchanges the segments (every rank calls this, with or without bytes to move) and
-    /// returns what arrived: in `into` (this rank's own contiguous tensor, written in place)
-    /// when given, else in a new buffer of `total` bytes of `dtype` on `dev`; `None` when
-    /// nothing arrives. Device memory goes to MPI directly when the communicator takes it,
-    /// else through the device backend's staging memory ([`Backend::empty_staging`]: pinned
-    /// on CUDA).
-    pub fn exchange(
+    /// Exchanges the segments of `send` (one buffer, a segment per peer; every rank calls
+    /// this, with or without bytes to move) and returns what arrived: in `into` (this rank's
+    /// own contiguous tensor, written in place) when given, else in a new buffer of `dtype` on
+    /// `dev`; `None` when nothing arrives. Device memory goes to MPI directly when the
+    /// communicator takes it, else through the device backend's staging memory
+    /// ([`Backend::empty_staging`]: pinned on CUDA).
+    pub(super) fn exchange(
         &self,
         comm: &dyn Communicator,
+        send: Option<&Tensor>,
         dev: Device,
         dtype: DType,
         itemsize: usize,
-        total: usize,
         into: Option<Tensor>,
     ) -> Result<Option<Tensor>> {
+        let total: usize = self.recv_counts.iter().sum();
         let direct = dev.is_host_accessible() || comm.accepts_device(dev);
         let staging = match direct {
             true => None,
@@ -864,7 +854,7 @@ impl Segments<'_> {
         if dev.is_host_accessible() || !comm.accepts_device(dev) {
             // Host memory, or device memory staged through the backend's host memory (pinned
             // on CUDA) for an MPI that does not take device pointers.
-            let send = match (self.send, &staging) {
+            let send = match (send, &staging) {
                 (Some(t), Some(b)) => {
                     let host = staging_buffer(&**b, t.shape(), t.dtype())?;
                     b.transfer(t, &host)?;
@@ -879,24 +869,11 @@ impl Segments<'_> {
                 Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
                 None => &mut [],
             };
-            comm.all_to_all_v(
-                host_bytes(send.as_ref()),
-                self.send_counts,
-                self.send_displs,
-                recv_bytes,
-                self.recv_counts,
-                self.recv_displs,
-            )?;
+            comm.all_to_all_v(host_bytes(send.as_ref()), recv_bytes, self)?;
         } else {
             let empty = backend_for(dev)?.empty(&[0], DType::UInt8)?;
-            comm.all_to_all_v_device(
-                self.send.unwrap_or(&empty),
-                self.send_counts,
-                self.send_displs,
-                recv.as_ref().unwrap_or(&empty),
-                self.recv_counts,
-                self.recv_displs,
-            )?;
+            let recv = recv.as_ref().unwrap_or(&empty);
+            comm.all_to_all_v_device(send.unwrap_or(&empty), recv, self)?;
         }
         Ok(match (recv, staging) {
             (Some(t), Some(b)) if t.device() != dev => {

@@ -41,6 +41,8 @@ pub use local::{from_local, from_stacked, with_ranks, LocalParts};
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;
 
+use std::ops::Range;
+
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -63,20 +65,10 @@ pub trait Communicator: Sync {
     /// Every rank's `bytes`, indexed by rank (this rank's own included).
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
 
-    /// Sends `send[send_displs[p]..][..send_counts[p]]` to each rank `p` and receives rank
-    /// `p`'s bytes for this rank into `recv[recv_displs[p]..][..recv_counts[p]]` (MPI's
-    /// `Alltoallv` over bytes). Send ranges may overlap (the same bytes to several ranks);
-    /// receive ranges do not.
-    #[allow(clippy::too_many_arguments)]
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()>;
+    /// Sends `send[segments.send_range(p)]` to each rank `p` and receives rank `p`'s bytes for
+    /// this rank into `recv[segments.recv_range(p)]` (MPI's `Alltoallv` over bytes). Send
+    /// ranges may overlap (the same bytes to several ranks); receive ranges do not.
+    fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware
     /// MPI); otherwise device buffers are staged through host memory (pinned on CUDA).
@@ -86,23 +78,44 @@ pub trait Communicator: Sync {
     }
 
     /// [`Communicator::all_to_all_v`] between the memory of two contiguous tensors on a
-    /// device for which [`Communicator::accepts_device`] is true (counts and displacements in
-    /// bytes).
-    #[allow(clippy::too_many_arguments)]
+    /// device for which [`Communicator::accepts_device`] is true.
     fn all_to_all_v_device(
         &self,
         send: &Tensor,
-        send_counts: &[usize],
-        send_displs: &[usize],
         recv: &Tensor,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        segments: &Segments<'_>,
     ) -> Result<()> {
-        let _ = (send_counts, send_displs, recv, recv_counts, recv_displs);
+        let _ = (recv, segments);
         Err(Error::UnsupportedDevice {
             device: send.device().to_string(),
             op: "exchange of device buffers by this communicator".into(),
         })
+    }
+}
+
+/// Where each rank's segment lies in one rank's buffers of an all-to-all-v: byte counts and
+/// displacements, indexed by peer rank, for what it sends and for what it receives.
+#[derive(Clone, Copy, Debug)]
+pub struct Segments<'a> {
+    /// Bytes sent to each rank.
+    pub send_counts: &'a [usize],
+    /// Where the bytes for each rank start in the send buffer.
+    pub send_displs: &'a [usize],
+    /// Bytes received from each rank.
+    pub recv_counts: &'a [usize],
+    /// Where the bytes from each rank start in the receive buffer.
+    pub recv_displs: &'a [usize],
+}
+
+impl Segments<'_> {
+    /// The bytes of the send buffer that go to rank `p`.
+    pub fn send_range(&self, p: usize) -> Range<usize> {
+        self.send_displs[p]..self.send_displs[p] + self.send_counts[p]
+    }
+
+    /// The bytes of the receive buffer that rank `p`'s bytes go to.
+    pub fn recv_range(&self, p: usize) -> Range<usize> {
+        self.recv_displs[p]..self.recv_displs[p] + self.recv_counts[p]
     }
 }
 

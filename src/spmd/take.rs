@@ -10,11 +10,9 @@ use crate::ops;
 use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
 
-use super::exchange::{
-    agreed, box_view, dtype_of, owners, prefix, rank_device, spmd_array, Segments,
-};
+use super::exchange::{agreed, box_view, dtype_of, owners, prefix, rank_device, spmd_array};
 use super::wire::{fingerprint, Writer};
-use super::{Communicator, Traffic};
+use super::{Communicator, Segments, Traffic};
 
 /// The indices along an axis grouped by the source slab holding them.
 struct Slabs {
@@ -195,14 +193,12 @@ pub fn gather(
     let dtype = dtype_of(pa)?;
     let item = dtype.itemsize();
     let segments = Segments {
-        send: p.send.as_ref(),
         send_counts: &p.send_counts,
         send_displs: &p.sends_displs,
         recv_counts: &p.recv_counts,
         recv_displs: &p.recv_displs,
     };
-    let total: usize = p.recv_counts.iter().sum();
-    let recv = segments.exchange(comm, p.dev, dtype, item, total, None)?;
+    let recv = segments.exchange(comm, p.send.as_ref(), p.dev, dtype, item, None)?;
     let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
     for &(j, s) in &p.local {
         let part = pa.data()[source(j, s)]

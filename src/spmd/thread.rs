@@ -5,7 +5,7 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use crate::error::{Error, Result};
 
-use super::Communicator;
+use super::{Communicator, Segments};
 
 /// One rank of a group of threads that talk through shared memory. Each collective call waits
 /// at a barrier for every rank of the group, as an MPI collective does.
@@ -85,21 +85,12 @@ impl Communicator for ThreadComm {
         Ok(all)
     }
 
-    fn all_to_all_v(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()> {
+    fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
         let n = self.shared.size;
         {
             let mut m = Self::lock(&self.shared.matrix);
             for p in 0..n {
-                let (d, c) = (send_displs[p], send_counts[p]);
-                m[self.rank][p] = send[d..d + c].to_vec();
+                m[self.rank][p] = send[segments.send_range(p)].to_vec();
             }
         }
         self.shared.barrier.wait();
@@ -108,16 +99,16 @@ impl Communicator for ThreadComm {
             let m = Self::lock(&self.shared.matrix);
             for p in 0..n {
                 let got = &m[p][self.rank];
-                if got.len() != recv_counts[p] {
+                if got.len() != segments.recv_counts[p] {
                     result = Err(Error::buffer(format!(
                         "rank {} expected {} bytes from rank {p}, which sent {}",
                         self.rank,
-                        recv_counts[p],
+                        segments.recv_counts[p],
                         got.len()
                     )));
                     continue;
                 }
-                recv[recv_displs[p]..recv_displs[p] + got.len()].copy_from_slice(got);
+                recv[segments.recv_range(p)].copy_from_slice(got);
             }
         }
         self.shared.barrier.wait();

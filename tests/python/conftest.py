@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +126,18 @@ def ray_session():
         ray.shutdown()
 
 
+MPI_SCRIPTS = Path(__file__).parent / "mpi_scripts"
+MPI_RANKS = 4  # more than this machine may have cores: mpirun runs --oversubscribe
+
+
+def ok_ranks(out: str, cases: int | None = None) -> set[str]:
+    """The ranks that printed their "ok <rank>" line on mpirun's stdout (followed by `cases` when
+    given, as the scripts of mpi_scripts/_cases.py print it)."""
+    tail = rf" {cases}\b" if cases is not None else ""
+    # The ranks' lines may interleave on mpirun's stdout.
+    return set(re.findall(rf"ok (\d+){tail}", out))
+
+
 @pytest.fixture
 def mpirun():
     """Run a Python script under `mpirun -n N --oversubscribe`; fails the test on a non-zero exit."""
@@ -137,6 +150,18 @@ def mpirun():
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
         assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
+
+    return run
+
+
+@pytest.fixture
+def mpirun_cases(mpirun):
+    """Run mpi_scripts/NAME with `SEED CASES` on MPI_RANKS ranks (the frame of
+    mpi_scripts/_cases.py); fails the test unless every rank passed every case."""
+
+    def run(name, cases, timeout):
+        out = mpirun(MPI_SCRIPTS / name, MPI_RANKS, 20240611, cases, timeout=timeout)
+        assert ok_ranks(out, cases) == {str(r) for r in range(MPI_RANKS)}, out
 
     return run
 

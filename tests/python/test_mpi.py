@@ -8,25 +8,17 @@ import re
 
 import pytest
 
-SCRIPTS = pathlib.Path(__file__).parent / "mpi_scripts"
-RANKS = 4
-
-
-def ok_ranks(out: str, cases: int) -> set:
-    # The ranks' lines may interleave on mpirun's stdout.
-    return set(re.findall(rf"ok (\d+) {cases}\b", out))
+from conftest import MPI_RANKS as RANKS, ok_ranks
 
 
 @pytest.mark.mpi
-def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(mpirun):
+def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(mpirun_cases):
     """300 random global layouts (uneven, several partitions per rank, a rank with none,
     split points, tilings, block-cyclic and process-grid targets) repartitioned across 4 ranks:
     local partitions, the whole assembled on rank 0 and on every rank, repartition_into, byte
     counts (local boxes never sent), dicts, gather and scatter are checked; then every kind of
     disagreement makes every rank raise the same error within seconds."""
-    cases = 300
-    out = mpirun(SCRIPTS / "spmd_props.py", RANKS, 20240611, cases, timeout=240)
-    assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+    mpirun_cases("spmd_props.py", cases=300, timeout=240)
 
 
 @pytest.mark.mpi
@@ -53,4 +45,4 @@ def test_guide_spmd_block_is_the_mpi_example_and_runs(mpirun):
     example = root / "examples" / "mpi" / "spmd.py"
     assert block in example.read_text()
     out = mpirun(example, RANKS, timeout=120)
-    assert set(re.findall(r"ok (\d+)", out)) == {str(r) for r in range(RANKS)}, out
+    assert ok_ranks(out) == {str(r) for r in range(RANKS)}, out

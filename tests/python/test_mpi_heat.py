@@ -9,29 +9,19 @@ import re
 
 import pytest
 
-SCRIPTS = pathlib.Path(__file__).parent / "mpi_scripts"
-RANKS = 4
-
-
-def ok_ranks(out: str, cases: int) -> set:
-    # The ranks' lines may interleave on mpirun's stdout.
-    return set(re.findall(rf"ok (\d+) {cases}\b", out))
-
 
 @pytest.mark.mpi
-def test_heat_dict_form_built_by_hand_goes_through_dlpart_mpi_and_back(mpirun):
+def test_heat_dict_form_built_by_hand_goes_through_dlpart_mpi_and_back(mpirun_cases):
     """No heat or torch needed: heat's SPMD dict (int ranks, `locals`, numpy data here and None
     elsewhere, uneven and empty slabs along a random split axis of 1-3 d arrays) read by
     `dlpart.mpi.from_partitioned`, repartitioned across the ranks and assembled equals numpy;
     `to_heat` gives back heat's form over the same memory, read by heat's own rules; layouts heat
     cannot read raise `dlpart.ProtocolError` on every rank; `split=` makes heat's chunks."""
-    cases = 100
-    out = mpirun(SCRIPTS / "heat_form.py", RANKS, 20240611, cases, timeout=120)
-    assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+    mpirun_cases("heat_form.py", cases=100, timeout=120)
 
 
 @pytest.mark.mpi
-def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun):
+def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun_cases):
     """The real heat: DNDarrays split along axis 0 or 1 (balanced and not) read by
     `dlpart.mpi.from_partitioned`, repartitioned and assembled equal numpy and `x.numpy()`;
     dlpart SPMD arrays of random uneven blocks read by `ht.from_partitioned(to_heat(a))` hold
@@ -39,9 +29,7 @@ def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun):
     launch runs the guide's heat example (examples/mpi/with_heat.py)."""
     if importlib.util.find_spec("heat") is None:  # looked up, not imported (see above)
         pytest.skip("heat is an opt-in install: DLPART_WITH_HEAT=1 scripts/test.sh")
-    cases = 12
-    out = mpirun(SCRIPTS / "heat_spmd.py", RANKS, 20240611, cases, timeout=240)
-    assert ok_ranks(out, cases) == {str(r) for r in range(RANKS)}, out
+    mpirun_cases("heat_spmd.py", cases=12, timeout=240)
 
 
 def test_guide_heat_block_is_the_heat_example():

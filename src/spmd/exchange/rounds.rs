@@ -270,15 +270,14 @@ impl Stage {
                     .collect(),
                 false => prefix(&recv_counts),
             };
-            let total = recv_counts.iter().sum();
+            let total: usize = recv_counts.iter().sum();
             let segments = Segments {
-                send: self.send.as_ref(),
                 send_counts: &send_counts,
                 send_displs: &send_displs,
                 recv_counts: &recv_counts,
                 recv_displs: &recv_displs,
             };
-            segments.exchange(comm, dev, dtype, isz, total, into.clone())?;
+            segments.exchange(comm, self.send.as_ref(), dev, dtype, isz, into.clone())?;
             if let (false, Some(buf), true) = (self.recv_in_place, &into, total > 0) {
                 self.unpack(&*backend, buf, &pieces, &recv_displs)?;
             }

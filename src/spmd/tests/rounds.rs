@@ -44,21 +44,11 @@ impl Communicator for Counting<'_> {
     fn all_to_all_v(
         &self,
         send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
         recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        segments: &Segments<'_>,
     ) -> crate::Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.comm.all_to_all_v(
-            send,
-            send_counts,
-            send_displs,
-            recv,
-            recv_counts,
-            recv_displs,
-        )
+        self.comm.all_to_all_v(send, recv, segments)
     }
 }
 

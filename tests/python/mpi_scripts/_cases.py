@@ -1,9 +1,11 @@
 """The frame every mpirun test script shares: seeded cases from the command line, the failing
-case named on stderr, and every rank aborted when one fails, so that none is left waiting."""
+case named on stderr, and every rank aborted when one fails, so that none is left waiting; and
+the helpers of the heat scripts (heat's split layout over the ranks of COMM_WORLD)."""
 
 import sys
 import traceback
 
+import numpy as np
 from mpi4py import MPI
 
 
@@ -29,3 +31,24 @@ def run(check_case, *after):
         traceback.print_exc()
         sys.stderr.flush()
         comm.Abort(1)
+
+
+def heat_points(n):
+    """heat's balanced chunks of `n` over the ranks as split points (heat's `comm.chunk`: the
+    first `n % size` ranks hold one more), written out here as the reference."""
+    size = MPI.COMM_WORLD.Get_size()
+    counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
+    return np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+
+def one_rank_holds_all(points):
+    """heat infers its split axis per rank from the chunk's shape: a rank holding the whole
+    (non-empty) axis would take the array as unsplit, and to_heat refuses such a layout."""
+    n = points[-1]
+    size = MPI.COMM_WORLD.Get_size()
+    return size > 1 and n > 0 and any(b - a == n for a, b in zip(points, points[1:]))
+
+
+def region(a, axis, lo, hi):
+    """`a[lo:hi]` along `axis`, whole along the others."""
+    return a[tuple(slice(lo, hi) if ax == axis else slice(None) for ax in range(a.ndim))]

@@ -10,6 +10,8 @@ import heat as ht
 import torch
 from mpi4py import MPI
 
+from _cases import heat_points
+
 import dlpart
 from dlpart.adapters.heat import to_heat
 
@@ -17,10 +19,7 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 rows, cols = 4 * size + 1, 3
 ref = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
-bounds = np.linspace(0, rows, size + 1).astype(int)
-# heat's own balanced split: chunk sizes as heat computes them
-counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-bounds = np.concatenate([[0], np.cumsum(counts)])
+bounds = heat_points(rows)  # heat's own balanced split
 
 # 1. A dlpart SPMD array (this rank's row block here, the others' None) read by heat.
 mine = ref[bounds[rank]:bounds[rank + 1]].copy()

@@ -21,7 +21,7 @@ failure aborts every rank (MPI_Abort), so nothing waits.
 import numpy as np
 from mpi4py import MPI
 
-from _cases import run
+from _cases import heat_points, one_rank_holds_all, region, run
 
 import dlpart
 import dlpart.mpi
@@ -32,22 +32,11 @@ rank, size = comm.Get_rank(), comm.Get_size()
 DTYPES = [np.float32, np.float64, np.int64, np.int32]
 
 
-def heat_points(n):
-    """heat's balanced chunks of `n` (heat's `comm.chunk`: the first `n % size` ranks hold one
-    more), written out here as the reference for to_heat(split=)."""
-    counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
-    return np.concatenate([[0], np.cumsum(counts)]).tolist()
-
-
 def slab_points(rng, n):
     """Split points of `n` over the ranks: heat's balanced chunks or random (empty ones too)."""
     if rng.random() < 0.5:
         return heat_points(n)
     return [0, *np.sort(rng.integers(0, n + 1, size=size - 1)).tolist(), n]
-
-
-def region(a, axis, lo, hi):
-    return a[tuple(slice(lo, hi) if ax == axis else slice(None) for ax in range(a.ndim))]
 
 
 def heat_dict(ref, split, points):
@@ -67,13 +56,6 @@ def heat_dict(ref, split, points):
     return {"shape": ref.shape, "partition_tiling": tuple(size if a == split else 1
                                                           for a in range(ref.ndim)),
             "partitions": parts, "locals": [local], "get": lambda x: x}
-
-
-def one_rank_holds_all(points):
-    """heat infers its split axis per rank from the chunk's shape: a rank holding the whole
-    (non-empty) axis would take the array as unsplit, and to_heat refuses such a layout."""
-    n = points[-1]
-    return size > 1 and n > 0 and any(b - a == n for a, b in zip(points, points[1:]))
 
 
 def refused(make, why):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from _cases import run
+from _cases import heat_points, one_rank_holds_all, region, run
 
 import dlpart
 import dlpart.mpi
@@ -38,22 +38,6 @@ from dlpart.adapters.heat import to_heat
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 DTYPES = [np.float32, np.float64, np.int64, np.int32]
-
-
-def one_rank_holds_all(points):
-    """heat infers its split axis per rank from the chunk's shape: a rank holding the whole
-    (non-empty) axis would take the array as unsplit, and to_heat refuses such a layout."""
-    n = points[-1]
-    return size > 1 and n > 0 and any(b - a == n for a, b in zip(points, points[1:]))
-
-
-def heat_points(n):
-    counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
-    return np.concatenate([[0], np.cumsum(counts)]).tolist()
-
-
-def region(a, split, lo, hi):
-    return a[tuple(slice(lo, hi) if ax == split else slice(None) for ax in range(a.ndim))]
 
 
 def replicated_heat_to_dlpart(ref):
