@@ -233,8 +233,14 @@ fn read_dict<'py>(
     );
     let mut table = EntryTable::with_capacity(items.len(), shape.len());
     let (mut pos, mut start, mut pshape) = (Vec::new(), Vec::new(), Vec::new());
-    // Per entry, in the dict's order: the entry and its `data` value.
-    let mut dicts: Vec<(Bound<'py, PyDict>, Bound<'py, PyAny>)> = Vec::with_capacity(items.len());
+    let (k_device, k_location, k_dtype) = (
+        intern!(py, "device"),
+        intern!(py, "location"),
+        intern!(py, "dtype"),
+    );
+    // Per entry, in the dict's order: its values, looked up while the entry is in cache.
+    let mut values: Vec<EntryValues<'py>> = Vec::with_capacity(items.len());
+    let mut lookup_errors = LookupErrors::new();
     for (key, entry) in items {
         ints_into(&key, "partitions", None, &mut pos)?;
         let at = || tuple_string(&pos);
@@ -261,7 +267,13 @@ fn read_dict<'py>(
         ints_into(&field(k_shape)?, "shape", Some(&pos), &mut pshape)?;
         let data = field(k_data)?;
         table.push(&pos, &start, &pshape);
-        dicts.push((entry, data));
+        values.push(EntryValues::read(
+            values.len(),
+            &entry,
+            data,
+            [k_location, k_device, k_dtype],
+            &mut lookup_errors,
+        ));
     }
     let grid = py
         .detach(|| Grid::from_table(&shape, &tiling, &table))
@@ -279,7 +291,11 @@ fn read_dict<'py>(
         }
     }
     let n = grid.num_partitions();
-    let mut data: Vec<Data> = vec![Data::Remote; n];
+    // The grid checked that the entries name every position once: `n` entries. Data is
+    // collected in the dict's order and put in C order at the end (nothing to do for the
+    // usual dict, already in C order): filling a C-order Vec first would write every
+    // partition's tensor twice, and at 4,096 partitions that is cache misses.
+    let mut data: Vec<Data> = Vec::with_capacity(n);
     let mut locations = LocationTable::empty(n, n);
     let mut namespace = None;
     // The last device found to have dlpart kernels: asking `backend_for` makes a backend.
@@ -288,38 +304,33 @@ fn read_dict<'py>(
     let mut first_data: Option<usize> = None;
     let mut order = vec![0usize; n];
     let mut reader = LocationReader::default();
-    let (k_device, k_location, k_dtype) = (
-        intern!(py, "device"),
-        intern!(py, "location"),
-        intern!(py, "dtype"),
-    );
     // The grid checked every position: in range, each once.
     let mut position = vec![0usize; grid.ndim()];
-    for (k, (entry, obj)) in dicts.iter().enumerate() {
+    // Consumed as read: each value is released while it is in cache.
+    for (k, values) in values.into_iter().enumerate() {
+        let EntryValues {
+            data: obj,
+            location,
+            device: device_key,
+            dtype: dtype_value,
+            more,
+        } = values;
+        let obj = &obj;
         for (p, &i) in position.iter_mut().zip(table.get(k).0) {
             *p = i as usize;
         }
         let position = position.as_slice();
         let flat = grid.flat_index(position).map_err(to_py)?;
         order[flat] = k;
-        let location = entry
-            .get_item(k_location)
+        lookup_error(&mut lookup_errors, k, "location")
             .map_err(|e| in_entry(py, e, "location", position))?;
-        // An entry of only start, shape, data (all checked above) and location has no
-        // `device` or `dtype` key to look up: two of six lookups per entry saved for draft-2
-        // producers, dlpart's own dicts among them.
-        let more = entry.len() > 3 + usize::from(location.is_some());
-        let device_key = if more {
-            entry
-                .get_item(k_device)
-                .map_err(|e| in_entry(py, e, "device", position))?
-        } else {
-            None
-        };
+        lookup_error(&mut lookup_errors, k, "device")
+            .map_err(|e| in_entry(py, e, "device", position))?;
         let extra = framework_device(device_key.as_ref(), "device", position)
             .map_err(|e| in_entry(py, e, "device", position))?;
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
+        let mut datum = Data::Remote;
         if !obj.is_none() {
             let producer = match import {
                 Import::Yes { .. } => {
@@ -354,15 +365,16 @@ fn read_dict<'py>(
                     } else {
                         native = Some(t.device());
                     }
-                    data[flat] = Data::Tensor(t);
+                    datum = Data::Tensor(t);
                     first_data.get_or_insert(flat);
                 }
                 (Import::Yes { .. }, false) => {
-                    data[flat] = Data::Handle(Handle::new(obj.clone().unbind()))
+                    datum = Data::Handle(Handle::new(obj.clone().unbind()))
                 }
                 (Import::No, _) => {}
             }
         }
+        data.push(datum);
         if !moved {
             // Data moved here by the import is located by its tensor.
             locations
@@ -373,7 +385,8 @@ fn read_dict<'py>(
         }
         if more && stated.is_none() {
             let dtype = || -> PyResult<Option<DType>> {
-                let Some(dt) = entry.get_item(k_dtype)?.filter(|v| !v.is_none()) else {
+                lookup_error(&mut lookup_errors, k, "dtype")?;
+                let Some(dt) = dtype_value.filter(|v| !v.is_none()) else {
                     return Ok(None);
                 };
                 Ok(dt.str()?.to_string().replace("torch.", "").parse().ok())
@@ -381,12 +394,94 @@ fn read_dict<'py>(
             stated = dtype().map_err(|e| in_entry(py, e, "dtype", position))?;
         }
     }
+    let data = in_c_order(data, &order);
     let mut pa =
         PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
     if let Some(dt) = stated {
         pa = pa.with_dtype(dt).map_err(to_py)?;
     }
     Ok((pa, namespace, order))
+}
+
+/// An entry's values beyond its start and shape, looked up when the entry is first read,
+/// for the second pass (after the grid is checked; no data is imported before). Looking them
+/// up then, while the entry's dict is in cache, instead of in the second pass saves cache
+/// misses. Kept small (a lookup error, which needs a key whose `__eq__` raises, goes to
+/// [`LookupErrors`]) for the same reason.
+struct EntryValues<'py> {
+    data: Bound<'py, PyAny>,
+    location: Option<Bound<'py, PyAny>>,
+    device: Option<Bound<'py, PyAny>>,
+    dtype: Option<Bound<'py, PyAny>>,
+    /// Whether the entry has keys beyond start, shape, data and location.
+    more: bool,
+}
+
+/// Lookup errors of [`EntryValues::read`]: entry, key and error, in the order they happened.
+type LookupErrors = std::collections::VecDeque<(usize, &'static str, PyErr)>;
+
+impl<'py> EntryValues<'py> {
+    /// Entry `k`'s values; `keys` are the interned `location`, `device` and `dtype`.
+    fn read(
+        k: usize,
+        entry: &Bound<'py, PyDict>,
+        data: Bound<'py, PyAny>,
+        [location, device, dtype]: [&Bound<'py, PyString>; 3],
+        errors: &mut LookupErrors,
+    ) -> Self {
+        let mut get = |key: &Bound<'py, PyString>, name: &'static str| {
+            entry.get_item(key).unwrap_or_else(|e| {
+                errors.push_back((k, name, e));
+                None
+            })
+        };
+        let location = get(location, "location");
+        // An entry of only start, shape, data (all checked) and location has no `device` or
+        // `dtype` key to look up: two of six lookups per entry saved for draft-2 producers,
+        // dlpart's own dicts among them. (A location whose lookup failed is reported first.)
+        let more = entry.len() > 3 + usize::from(location.is_some());
+        let (device, dtype) = match more {
+            true => (get(device, "device"), get(dtype, "dtype")),
+            false => (None, None),
+        };
+        EntryValues {
+            data,
+            location,
+            device,
+            dtype,
+            more,
+        }
+    }
+}
+
+/// The error of looking up `key` in entry `k`, if [`EntryValues::read`] met one.
+fn lookup_error(errors: &mut LookupErrors, k: usize, key: &str) -> PyResult<()> {
+    // Those of earlier entries that were not needed (a dtype after one was found).
+    while errors.front().is_some_and(|(at, _, _)| *at < k) {
+        errors.pop_front();
+    }
+    match errors.front() {
+        Some((at, name, _)) if *at == k && *name == key => {
+            Err(errors.pop_front().expect("just seen").2)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `data` (entry `k` of the dict at `k`) in C order of positions, given `order[flat] = k`.
+fn in_c_order(data: Vec<Data>, order: &[usize]) -> Vec<Data> {
+    if order.iter().enumerate().all(|(flat, &k)| flat == k) {
+        return data;
+    }
+    let mut slots: Vec<Option<Data>> = data.into_iter().map(Some).collect();
+    order
+        .iter()
+        .map(|&k| {
+            slots[k]
+                .take()
+                .expect("the grid checked that each position is named once")
+        })
+        .collect()
 }
 
 fn read_locals(value: &Bound<'_, PyAny>, grid: &Grid) -> PyResult<Vec<Vec<usize>>> {
