@@ -87,7 +87,7 @@ pub(crate) struct Tuning {
     pub parallel_min: usize,
     /// The same for the small row boxes of a whole repartition plan (`repart.rs`).
     pub rows_parallel_min: usize,
-    /// Gathers and scatters of a few big slabs (`index::gather_slabs`) of at most this many
+    /// Gathers and scatters of a few big slabs (`slabs.rs`) of at most this many
     /// bytes in all run on the calling thread.
     pub slabs_here_max: usize,
     /// Bounds of the bytes one thread takes at a time.

@@ -303,7 +303,7 @@ fn mismatched_shapes_are_refused() {
     assert!(e.to_string().contains("axis 2"), "{e}");
 }
 
-/// Few indices over slabs of 4096 elements or more run as box copies (`gather_slabs`):
+/// Few indices over slabs of 4096 elements or more run as box copies (`slabs::gather_slabs`):
 /// every axis, random layouts and item sizes, against the naive loop.
 #[test]
 #[cfg_attr(
