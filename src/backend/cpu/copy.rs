@@ -70,6 +70,15 @@ pub enum Stores {
 /// faster than plain stores from 2 MiB up and slower at 1 MiB and below.
 pub const STREAM_MIN_BYTES: usize = 2 << 20;
 
+/// Gathers and scatters of few big slabs of at most this many bytes in all run on the calling
+/// thread (`slabs.rs`), as numpy copies them. Measured here (2 vCPUs, slabs of a float32
+/// array gathered again and again, so in cache): against the box copies on the pool, one
+/// memcpy per contiguous slab took 40 instead of 51-62 us for 1 MiB and 117-152 instead of
+/// 195-255 us for 4 MiB (the box copies cut rows at 128 KiB, wake the pool and, from 2 MiB,
+/// use streaming stores, which lose on data in cache). Data that is not in cache would gain
+/// from two threads; halo faces and the like, gathered near their last use, are.
+pub(crate) const SLABS_HERE_MAX_BYTES: usize = 4 << 20;
+
 /// How work is cut for threads. The defaults suit real use; tests shrink them so that tiny
 /// boxes exercise the parallel paths too.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +87,9 @@ pub(crate) struct Tuning {
     pub parallel_min: usize,
     /// The same for the small row boxes of a whole repartition plan (`repart.rs`).
     pub rows_parallel_min: usize,
+    /// Gathers and scatters of a few big slabs (`slabs.rs`) of at most this many
+    /// bytes in all run on the calling thread.
+    pub slabs_here_max: usize,
     /// Bounds of the bytes one thread takes at a time.
     pub piece_min: usize,
     pub piece_max: usize,
@@ -93,6 +105,7 @@ pub(crate) const TUNING: Tuning = Tuning {
     // on the calling thread (3 runs of 200 calls each, loaded 2-vCPU machine); with 4 MiB
     // (boxes of 8x8 float32) 1.5-4.0 against 1.6-1.7 ms.
     rows_parallel_min: STREAM_MIN_BYTES,
+    slabs_here_max: SLABS_HERE_MAX_BYTES,
     piece_min: 64 << 10,
     piece_max: 4 << 20,
     reverse: false,
@@ -103,6 +116,7 @@ pub(crate) const TUNING: Tuning = Tuning {
 pub(crate) const SEQUENTIAL: Tuning = Tuning {
     parallel_min: usize::MAX,
     rows_parallel_min: usize::MAX,
+    slabs_here_max: usize::MAX,
     ..TUNING
 };
 

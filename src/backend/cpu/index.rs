@@ -16,13 +16,11 @@
 
 use std::marker::PhantomData;
 
-use super::copy::{
-    copy_boxes_tuned, store_for, DstView, Ptrs, RawCopy, SrcView, Stores, Tuning, TUNING,
-};
+use super::copy::{store_for, DstView, Ptrs, SrcView, Stores, Tuning, TUNING};
 use super::index_loop::{schedule, BlockUnit, BoxUnit, IndexPlan, Inner, Word};
 use super::lower::{is_word, Dim, Dims, Kind, Lowered, Orig, MAX_DIMS};
+use super::slabs::{gather_slabs, scatter_slabs};
 use crate::error::{tuple_string, Error, Result};
-use crate::tensor::Axes;
 
 /// `dst[.., i, ..] = src[.., indices[i], ..]` along `axis`.
 ///
@@ -74,118 +72,8 @@ pub(crate) unsafe fn gather_tuned(
     unsafe { index::<false>(src, indices, axis, dst, itemsize, tuning) }
 }
 
-/// Gathers of at most this many indices, each selecting a slab of at least
-/// [`SLAB_MIN_ELEMENTS`] elements, run as one box copy per index.
-const SLAB_INDICES: usize = 64;
-const SLAB_MIN_ELEMENTS: usize = 4096;
-
-/// A gather of a few indices over big slabs (the faces of a cube, a handful of rows) as one
-/// box copy per index, slab `indices[i]` of `src` into slab `i` of `dst`: the box copies
-/// move strided slabs with tuned kernels on every thread, where the index loop pays a
-/// per-element step for each of them. Returns `Ok(false)`, having done nothing, when the
-/// gather is not of that shape or `dst`'s slabs could share memory.
-///
-/// # Safety
-/// As for [`gather`], with shapes checked.
-unsafe fn gather_slabs(
-    src: SrcView<'_>,
-    indices: &[i64],
-    axis: usize,
-    dst: DstView<'_>,
-    itemsize: usize,
-    tuning: &Tuning,
-) -> Result<bool> {
-    let m = indices.len();
-    let numel: usize = dst.shape.iter().product();
-    if !(1..=SLAB_INDICES).contains(&m) || numel / m < SLAB_MIN_ELEMENTS {
-        return Ok(false);
-    }
-    check_indices(indices, axis, src.shape[axis])?;
-    let mut slab = Axes::from(dst.shape);
-    slab[axis] = 1;
-    let item = itemsize as isize;
-    let dst_at = |i: usize| {
-        dst.ptr
-            .wrapping_offset(i as isize * dst.strides[axis] * item)
-    };
-    // Box copies run in parallel, so the slabs written must not share memory (one slab
-    // shares with no other: a halo face, gathered per call, skips the list).
-    if m > 1 {
-        let mut spans: Vec<(usize, usize)> = (0..m)
-            .map(|i| super::span(dst_at(i), &slab, dst.strides, itemsize))
-            .collect();
-        spans.sort_unstable();
-        if spans.windows(2).any(|w| super::overlap(w[0], w[1])) {
-            return Ok(false);
-        }
-    }
-    let slab_elems: usize = slab.iter().product();
-    let total = m * slab_elems * itemsize;
-    if total <= SLAB_MEMCPY_MAX_BYTES
-        && is_c_contiguous(&slab, src.strides)
-        && is_c_contiguous(&slab, dst.strides)
-    {
-        for (i, &j) in indices.iter().enumerate() {
-            let from = src
-                .ptr
-                .wrapping_offset(j as isize * src.strides[axis] * item);
-            // SAFETY: slab `j` of `src` and slab `i` of `dst` are each one run of
-            // `slab_elems * itemsize` bytes (both C-contiguous over the slab's shape), inside
-            // the caller's boxes (indices checked above); `dst` does not overlap `src`
-            // (caller contract).
-            unsafe { std::ptr::copy_nonoverlapping(from, dst_at(i), slab_elems * itemsize) };
-        }
-        return Ok(true);
-    }
-    let jobs: Vec<RawCopy<'_>> = indices
-        .iter()
-        .enumerate()
-        .map(|(i, &j)| RawCopy {
-            src: SrcView {
-                ptr: src
-                    .ptr
-                    .wrapping_offset(j as isize * src.strides[axis] * item),
-                shape: &slab,
-                strides: src.strides,
-            },
-            dst: DstView {
-                ptr: dst_at(i),
-                shape: &slab,
-                strides: dst.strides,
-            },
-            itemsize,
-        })
-        .collect();
-    // SAFETY: every slab lies inside the caller's boxes (indices checked just above); the
-    // destination slabs are disjoint (checked above) and `dst` does not overlap `src`
-    // (caller contract).
-    unsafe { copy_boxes_tuned(&jobs, Stores::Auto, tuning) };
-    Ok(true)
-}
-
-/// Gathers of slabs contiguous on both sides, of at most this many bytes in all, run as one
-/// `memcpy` per slab on the calling thread, as numpy copies them. Measured here (2 vCPUs,
-/// slabs of a float32 array gathered again and again, so in cache): against the box copies
-/// on the pool, one memcpy per slab took 40 instead of 51-62 us for 1 MiB and 117-152
-/// instead of 195-255 us for 4 MiB (the box copies cut rows at 128 KiB, wake the pool and,
-/// from 2 MiB, use streaming stores, which lose on data in cache). Data that is not in cache
-/// would gain from two threads; halo faces and the like, gathered near their last use, are.
-const SLAB_MEMCPY_MAX_BYTES: usize = 4 << 20;
-
-/// Whether `shape` with `strides` (in elements) is one C-ordered run without gaps.
-fn is_c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
-    let mut expect = 1isize;
-    for (&n, &s) in shape.iter().zip(strides).rev() {
-        if n > 1 && s != expect {
-            return false;
-        }
-        expect = expect.saturating_mul(n as isize);
-    }
-    true
-}
-
 /// The first index outside `[0, len)` as [`Error::IndexOutOfRange`] on `axis`.
-fn check_indices(indices: &[i64], axis: usize, len: usize) -> Result<()> {
+pub(super) fn check_indices(indices: &[i64], axis: usize, len: usize) -> Result<()> {
     match indices.iter().find(|&&j| j as u64 >= len as u64) {
         Some(&index) => Err(Error::IndexOutOfRange {
             index: index as i128,
@@ -237,6 +125,10 @@ pub(crate) unsafe fn scatter_tuned(
         axis,
         indices.len(),
     )?;
+    // SAFETY: forwarded caller contract; shapes checked.
+    if unsafe { scatter_slabs(values, indices, axis, dst, itemsize, tuning)? } {
+        return Ok(());
+    }
     // SAFETY: forwarded caller contract; shapes checked.
     unsafe { index::<true>(values, indices, axis, dst, itemsize, tuning) }
 }

@@ -15,6 +15,7 @@ mod lower;
 mod nontemporal;
 mod normalise;
 mod repart;
+mod slabs;
 #[cfg(test)]
 mod tests;
 mod threads;

@@ -50,7 +50,7 @@ fn indices(rng: &mut Rng, m: usize, len: usize) -> Vec<i64> {
     }
 }
 
-fn naive_gather(src: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
+pub(super) fn naive_gather(src: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
     let shape = dst.shape.clone();
     for_each_index(&shape, |ix| {
         let mut sx = ix.to_vec();
@@ -60,7 +60,7 @@ fn naive_gather(src: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
 }
 
 /// C order visits the values of one destination slot in increasing `i`: later ones win.
-fn naive_scatter(values: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
+pub(super) fn naive_scatter(values: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
     for_each_index(&values.shape, |ix| {
         let mut dx = ix.to_vec();
         dx[axis] = idx[ix[axis]] as usize;
@@ -68,7 +68,7 @@ fn naive_scatter(values: &Buf, idx: &[i64], axis: usize, dst: &mut Buf) {
     });
 }
 
-fn with_len(shape: &[usize], axis: usize, m: usize) -> Vec<usize> {
+pub(super) fn with_len(shape: &[usize], axis: usize, m: usize) -> Vec<usize> {
     let mut s = shape.to_vec();
     s[axis] = m;
     s
@@ -303,7 +303,7 @@ fn mismatched_shapes_are_refused() {
     assert!(e.to_string().contains("axis 2"), "{e}");
 }
 
-/// Few indices over slabs of 4096 elements or more run as box copies (`gather_slabs`):
+/// Few indices over slabs of 4096 elements or more run as box copies (`slabs::gather_slabs`):
 /// every axis, random layouts and item sizes, against the naive loop.
 #[test]
 #[cfg_attr(

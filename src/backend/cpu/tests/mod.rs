@@ -7,6 +7,7 @@ mod backend;
 mod copy;
 mod index;
 mod repart;
+mod slabs;
 
 use std::sync::OnceLock;
 
@@ -16,6 +17,7 @@ use super::copy::{DstView, SrcView, Tuning};
 const TINY: Tuning = Tuning {
     parallel_min: 0,
     rows_parallel_min: 0,
+    slabs_here_max: 0,
     piece_min: 1,
     piece_max: 96,
     reverse: false,
