@@ -28,7 +28,8 @@
 //! Everything of an exchange that can fail on one rank (packing, every buffer, the staging
 //! copy of what it sends) happens before that agreement; what can fail after the bytes moved
 //! (device work: the copy of what arrived back to the device, the unpack kernels) is agreed
-//! on once more when any rank's side is in device memory, and gathers always confirm.
+//! on once more when any rank's side is in device memory, and gathers and scatters always
+//! confirm (their local picks allocate, on the host too).
 
 mod agree;
 mod exchange;

@@ -358,15 +358,21 @@ pub fn scatter(
         |_| "",
         "scatters (indices, values or grids)",
     )?;
-    for (f, s) in writes {
-        let t = pa.data()[f].tensor().expect("checked");
-        let r = pa.grid().region_at(f);
-        let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
-        start[axis] = 0;
-        shape[axis] = values.shape()[axis];
-        let rows = values.view(&start, &shape)?;
-        let picked = ops::gather(&rows, &index_tensor(&slabs.at[s])?, axis, None)?;
-        ops::scatter(&picked, &index_tensor(&slabs.local[s])?, t, axis)?;
-    }
-    Ok(())
+    // Picking the rows allocates, on the host too, and device work can fail on one rank:
+    // the ranks confirm the outcome, as gathers do, so that none returns success while
+    // another fails (the partitions then hold what the ranks had written by then).
+    let written = (|| {
+        for (f, s) in writes {
+            let t = pa.data()[f].tensor().expect("checked");
+            let r = pa.grid().region_at(f);
+            let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
+            start[axis] = 0;
+            shape[axis] = values.shape()[axis];
+            let rows = values.view(&start, &shape)?;
+            let picked = ops::gather(&rows, &index_tensor(&slabs.at[s])?, axis, None)?;
+            ops::scatter(&picked, &index_tensor(&slabs.local[s])?, t, axis)?;
+        }
+        Ok(())
+    })();
+    confirmed(comm, written, "scatters")
 }

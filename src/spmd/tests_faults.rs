@@ -98,6 +98,40 @@ fn a_staging_copy_failing_on_one_rank_fails_every_rank_and_writes_nothing() {
 }
 
 #[test]
+fn a_scatter_failing_on_one_rank_after_the_agreement_fails_every_rank() {
+    let a = reference([7, 5]);
+    let devs = devices(62, 4);
+    let ranks = devs.clone();
+    let out = finishing(4, move |comm| {
+        let be = &ranks[comm.rank()];
+        let pa = source(comm, be, &a);
+        // Columns 1 and 3 (one in each column slab of the source) become 1000 + row.
+        let idx = Tensor::from_slice(&[1i64, 3], &[2]).unwrap();
+        let new = ArrayD::from_shape_fn(IxDyn(&[7, 2]), |ix| (1000 + ix[0]) as f32);
+        let values = upload(be, &new);
+        // Rank 2 holds partitions of both slabs: its next device allocation is for the first
+        // rows it picks, after the ranks agreed.
+        if comm.rank() == 2 {
+            be.fail_emulated(EmulatedCall::Alloc, 0);
+        }
+        let e = scatter(comm, &pa, &values, &idx, 1).unwrap_err();
+        assert!(be.emulated_faults_spent());
+        // No rank went on alone: the same scatter now goes through on every rank.
+        scatter(comm, &pa, &values, &idx, 1).unwrap();
+        let mut want = a.clone();
+        for (k, &j) in [1usize, 3].iter().enumerate() {
+            for i in 0..7 {
+                want[[i, j]] = new[[i, k]];
+            }
+        }
+        check_locals(be, &pa, &want);
+        (e.kind().to_string(), e.to_string())
+    });
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert!(out[0].1.starts_with("rank 2: "), "{}", out[0].1);
+}
+
+#[test]
 fn a_copy_to_the_device_failing_after_the_exchange_fails_every_rank() {
     let a = reference([7, 5]);
     let devs = devices(54, 4);
