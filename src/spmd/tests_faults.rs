@@ -32,6 +32,15 @@ fn finishing<T: Send + 'static>(
     }
 }
 
+/// Checks that every rank returned the same error, of `kind`, naming the failed rank first
+/// (`prefix`, "rank N: ") and holding `holds`.
+fn same_error_everywhere(out: &[(String, String)], kind: &str, prefix: &str, holds: &str) {
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert_eq!(out[0].0, kind);
+    let msg = &out[0].1;
+    assert!(msg.starts_with(prefix) && msg.contains(holds), "{msg}");
+}
+
 /// The partitions of [`target`] that are this rank's, zeros on its device, as one SPMD array.
 fn zeros(comm: &ThreadComm, devs: &[Arc<CudaBackend>]) -> PartitionedArray {
     let t = target(devs);
@@ -87,13 +96,7 @@ fn a_staging_copy_failing_on_one_rank_fails_every_rank_and_writes_nothing() {
         check_locals(be, &into, &a);
         (e.kind().to_string(), e.to_string())
     });
-    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
-    assert_eq!(out[0].0, "RuntimeError");
-    assert!(
-        out[0].1.starts_with("rank 2: ") && out[0].1.contains("cuMemcpyDtoHAsync"),
-        "{}",
-        out[0].1
-    );
+    same_error_everywhere(&out, "RuntimeError", "rank 2: ", "cuMemcpyDtoHAsync");
     freed_once(&devs, &before);
 }
 
@@ -127,8 +130,7 @@ fn a_scatter_failing_on_one_rank_after_the_agreement_fails_every_rank() {
         check_locals(be, &pa, &want);
         (e.kind().to_string(), e.to_string())
     });
-    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
-    assert!(out[0].1.starts_with("rank 2: "), "{}", out[0].1);
+    same_error_everywhere(&out, "MemoryError", "rank 2: ", "cuMemAlloc");
 }
 
 #[test]
@@ -151,12 +153,6 @@ fn a_copy_to_the_device_failing_after_the_exchange_fails_every_rank() {
         check_locals(be, &again, &a);
         (e.kind().to_string(), e.to_string())
     });
-    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
-    assert_eq!(out[0].0, "RuntimeError");
-    assert!(
-        out[0].1.starts_with("rank 1: ") && out[0].1.contains("cuMemcpyHtoDAsync"),
-        "{}",
-        out[0].1
-    );
+    same_error_everywhere(&out, "RuntimeError", "rank 1: ", "cuMemcpyHtoDAsync");
     freed_once(&devs, &before);
 }
