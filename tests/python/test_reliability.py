@@ -286,6 +286,33 @@ def test_a_device_key_that_raises_is_a_protocol_error():
             check(_dict(np.zeros(2), device="kDLNowhere:0"))
 
 
+@pytest.mark.parametrize("key", ["location", "device", "dtype"])
+def test_an_entry_key_whose_comparison_raises_is_a_protocol_error(key, monkeypatch):
+    """An entry key that collides with one dlpart looks up and raises when compared fails the
+    import with the position and the key named, the original error as its cause."""
+
+    class Collides:
+        armed = False
+
+        def __hash__(self):
+            return hash(key)
+
+        def __eq__(self, other):
+            if Collides.armed:
+                raise RuntimeError("no comparison")
+            return False
+
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        # No key of that name: the lookup meets the colliding key and compares it.
+        d = _dict(np.zeros(2), **({} if key == "location" else {"location": [("h", 1)]}))
+        d["partitions"][(0,)][Collides()] = None
+        monkeypatch.setattr(Collides, "armed", True)
+        with pytest.raises(dlpart.ProtocolError, match=rf"position \(0,\).*{key}") as e:
+            check(d)
+        assert isinstance(e.value.__cause__, RuntimeError)
+        monkeypatch.setattr(Collides, "armed", False)
+
+
 def test_a_get_that_raises_names_the_positions():
     class Handle:
         pass
