@@ -216,17 +216,7 @@ impl Tensor {
         let data = buf.as_ptr();
         // SAFETY: `buf` holds `nbytes = numel * itemsize` bytes and the strides are C-order for
         // `shape`, so every in-bounds index addresses memory inside it; the Arc keeps it alive.
-        Ok(unsafe {
-            Tensor::from_raw_parts(
-                data,
-                shape.to_vec(),
-                contiguous_strides(shape),
-                dtype,
-                Device::CPU,
-                false,
-                buf,
-            )
-        })
+        Ok(unsafe { Tensor::contiguous_unchecked(data, shape, dtype, Device::CPU, buf) })
     }
 
     /// A new host tensor holding `values` in C order.

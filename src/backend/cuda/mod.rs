@@ -57,7 +57,7 @@ use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Devices, Error, Result};
-use crate::tensor::{checked_numel, contiguous_strides, Tensor};
+use crate::tensor::{checked_numel, Tensor};
 use context::{guarded, Scratch};
 use cudarc_driver::CudarcDriver;
 use driver::{Driver, Kernel};
@@ -285,17 +285,7 @@ impl Backend for CudaBackend {
         };
         // SAFETY: the allocation holds numel * itemsize bytes laid out in C order for
         // `shape` and lives as long as `owner`; the tensor is empty when `data` is null.
-        Ok(unsafe {
-            Tensor::from_raw_parts(
-                data,
-                shape.to_vec(),
-                contiguous_strides(shape),
-                dtype,
-                self.device,
-                false,
-                owner,
-            )
-        })
+        Ok(unsafe { Tensor::contiguous_unchecked(data, shape, dtype, self.device, owner) })
     }
 
     /// Page-locked host memory (`cuMemHostAlloc`, labelled `kDLCUDAHost`), kept for reuse

@@ -19,7 +19,7 @@ use super::CudaBackend;
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
-use crate::tensor::{checked_numel, contiguous_strides, Tensor};
+use crate::tensor::{checked_numel, Tensor};
 
 /// The bytes of freed pinned staging buffers each CUDA device keeps for reuse:
 /// `DLPART_PINNED_CACHE_BYTES` if set (0 turns the cache off), else 256 MiB. Read once per
@@ -169,17 +169,7 @@ impl CudaBackend {
         // SAFETY: the buffer holds at least numel * itemsize bytes of host memory, laid out
         // in C order for `shape`, and goes back to the cache only when `owner` drops; the
         // tensor is empty when `data` is null.
-        Ok(unsafe {
-            Tensor::from_raw_parts(
-                data,
-                shape.to_vec(),
-                contiguous_strides(shape),
-                dtype,
-                STAGING_DEVICE,
-                false,
-                owner,
-            )
-        })
+        Ok(unsafe { Tensor::contiguous_unchecked(data, shape, dtype, STAGING_DEVICE, owner) })
     }
 
     /// Frees the pinned staging buffers this device keeps for reuse (see
