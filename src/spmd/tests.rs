@@ -290,6 +290,36 @@ fn expected_traffic(
     (sent, local)
 }
 
+/// Checks rank `me`'s side of a repartition from `src` (grid and owners) of `a`: each local
+/// partition of `out` is this rank's and holds `a`'s box, and `traffic` sent and copied
+/// locally what the plan moves. Returns the target grid and owners.
+pub(super) fn check_repartitioned(
+    out: &PartitionedArray,
+    traffic: &Traffic,
+    a: &ArrayD<f32>,
+    (src, src_owners): (&Grid, &[usize]),
+    me: usize,
+    case: u64,
+) -> (Grid, Vec<usize>) {
+    let dst_grid = out.grid().clone();
+    let dst_owners = owners(out).unwrap();
+    for p in out.partitions() {
+        if let Some(t) = p.tensor() {
+            assert_eq!(dst_owners[dst_grid.flat_index(&p.position).unwrap()], me);
+            let want = block(a, &p.start, &p.shape);
+            assert_eq!(t.to_array::<f32>().unwrap(), want, "case {case}");
+        }
+    }
+    let ranks = traffic.sent.len();
+    let (sent, local) = expected_traffic(src, src_owners, &dst_grid, &dst_owners, me, ranks);
+    assert_eq!(
+        (traffic.sent.clone(), traffic.local),
+        (sent, local),
+        "case {case}"
+    );
+    (dst_grid, dst_owners)
+}
+
 #[test]
 fn random_repartitions_across_ranks_equal_the_reference() {
     const RANKS: usize = 4;
@@ -306,26 +336,15 @@ fn random_repartitions_across_ranks_equal_the_reference() {
             let pa = from_local(comm, Ok(parts), Some(&shape)).unwrap();
             assert_eq!(pa.grid(), &grid);
             let (out, traffic) = repartition(comm, &pa, &layout, false).unwrap();
-            let dst_owners = owners(&out).unwrap();
+            // The local ones hold the reference's boxes, and the bytes moved are the plan's.
+            let (got_grid, dst_owners) =
+                check_repartitioned(&out, &traffic, &a, (&grid, &src_owners), me, case);
             // Each target partition on the rank the placement names.
             let (dst_grid, dealt) = layout.resolve(&shape).unwrap();
+            assert_eq!(got_grid, dst_grid, "case {case}");
             let want_owners = dealt
                 .unwrap_or_else(|| crate::layout::stay_by(&grid, &dst_grid, &|i| src_owners[i]));
             assert_eq!(dst_owners, want_owners, "case {case}");
-            // The local ones hold the reference's boxes.
-            for p in out.partitions() {
-                if let Some(t) = p.tensor() {
-                    assert_eq!(dst_owners[dst_grid.flat_index(&p.position).unwrap()], me);
-                    assert_eq!(t.to_array::<f32>().unwrap(), block(&a, &p.start, &p.shape));
-                }
-            }
-            let (sent, local) =
-                expected_traffic(&grid, &src_owners, &dst_grid, &dst_owners, me, RANKS);
-            assert_eq!(
-                (traffic.sent.clone(), traffic.local),
-                (sent, local),
-                "case {case}"
-            );
             assert_eq!(traffic.sent[me] + traffic.received[me], 0);
             // Assembled on rank 0, and on every rank.
             let whole = assembled(comm, &out);
