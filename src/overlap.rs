@@ -2,8 +2,9 @@
 //! copies whose destinations are disjoint from each other and from every other copy's source,
 //! and that `Backend::copy_boxes` runs on the jobs its callers give it.
 //!
-//! Each tensor is cut into its *runs*, the address ranges of its innermost rows (one element
-//! each when the innermost axis is not contiguous). Sorted by address, runs of different
+//! Each tensor is cut into its *runs*, the address ranges of its innermost rows once axes
+//! that continue one another are merged (one element each when the innermost axis is not
+//! contiguous; one run for a contiguous tensor). Sorted by address, runs of different
 //! tensors that intersect share memory, exactly, whatever the strides. A tensor with more
 //! runs than [`MAX_RUNS`] is judged by its whole byte span instead, which may see sharing
 //! where there is none: targets are then refused, and sources staged, both safe.
@@ -30,26 +31,24 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
         return true;
     }
     let item = t.dtype().itemsize() as isize;
-    let nd = t.ndim();
-    let (shape, strides) = (t.shape(), t.strides());
-    let inner_contiguous = nd > 0 && strides[nd - 1] == 1;
-    let (outer, run_len) = if inner_contiguous {
-        (nd - 1, shape[nd - 1] as isize * item)
-    } else {
-        (nd, item)
+    let dims = merged_dims(t.shape(), t.strides());
+    let inner_contiguous = dims.last().is_some_and(|&(_, s)| s == 1);
+    let (outer, run_len) = match (inner_contiguous, dims.last()) {
+        (true, Some(&(n, _))) => (&dims[..dims.len() - 1], n as isize * item),
+        _ => (&dims[..], item),
     };
-    let count: usize = shape[..outer].iter().product();
+    let count: usize = outer.iter().map(|&(n, _)| n).product();
     if count > budget {
         return false;
     }
     let base = t.data_ptr() as isize;
-    let mut index = vec![0usize; outer];
+    let mut index = vec![0usize; outer.len()];
     out.reserve(count);
     for _ in 0..count {
         let off: isize = index
             .iter()
-            .zip(strides)
-            .map(|(&i, &s)| i as isize * s)
+            .zip(outer)
+            .map(|(&i, &(_, s))| i as isize * s)
             .sum::<isize>()
             * item;
         let start = base.wrapping_add(off) as usize;
@@ -58,15 +57,32 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
             end: start + run_len as usize,
             owner,
         });
-        for a in (0..outer).rev() {
+        for a in (0..outer.len()).rev() {
             index[a] += 1;
-            if index[a] < shape[a] {
+            if index[a] < outer[a].0 {
                 break;
             }
             index[a] = 0;
         }
     }
     true
+}
+
+/// `(extent, stride)` of the axes of a tensor with `shape` and `strides` (in elements) that
+/// address the same elements in the same order with fewest axes: axes of extent 1 dropped,
+/// and an axis whose stride is the next axis's extent times its stride merged into it. A
+/// C-contiguous tensor becomes one axis of stride 1, so one run however many rows it has
+/// (a column block of 8,192 rows was 8,192 runs to sort on every `repartition_into`).
+fn merged_dims(shape: &[usize], strides: &[isize]) -> Vec<(usize, isize)> {
+    let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
+    for (&n, &s) in shape.iter().zip(strides).rev().filter(|(&n, _)| n != 1) {
+        match dims.last_mut() {
+            Some(inner) if s == inner.0 as isize * inner.1 => inner.0 *= n,
+            _ => dims.push((n, s)),
+        }
+    }
+    dims.reverse();
+    dims
 }
 
 /// The runs of `tensors`, or their whole byte spans when there are too many runs.
@@ -274,6 +290,31 @@ mod tests {
     }
 
     #[test]
+    fn axes_that_continue_one_another_are_merged_into_fewer_runs() {
+        assert_eq!(merged_dims(&[4, 6], &[6, 1]), vec![(24, 1)]);
+        assert_eq!(merged_dims(&[2, 1, 3, 5], &[15, 99, 5, 1]), vec![(30, 1)]);
+        // A column block: rows stay apart; its rows' two axes merge.
+        assert_eq!(merged_dims(&[4, 2, 3], &[12, 3, 1]), vec![(4, 12), (6, 1)]);
+        // Transposed, reversed and repeating views keep their axes.
+        assert_eq!(merged_dims(&[3, 4], &[1, 3]), vec![(3, 1), (4, 3)]);
+        assert_eq!(merged_dims(&[3, 4], &[-4, -1]), vec![(12, -1)]);
+        assert_eq!(merged_dims(&[3, 2], &[0, 1]), vec![(3, 0), (2, 1)]);
+        assert_eq!(merged_dims(&[1, 1], &[7, 3]), vec![]);
+
+        let a = grid(64, 32);
+        let count = |t: &Tensor| {
+            let mut out = Vec::new();
+            assert!(runs_of(t, 0, &mut out, MAX_RUNS));
+            out.len()
+        };
+        assert_eq!(count(&a), 1, "a contiguous tensor is one run");
+        assert_eq!(count(&a.view(&[8, 0], &[40, 32]).unwrap()), 1);
+        assert_eq!(count(&a.view(&[0, 8], &[40, 16]).unwrap()), 40);
+        let cube = strided(&a, &[4, 8, 32], &[256, 32, 1], 0);
+        assert_eq!(count(&cube), 1);
+    }
+
+    #[test]
     fn strided_views_and_zero_strides() {
         let a = grid(4, 8);
         // Every other column: runs of one element, disjoint from the odd columns.
@@ -314,21 +355,57 @@ mod tests {
             let strides: Vec<isize> = (0..nd).map(|_| below(7) as isize).collect();
             let t = strided(&a, &shape, &strides, 0);
             // Every element's offset, listed: the reference.
-            let mut offsets = vec![0isize];
-            for (&n, &s) in shape.iter().zip(&strides) {
-                offsets = offsets
-                    .iter()
-                    .flat_map(|&o| (0..n as isize).map(move |i| o + i * s))
-                    .collect();
-            }
+            let mut offsets = offsets(0, &shape, &strides);
             let count = offsets.len();
-            offsets.sort_unstable();
             offsets.dedup();
             assert_eq!(
                 covers_an_element_twice(&t),
                 offsets.len() < count,
                 "case {case}: shape {shape:?} strides {strides:?}"
             );
+        }
+    }
+
+    /// Every element's offset of a view with `shape` and `strides` from `start`, sorted.
+    fn offsets(start: isize, shape: &[usize], strides: &[isize]) -> Vec<isize> {
+        let mut all = vec![start];
+        for (&n, &s) in shape.iter().zip(strides) {
+            all = all
+                .iter()
+                .flat_map(|&o| (0..n as isize).map(move |i| o + i * s))
+                .collect();
+        }
+        all.sort_unstable();
+        all
+    }
+
+    #[test]
+    fn sharing_is_found_exactly_whatever_the_strides() {
+        let a = grid(16, 16);
+        let mut rng = crate::test_rng::Rng(11);
+        for case in 0..3000 {
+            let view = |rng: &mut crate::test_rng::Rng| {
+                let nd = 1 + rng.below(3);
+                let shape: Vec<usize> = (0..nd).map(|_| 1 + rng.below(4)).collect();
+                // Strides that often continue one another, so that axes merge.
+                let strides: Vec<isize> = (0..nd).map(|_| rng.below(9) as isize).collect();
+                let start = rng.below(40) as isize;
+                (start, shape, strides)
+            };
+            let (x, y) = (view(&mut rng), view(&mut rng));
+            let (tx, ty) = (strided(&a, &x.1, &x.2, x.0), strided(&a, &y.1, &y.2, y.0));
+            let (ox, oy) = (offsets(x.0, &x.1, &x.2), offsets(y.0, &y.1, &y.2));
+            let twice = |o: &[isize]| o.windows(2).any(|w| w[0] == w[1]);
+            let common = ox.iter().any(|o| oy.binary_search(o).is_ok());
+            let what = format!("case {case}: {x:?} and {y:?}");
+            assert_eq!(
+                shared_targets(&[&tx, &ty]).is_some(),
+                common || twice(&ox) || twice(&oy),
+                "{what}"
+            );
+            if !twice(&oy) {
+                assert_eq!(sources_sharing(&[&tx], &[&ty]), vec![common], "{what}");
+            }
         }
     }
 
