@@ -21,6 +21,9 @@ FACE_METHOD = (
 # The halo cases' second reference: `dlpart.gather` called per face with the same arguments.
 PLAIN = "dlpart.gather"
 
+# Timed rounds of the halo cases per repeat of the run (see `_halo`).
+HALO_ROUNDS = 20
+
 
 # -- 4. halo faces --------------------------------------------------------------------------------
 def halo_cases(ctx: Ctx) -> List[Case]:
@@ -78,9 +81,13 @@ def _halo(ctx: Ctx, res: Result) -> None:
             buf[...] = x[sl]
 
     # Round-robin, in cache (faces are gathered near their last use): load that comes and
-    # goes on a shared machine then slows all three alike.
+    # goes on a shared machine then slows all three alike. A round takes a fraction of a
+    # millisecond, so HALO_ROUNDS times the run's repeat count are timed: with 10 rounds the
+    # median still held the first, slower rounds after the cube was written (one 2-vCPU
+    # machine, axis 0: medians 37-49 GB/s for both dlpart and numpy, ratios 0.95-1.06; with
+    # 200, 53-67 GB/s, ratios 1.01-1.04).
     stats = ctx.stats_together({"dlpart": run, env.direct: direct, PLAIN: plain}, res.bytes,
-                               check, clean=False)
+                               check, clean=False, rounds=HALO_ROUNDS)
     res.stats = stats["dlpart"]
     res.references[env.direct] = stats[env.direct]
     res.references[PLAIN] = stats[PLAIN]
