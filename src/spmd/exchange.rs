@@ -338,6 +338,14 @@ pub(super) fn assemble_with(
     rounds: &Rounds,
 ) -> Result<Option<Tensor>> {
     let me = comm.rank();
+    // Ranks assembling everywhere may each name a device of their own, which the others do
+    // not know; rounds need every rank's side in host memory, so they are left out then, and
+    // every rank makes the same calls. (Without a named device, each rank's is that of its
+    // first partition, from the global metadata.)
+    let rounds = match (root, device) {
+        (None, Some(_)) => &Rounds::ONE,
+        _ => rounds,
+    };
     let stage = (|| {
         let whole = Grid::even(pa.shape(), &vec![1; pa.ndim()])?;
         let src_owners = owners(pa)?;

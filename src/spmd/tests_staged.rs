@@ -16,6 +16,7 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::grid::Grid;
 use crate::partitioned::{Data, PartitionedArray};
+use crate::spmd::exchange::{assemble_with, Rounds};
 use crate::tensor::Tensor;
 
 /// The reference, built by hand: element `(i, j)` is `100 i + j`.
@@ -199,4 +200,37 @@ fn pinned_memory_that_cannot_be_had_is_out_of_memory_and_the_exchange_stages_any
             d.device()
         );
     }
+}
+
+#[test]
+fn ranks_assembling_everywhere_onto_devices_of_their_own_agree_on_the_rounds() {
+    // Host sources cut into rounds of two elements; rank 1 names its CUDA device, the others
+    // host memory. Each rank alone would pick rounds for a host target and one round for a
+    // device target, and the ranks would refuse each other's plans.
+    let a = reference([7, 5]);
+    let devs = devices(40, 4);
+    let rounds = Rounds {
+        bytes: 8,
+        min_bytes: 0,
+    };
+    ThreadComm::run(4, |comm| {
+        let mine = (SOURCE.iter().filter(|b| b.0 == comm.rank()))
+            .map(|(_, s, n)| (s.to_vec(), Tensor::from(block(&a, s, n))))
+            .collect();
+        let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
+        let be = &devs[comm.rank()];
+        let device = match comm.rank() {
+            1 => be.device(),
+            _ => Device::CPU,
+        };
+        let whole = assemble_with(comm, &pa, None, Some(device), true, &rounds)
+            .unwrap()
+            .expect("every rank assembles");
+        assert_eq!(whole.device(), device);
+        let got = match comm.rank() {
+            1 => download(be, &whole),
+            _ => whole.to_array::<f32>().unwrap(),
+        };
+        assert_eq!(got, a, "rank {}", comm.rank());
+    });
 }

@@ -56,6 +56,12 @@ pub(crate) static ROUNDS: std::sync::LazyLock<Rounds> = std::sync::LazyLock::new
 });
 
 impl Rounds {
+    /// Every exchange in one round.
+    pub const ONE: Rounds = Rounds {
+        bytes: 0,
+        min_bytes: 0,
+    };
+
     /// The number of rounds of an exchange in which the busiest pair of ranks moves `largest`
     /// bytes.
     pub fn count(&self, largest: usize) -> usize {
