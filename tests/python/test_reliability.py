@@ -313,6 +313,44 @@ def test_an_entry_key_whose_comparison_raises_is_a_protocol_error(key, monkeypat
         monkeypatch.setattr(Collides, "armed", False)
 
 
+class _Key(str):
+    pass
+
+
+def _built(s):
+    """`s` as a string object of its own, equal to the literal but not the interned one."""
+    return "".join(list(s))
+
+
+@pytest.mark.parametrize("make", [str, _built, _Key], ids=["literal", "built", "subclass"])
+@pytest.mark.parametrize("extra", [False, True], ids=["", "extra-key"])
+def test_entry_keys_are_found_whatever_string_objects_they_are(make, extra):
+    """Entry keys equal to the names dlpart reads are found whatever string objects they are
+    (the interned literals, strings built at run time, str subclasses), extra keys or not."""
+    literal = "start"
+    assert _built(literal) is not literal and _built(literal) == literal
+    x = np.arange(12.0).reshape(3, 4)
+
+    def entry(lo, hi, **more):
+        e = {make("start"): (lo, 0), make("shape"): (hi - lo, 4), make("data"): x[lo:hi],
+             **{make(k): v for k, v in more.items()}}
+        if extra:
+            e["note"] = "not read"
+        return e
+
+    d = {"shape": (3, 4), "partition_tiling": (2, 1),
+         "partitions": {(0, 0): entry(0, 1, device="kDLCPU"), (1, 0): entry(1, 3)}}
+    dlpart.validate(d)
+    pa = dlpart.from_partitioned(d)
+    assert pa.tiling == (2, 1)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
+    # A missing key is named.
+    del d["partitions"][(1, 0)][make("shape")]
+    for check in (dlpart.validate, dlpart.from_partitioned):
+        with pytest.raises(dlpart.ProtocolError, match=r'position \(1, 0\): missing "shape"'):
+            check(d)
+
+
 def test_a_get_that_raises_names_the_positions():
     class Handle:
         pass
