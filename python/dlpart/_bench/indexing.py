@@ -161,13 +161,17 @@ def _gather(ctx: Ctx, res: Result) -> None:
         if not env.equal(out, env.take(x, idx)):
             raise AssertionError("dlpart.gather differs from take")
 
-    res.stats = ctx.stats(lambda: gather(x, idx, axis=0, out=out), res.bytes, check)
     name = f"{env.lib}-take"
     res.params["reference"] = (
         "np.take(x, idx, out=out, mode='clip') (mode='raise' with out= buffers the result)"
         if env.lib == "numpy" else f"{env.lib} take into a preallocated output"
     )
-    res.references[name] = ctx.stats(lambda: env.take_out(x, idx, ref_out), res.bytes)
+    # Round-robin, as the other cases: timed one after the other, a shared machine's load
+    # came and went between dlpart's runs and the reference's.
+    stats = ctx.stats_together({"dlpart": lambda: gather(x, idx, axis=0, out=out),
+                                name: lambda: env.take_out(x, idx, ref_out)},
+                               res.bytes, check, clean=False)
+    res.stats, res.references[name] = stats["dlpart"], stats[name]
     res.ratio(name)
     if res.params["pattern"] == "random" and env.kind == "cpu":
         res.targets = {f"dlpart/{name}": 1.0}
@@ -193,7 +197,9 @@ def _scatter(ctx: Ctx, res: Result) -> None:
         if not env.equal(out, ref_out):
             raise AssertionError("dlpart.scatter differs from out[idx] = values")
 
-    res.stats = ctx.stats(lambda: scatter(values, idx, out, axis=0), res.bytes, check)
     name = f"{env.lib}-setitem"
-    res.references[name] = ctx.stats(lambda: env.setitem(ref_out, idx, values), res.bytes)
+    stats = ctx.stats_together({"dlpart": lambda: scatter(values, idx, out, axis=0),
+                                name: lambda: env.setitem(ref_out, idx, values)},
+                               res.bytes, check, clean=False)
+    res.stats, res.references[name] = stats["dlpart"], stats[name]
     res.ratio(name)
