@@ -115,6 +115,22 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
+/// Whether `shape` with `strides` (in elements) lays its elements out in C order without
+/// gaps (axes of extent 1 may have any stride; an empty shape always does).
+pub(crate) fn is_c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut expect = 1isize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n > 1 && s != expect {
+            return false;
+        }
+        expect = expect.saturating_mul(n as isize);
+    }
+    true
+}
+
 /// Product of `shape`, or an error naming the shape when it overflows `isize`.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     shape
@@ -331,17 +347,7 @@ impl Tensor {
 
     /// Whether the elements are laid out in C order without gaps.
     pub fn is_contiguous(&self) -> bool {
-        if self.numel() == 0 {
-            return true;
-        }
-        let mut expect = 1isize;
-        for (&n, &s) in self.shape.iter().zip(self.strides.iter()).rev() {
-            if n > 1 && s != expect {
-                return false;
-            }
-            expect *= n as isize;
-        }
-        true
+        is_c_contiguous(&self.shape, &self.strides)
     }
 
     /// Byte offsets (relative to `data_ptr`) of the lowest and one-past-highest bytes that

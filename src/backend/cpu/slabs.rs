@@ -14,7 +14,7 @@ use super::index::check_indices;
 use super::lower::{distinct_layout, Kind, Lowered, Orig};
 use super::nontemporal::Store;
 use crate::error::Result;
-use crate::tensor::Axes;
+use crate::tensor::{is_c_contiguous, Axes};
 
 /// Gathers and scatters of at most this many indices, each selecting a slab of at least
 /// [`SLAB_MIN_ELEMENTS`] elements, take this path.
@@ -196,16 +196,4 @@ unsafe fn copy_here(pairs: impl Iterator<Item = (*const u8, *mut u8)>, plan: &Lo
         // SAFETY: all units of the plan of the box at (s, d) (caller contract).
         unsafe { run(plan, s, d, 0, plan.units, Store::Plain) };
     }
-}
-
-/// Whether `shape` with `strides` (in elements) is one C-ordered run without gaps.
-fn is_c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
-    let mut expect = 1isize;
-    for (&n, &s) in shape.iter().zip(strides).rev() {
-        if n > 1 && s != expect {
-            return false;
-        }
-        expect = expect.saturating_mul(n as isize);
-    }
-    true
 }
