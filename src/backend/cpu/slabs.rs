@@ -52,14 +52,13 @@ pub(super) unsafe fn gather_slabs(
         return Ok(false);
     };
     check_indices(indices, axis, src.shape[axis])?;
-    let item = itemsize as isize;
     let src_at = |j: i64| {
         src.ptr
-            .wrapping_offset(j as isize * src.strides[axis] * item)
+            .wrapping_offset(slab_offset(src.strides, axis, itemsize, j))
     };
     let dst_at = |i: usize| {
         dst.ptr
-            .wrapping_offset(i as isize * dst.strides[axis] * item)
+            .wrapping_offset(slab_offset(dst.strides, axis, itemsize, i as i64))
     };
     // Slabs are copied in parallel above `slabs_here_max`, so the slabs written must not
     // share memory (one slab shares with no other: a halo face, gathered per call, skips the
@@ -133,20 +132,21 @@ pub(super) unsafe fn scatter_slabs(
         return Ok(false);
     }
     check_indices(indices, axis, dst.shape[axis])?;
-    let item = itemsize as isize;
     let pairs = indices.iter().enumerate().map(|(i, &j)| {
         (
-            values
-                .ptr
-                .wrapping_offset(i as isize * values.strides[axis] * item),
-            dst.ptr
-                .wrapping_offset(j as isize * dst.strides[axis] * item),
+            (values.ptr).wrapping_offset(slab_offset(values.strides, axis, itemsize, i as i64)),
+            (dst.ptr).wrapping_offset(slab_offset(dst.strides, axis, itemsize, j)),
         )
     });
     // SAFETY: every slab lies inside the caller's boxes (indices checked above); `dst` does
     // not overlap `values` (caller contract).
     unsafe { copy_here(pairs, &plan) };
     Ok(true)
+}
+
+/// The byte offset of slab `k` along `axis` of a view with `strides` (in elements).
+fn slab_offset(strides: &[isize], axis: usize, itemsize: usize, k: i64) -> isize {
+    k as isize * strides[axis] * itemsize as isize
 }
 
 /// The plan of one slab of `shape`, strides `ss` on the source and `ds` on the destination.
