@@ -187,21 +187,20 @@ pub fn gather(
             send_counts,
             recv_displs,
             recv_counts,
-            buffers: Some(buffers),
+            buffers,
             recvs,
             local,
             dev,
             fp,
         })
     })();
-    let (mut p, peers) = agreed(
+    let (p, peers) = agreed(
         comm,
         stage,
         |p| p.fp,
         |_| "",
         "gathers (indices, axes or grids)",
     )?;
-    let buffers = p.buffers.take().expect("prepared before the agreement");
     let source = |j: usize, s: usize| {
         let mut pos = p.grid.position(j);
         pos[axis] = s;
@@ -219,7 +218,7 @@ pub fn gather(
     // rank: the ranks always confirm a gather's outcome, one small all-gather against the
     // per-index work of the picks.
     let moved = (|| {
-        let recv = segments.exchange(comm, buffers)?;
+        let recv = segments.exchange(comm, p.buffers)?;
         let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
         for &(j, s) in &p.local {
             let part = pa.data()[source(j, s)]
@@ -274,7 +273,7 @@ struct Prepared {
     recvs: Vec<Vec<(usize, usize)>>,
     local: Vec<(usize, usize)>,
     /// The exchange's buffers, made (and the send buffer staged) before the ranks agree.
-    buffers: Option<Buffers>,
+    buffers: Buffers,
     dev: Device,
     fp: u64,
 }
