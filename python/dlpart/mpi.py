@@ -5,9 +5,9 @@ Every function and method here is *collective*: all ranks of the communicator ca
 same order, with the same global arguments (the layout, the root). Ranks that disagree, or a
 rank that fails (bad input, a failed import, a read-only target, a failed allocation or GPU
 copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
-class, its message prefixed with ``rank N:``) instead of leaving the others waiting. The logic is the Rust crate's
-(``dlpart::spmd``); this module lends it the mpi4py communicator, whose own ``allgather`` and
-``Alltoallv`` move the bytes.
+class, its message prefixed with ``rank N:``) instead of leaving the others waiting. The logic
+is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
+``allgather`` and ``Alltoallv`` move the bytes.
 
 Device buffers go to MPI directly when it is CUDA-aware (``MPI.Query_cuda_support()``), else
 through pinned (page-locked) host memory, which the GPU copies to and from at the bus's rate.
