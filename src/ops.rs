@@ -309,7 +309,7 @@ pub(crate) fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Result<()> {
+pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Result<()> {
     if out.readonly() {
         return Err(Error::ReadOnly {
             what: format!("out {out:?}"),
@@ -333,17 +333,30 @@ fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Res
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
     let backend = backend_for(src.device())?;
-    let (idx, out) = gather_operands(backend.as_ref(), src, indices, axis, out)?;
-    backend.gather(src, &idx, axis, &out)?;
+    let out = backend.gather_from_caller(src, indices, axis, out)?;
     backend.synchronize()?;
+    Ok(out)
+}
+
+/// [`Backend::gather_from_caller`] by way of the normalised copy of the indices: what every
+/// backend does unless it has a better way.
+pub(crate) fn gather_normalised<B: Backend + ?Sized>(
+    backend: &B,
+    src: &Tensor,
+    indices: &Tensor,
+    axis: usize,
+    out: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (idx, out) = gather_operands(backend, src, indices, axis, out)?;
+    backend.gather(src, &idx, axis, &out)?;
     Ok(out)
 }
 
 /// What [`gather`] checks before it writes, on the backend of `src`'s device, once `axis` is
 /// known to be in range: the indices normalised into dlpart's own memory, and `out` (checked,
 /// or allocated when not given).
-pub(crate) fn gather_operands(
-    backend: &dyn Backend,
+pub(crate) fn gather_operands<B: Backend + ?Sized>(
+    backend: &B,
     src: &Tensor,
     indices: &Tensor,
     axis: usize,

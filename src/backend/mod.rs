@@ -135,6 +135,23 @@ pub trait Backend: Send + Sync {
     /// [`Backend::normalise_indices`] returns them.
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
 
+    /// [`crate::ops::gather`]'s work from the caller's `indices` as they are (1-d, any integer
+    /// dtype, negative ones counting from the end): the checks of
+    /// [`Backend::normalise_indices`] and of `out`, with nothing written to a given `out`
+    /// unless every index is in range, then the gather. Returns `out`, allocated on this
+    /// device when not given. The default gathers from the normalised copy; a backend may
+    /// instead read each index once on its way into the kernel, as long as the caller's memory
+    /// is never read twice for one index.
+    fn gather_from_caller(
+        &self,
+        src: &Tensor,
+        indices: &Tensor,
+        axis: usize,
+        out: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        crate::ops::gather_normalised(self, src, indices, axis, out)
+    }
+
     /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`; later duplicates win.
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()>;
 

@@ -10,11 +10,11 @@ use super::lower::{Cursor, Dims, Lowered};
 use super::nontemporal::{copy_row, fence, prefetch, Store};
 
 /// How far ahead random accesses are prefetched (in indices); 0 disables prefetching.
-const PREFETCH: usize = 32;
+pub(super) const PREFETCH: usize = 32;
 /// Chunks of indices spanning fewer positions than this are not prefetched.
-const NEAR: u64 = 1024;
+pub(super) const NEAR: u64 = 1024;
 /// The shortest run of consecutive indices copied as one block (see [`slice`]).
-const RUN: usize = 8;
+pub(super) const RUN: usize = 8;
 
 /// The inner box of one unit.
 #[derive(Clone)]

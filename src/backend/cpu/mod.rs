@@ -3,11 +3,15 @@
 //! [`CpuBackend`] is the safe layer: it validates tensors, then calls the raw kernels of
 //! this module (crate-private, `unsafe`). Those take pointers, shapes and strides in elements
 //! and move elements as 1-, 2-, 4-, 8- or 16-byte words by item size (float8, bfloat16 and
-//! complex are just bytes; other item sizes are moved as byte runs). They plan each box into
-//! long loops (`plan.rs`), run them in one rayon pass over pieces of similar size, and store
-//! large copies with streaming stores (`stream.rs`).
+//! complex are just bytes; other item sizes are moved as byte runs). They lower each box into
+//! long loops (`lower.rs`), run them in one rayon pass over pieces of similar size, and store
+//! large copies with streaming stores (`nontemporal.rs`). Gathers and scatters check and
+//! normalise their indices into a copy first (`normalise.rs`), except gathers of long lists
+//! along an array's outermost axis, which read the caller's indices once each on their way
+//! into the loop (`direct.rs`).
 
 mod copy;
+mod direct;
 mod exec;
 mod index;
 mod index_loop;
@@ -415,6 +419,21 @@ impl Backend for CpuBackend {
         // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
         // are checked by the kernel before any access they govern.
         unsafe { index_checked::<false>(src_view(src), &idx, axis, dst_view(out), itemsize) }
+    }
+
+    /// Long lists of host int64 indices are read block by block into the kernel (see
+    /// `direct.rs`), without a copy of the whole list; others are normalised first.
+    fn gather_from_caller(
+        &self,
+        src: &Tensor,
+        indices: &Tensor,
+        axis: usize,
+        out: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        match direct::gather(self, src, indices, axis, out)? {
+            Some(out) => Ok(out),
+            None => crate::ops::gather_normalised(self, src, indices, axis, out),
+        }
     }
 
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {

@@ -192,21 +192,30 @@ unsafe fn copy_few_indices(src: *const i64, n: usize, len: usize) -> (Tensor, us
     (t, outside)
 }
 
-/// A pointer the index threads share; they only read through it.
-#[derive(Clone, Copy)]
-struct SendPtr(*const i64);
+/// A pointer the index threads share: they read the caller's indices through it (here and in
+/// `direct.rs`), and in `direct.rs` also read a source and write the rows of an output that
+/// each thread alone writes.
+pub(super) struct SendPtr<T>(pub(super) *const T);
 
-impl SendPtr {
-    fn get(self) -> *const i64 {
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    pub(super) fn get(self) -> *const T {
         self.0
     }
 }
 
-// SAFETY: the threads only read through the pointer, and the caller of `copy_indices` keeps
-// the memory alive until they are joined.
-unsafe impl Send for SendPtr {}
+// SAFETY: the callers keep the memory alive until the threads are joined, the threads only
+// read through a shared pointer, except for disjoint ranges of an output, one per thread.
+unsafe impl<T> Send for SendPtr<T> {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for SendPtr {}
+unsafe impl<T> Sync for SendPtr<T> {}
 
 /// Normalises `indices` (negative ones count from the end, as in numpy) against an axis of
 /// length `len`; an index outside `[-len, len)` is an error before anything is written.

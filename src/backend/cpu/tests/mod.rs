@@ -5,6 +5,7 @@
 
 mod backend;
 mod copy;
+mod direct;
 mod index;
 mod repart;
 mod slabs;
