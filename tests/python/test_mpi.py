@@ -30,8 +30,13 @@ def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     # The fixture runs `python SCRIPT ARGS...`: here `python -m dlpart bench ...`.
     out = mpirun("-m", RANKS, "dlpart", "bench", "--mpi", "--quick", "--out", tmp_path, timeout=180)
     assert "x MPI Alltoall" in out, out
-    res = json.loads((tmp_path / "bench-mpi.json").read_text())["results"][0]
+    doc = json.loads((tmp_path / "bench-mpi.json").read_text())
+    res = doc["results"][0]
     assert res["correct"] and res["name"].startswith("mpi/rows_to_cols/float32/")
+    # The run says where, when and how it was made, as the main benchmark's report does.
+    machine = doc["machine"]
+    assert machine["command"].endswith("dlpart bench --mpi --quick --out " + str(tmp_path))
+    assert machine["date"] and "MPI" in machine["mpi_library"] and machine["cpu_count"] >= 1
     # Rank 0 keeps its own quarter of its rows and sends the other three quarters.
     assert res["bytes_sent_by_rank0"] == 3 * res["bytes_local_rank0"] > 0
 

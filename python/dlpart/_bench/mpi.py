@@ -151,8 +151,13 @@ def run(args) -> int:
     text = "\n".join(lines)
     print(text, flush=True)
     os.makedirs(args.out, exist_ok=True)
+    from .report import machine_info
+
+    machine = machine_info()
+    machine["mpi_library"] = MPI.Get_library_version().rstrip("\x00").splitlines()[0].strip()
+    doc = {"machine": machine, "ranks": size, "repeat": repeat, "warmup": warmup, "results": [res]}
     with open(os.path.join(args.out, "bench-mpi.json"), "w") as f:
-        json.dump({"ranks": size, "repeat": repeat, "warmup": warmup, "results": [res]}, f, indent=1)
+        json.dump(doc, f, indent=1)
     with open(os.path.join(args.out, "bench-mpi.txt"), "w") as f:
         f.write(text + "\n")
     return 0 if res["correct"] else 1

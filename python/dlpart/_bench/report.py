@@ -115,7 +115,9 @@ def write_json(path: str, doc: Dict) -> None:
         f.write("\n")
 
 
-def machine_info(env) -> Dict[str, Any]:
+def machine_info(env=None) -> Dict[str, Any]:
+    """The machine, the versions, the commit, the date and the command of a run; `env`'s
+    device and array library when given (the MPI benchmark has none: host memory, numpy)."""
     import numpy as np
 
     import dlpart
@@ -133,7 +135,7 @@ def machine_info(env) -> Dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, "-m", "dlpart", *sys.argv[1:]]),
     }
-    info.update(env.info())
+    info.update(env.info() if env is not None else {"device": "kDLCPU"})
     return info
 
 
