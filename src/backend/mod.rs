@@ -140,8 +140,9 @@ pub trait Backend: Send + Sync {
     /// [`Backend::normalise_indices`] and of `out`, with nothing written to a given `out`
     /// unless every index is in range, then the gather. Returns `out`, allocated on this
     /// device when not given. The default gathers from the normalised copy; a backend may
-    /// instead read each index once on its way into the kernel, as long as the caller's memory
-    /// is never read twice for one index.
+    /// instead read the caller's indices on their way into the kernel, as long as each index
+    /// is read once for its use: the value checked must be the value used, whatever another
+    /// thread writes to the caller's memory meanwhile.
     fn gather_from_caller(
         &self,
         src: &Tensor,

@@ -421,8 +421,9 @@ impl Backend for CpuBackend {
         unsafe { index_checked::<false>(src_view(src), &idx, axis, dst_view(out), itemsize) }
     }
 
-    /// Long lists of host int64 indices are read block by block into the kernel (see
-    /// `direct.rs`), without a copy of the whole list; others are normalised first.
+    /// Long lists of host int64 indices along an array's outermost axis are gathered straight
+    /// from the caller's memory (see `direct.rs`), without a copy of the whole list; others
+    /// are normalised first.
     fn gather_from_caller(
         &self,
         src: &Tensor,
