@@ -6,9 +6,11 @@
 #   scripts/test.sh                     # everything
 #   scripts/test.sh clippy pytest       # only the named steps (names below)
 #
-# DLPART_MIRI_TIMEOUT bounds the Miri step in seconds (default 900).
+# DLPART_MIRI_TIMEOUT bounds the Miri step in seconds (default 900). The set-up installs heat
+# and torch for the tests against them unless DLPART_WITH_HEAT=0 (see scripts/setup.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export DLPART_WITH_HEAT="${DLPART_WITH_HEAT:-1}"
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh || exit 1
 

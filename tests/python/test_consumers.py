@@ -128,12 +128,12 @@ HEAT_SCRIPT = pathlib.Path(__file__).parent / "mpi_scripts" / "heat_exchange.py"
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_heat_reads_dlpart_arrays_and_dlpart_reexports_of_heat_arrays(mpirun, ranks):
-    """The real client under mpirun (heat needs torch: `scripts/test.sh` installs both only when
-    DLPART_WITH_HEAT=1, as they take several GB; the hand-built heat form above always runs)."""
+    """The real client under mpirun (heat needs torch: `scripts/test.sh` installs both unless
+    DLPART_WITH_HEAT=0, as they take several GB; the hand-built heat form above always runs)."""
     # Looked up, not imported: importing heat initialises MPI in this process, after which
     # mpirun refuses to start jobs from it.
     if importlib.util.find_spec("heat") is None:
-        pytest.skip("heat is an opt-in install: DLPART_WITH_HEAT=1 scripts/test.sh")
+        pytest.skip("heat is not installed (scripts/test.sh installs it unless DLPART_WITH_HEAT=0)")
     out = mpirun(HEAT_SCRIPT, ranks, timeout=240)
     # the ranks' lines may interleave on mpirun's stdout
     assert sorted(re.findall(r"ok (\d+)", out)) == [str(r) for r in range(ranks)], out

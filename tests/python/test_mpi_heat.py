@@ -28,7 +28,7 @@ def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun_cases):
     the same memory and equal numpy, and after `split=` heat's `resplit` does too. The same
     launch runs the guide's heat example (examples/mpi/with_heat.py)."""
     if importlib.util.find_spec("heat") is None:  # looked up, not imported (see above)
-        pytest.skip("heat is an opt-in install: DLPART_WITH_HEAT=1 scripts/test.sh")
+        pytest.skip("heat is not installed (scripts/test.sh installs it unless DLPART_WITH_HEAT=0)")
     mpirun_cases("heat_spmd.py", cases=12, timeout=240)
 
 

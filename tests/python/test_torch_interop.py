@@ -1,15 +1,15 @@
 """torch on the CPU as a DLPack producer and consumer of dlpart tensors and partitions.
 
-torch is installed with heat (``DLPART_WITH_HEAT=1 scripts/test.sh``) and on the GPU
-machines; without it these tests skip. Its CUDA side is in ``test_cuda.py``."""
+``scripts/test.sh`` installs torch with heat unless ``DLPART_WITH_HEAT=0``; without it these
+tests skip. Its CUDA side is in ``test_cuda.py``."""
 
 import numpy as np
 import pytest
 
 import dlpart
 
-torch = pytest.importorskip("torch", reason="torch is an opt-in install: DLPART_WITH_HEAT=1 "
-                            "scripts/test.sh")
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs "
+                            "it unless DLPART_WITH_HEAT=0)")
 
 DTYPES = ["bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16",
           "float32", "float64", "complex64", "complex128"]
