@@ -317,7 +317,8 @@ impl Rows {
                 };
                 let run = js[RUN - 1].wrapping_sub(js[0]) == RUN - 1
                     && js.iter().enumerate().all(|(t, &j)| j == js[0] + t);
-                if i + PREFETCH + RUN <= hi {
+                // The furthest index read ahead is `i + PREFETCH + RUN` (after a run).
+                if i + PREFETCH + RUN < hi {
                     if run {
                         // Blocked indices: the start of a later run, which the hardware
                         // prefetcher cannot guess.

@@ -188,3 +188,20 @@ fn empty_rows_and_an_empty_axis_still_check_every_index() {
         })
     ));
 }
+
+#[test]
+fn the_prefetch_ahead_stays_inside_the_index_list() {
+    // Ranges of a multiple of eight indices, the last ending at the list's end, with runs of
+    // consecutive indices: a run's prefetch looks furthest ahead, to the list's last index
+    // and no further (Miri reports a read past the list).
+    let n = 96 * (DIRECT_MIN.div_ceil(96)).max(6);
+    let len = 4096;
+    let data: Vec<u8> = (0..len).map(|k| (k * 7) as u8).collect();
+    let src = Tensor::from_slice(&data, &[len]).unwrap();
+    let idx: Vec<i64> = (0..n)
+        .map(|i| ((i / 32 * 97 * 32 + i % 32) % len) as i64)
+        .collect();
+    let it = Tensor::from_slice(&idx, &[n]).unwrap();
+    let got = in_pool(|| ops::gather(&src, &it, 0, None)).unwrap();
+    assert_eq!(bytes(&got), naive(&data, 1, &idx));
+}
