@@ -131,16 +131,20 @@ fn the_first_bad_index_in_order_is_reported_and_out_is_untouched() {
             for (o, last_first) in [(None, false), (Some(&out), false), (None, true)] {
                 let gather = || ops::gather(&src, &it, 0, o);
                 let got = if last_first {
-                    // On one thread, later ranges first: both bad indices are found.
-                    LAST_FIRST.with(|f| f.set(true));
-                    // (Miri runs the ranges on this thread anyway, and cannot build a pool.)
-                    let got = if cfg!(miri) {
-                        gather()
-                    } else {
-                        one_thread().install(gather)
+                    // On one thread, later ranges first: both bad indices are found. The flag
+                    // is the running thread's own, so it is set on the thread that gathers.
+                    let last_first = || {
+                        LAST_FIRST.with(|f| f.set(true));
+                        let got = gather();
+                        LAST_FIRST.with(|f| f.set(false));
+                        got
                     };
-                    LAST_FIRST.with(|f| f.set(false));
-                    got
+                    // (Miri runs the ranges on this thread anyway, and cannot build a pool.)
+                    if cfg!(miri) {
+                        last_first()
+                    } else {
+                        one_thread().install(last_first)
+                    }
                 } else {
                     in_pool(gather)
                 };
