@@ -174,9 +174,10 @@ unsafe fn gather_rows(
     // Under Miri the ranges run in order on this thread, as the kernels' pieces do.
     let found: Vec<Option<(usize, i64)>> = if cfg!(miri) || threads() == 1 || ranges.len() == 1 {
         #[cfg(test)]
-        if LAST_FIRST.with(std::cell::Cell::get) {
-            return finish(ranges.into_iter().rev().map(range).collect(), axis, len);
-        }
+        let ranges = match LAST_FIRST.with(std::cell::Cell::get) {
+            true => ranges.into_iter().rev().collect(),
+            false => ranges,
+        };
         ranges.into_iter().map(range).collect()
     } else {
         ranges.into_par_iter().map(range).collect()
