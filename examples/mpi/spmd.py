@@ -20,7 +20,7 @@ d = rows.__partitioned__                                # locals, data=None else
 assert d["locals"] == [(rank, 0)]
 assert all((e["data"] is None) == (pos != (rank, 0)) for pos, e in d["partitions"].items())
 
-cyclic = rows.repartition(block_cyclic=(4, 3))          # one Alltoallv, blocks dealt over ranks
+cyclic = rows.repartition(block_cyclic=(4, 3))          # one exchange, blocks dealt over ranks
 assert cyclic.traffic.sent[rank] == 0                   # boxes that stay are never sent
 whole = cyclic.assemble(root=0)                         # a Tensor on rank 0, None elsewhere
 if rank == 0:

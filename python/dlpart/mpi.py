@@ -7,7 +7,10 @@ rank that fails (bad input, a failed import, a read-only target, a failed alloca
 copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
 class, its message prefixed with ``rank N:``) instead of leaving the others waiting. The logic
 is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
-``allgather`` and ``Alltoallv`` move the bytes.
+``allgather`` moves the metadata and whose ``Isend`` and ``Irecv`` move the data, only between
+ranks that have bytes for each other, each peer's bytes in messages of at most 1 GiB (MPI counts
+are C ints). They run on dlpart's own duplicate of the communicator, made by the first dlpart
+call on it and cached on it, so they never meet the program's own messages.
 
 Device buffers go to MPI directly when it is CUDA-aware (``MPI.Query_cuda_support()``), else
 through pinned (page-locked) host memory, which the GPU copies to and from at the bus's rate.
@@ -20,7 +23,7 @@ by default); when none can be had, the exchange stages through ordinary host mem
     import dlpart.mpi
 
     rows = dlpart.mpi.from_local(my_rows, MPI.COMM_WORLD, axis=0)   # row blocks in rank order
-    cols = rows.repartition((1, MPI.COMM_WORLD.size))                # one Alltoallv
+    cols = rows.repartition((1, MPI.COMM_WORLD.size))                # one exchange
     whole = cols.assemble(root=0)                                    # a Tensor on rank 0
 """
 
@@ -56,6 +59,35 @@ class Traffic(NamedTuple):
     """Bytes copied between this rank's own partitions."""
 
 
+_KEYVAL = None
+
+
+def _own(comm):
+    """dlpart's duplicate of ``comm``, for its point-to-point messages, which then never meet
+    the program's own receives (a wildcard ``Irecv`` pending on ``comm`` included). Made on
+    first use by ``comm.Dup()``, collective as the dlpart call making it, and cached on
+    ``comm`` as an MPI attribute (freed with ``comm``), as MPI libraries do."""
+    global _KEYVAL
+    from mpi4py import MPI
+
+    if not isinstance(comm, MPI.Comm):
+        return comm
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_own)
+    own = comm.Get_attr(_KEYVAL)
+    if own is None:
+        own = comm.Dup()
+        comm.Set_attr(_KEYVAL, own)
+    return own
+
+
+def _free_own(comm, keyval, own) -> None:
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized() and own != MPI.COMM_NULL:
+        own.Free()
+
+
 def _comm(comm) -> _core._MpiComm:
     if isinstance(comm, _core._MpiComm):
         return comm
@@ -68,7 +100,7 @@ def _comm(comm) -> _core._MpiComm:
             cuda_aware = bool(query())
         except Exception:  # noqa: BLE001 - an MPI without the extension is not CUDA-aware
             cuda_aware = False
-    return _core._MpiComm(comm, this_host(), cuda_aware)
+    return _core._MpiComm(_own(comm), this_host(), cuda_aware)
 
 
 def _error(e: BaseException):
@@ -202,7 +234,7 @@ class SpmdArray(PartitionedArray):
                     devices: Union[DeviceLike, Sequence[DeviceLike], None] = None,
                     process_grid: Optional[Sequence[int]] = None,
                     transfer: bool = False) -> "SpmdArray":
-        """The same array over another grid, across the ranks (collective): one ``Alltoallv``.
+        """The same array over another grid, across the ranks (collective): one exchange.
 
         The target is named as for `dlpart.PartitionedArray.repartition`. Each target
         partition goes to the rank (and device) of the source partition holding its first
@@ -243,7 +275,7 @@ class SpmdArray(PartitionedArray):
     def gather(self, indices: IndicesLike, axis: int = 0, *, transfer: bool = False) -> "SpmdArray":
         """``numpy.take(self, indices, axis)`` across the ranks (collective; every rank passes the
         same indices): each index is served by the rank holding it, the picked slabs travel in
-        one ``Alltoallv``. The result keeps this array's split points on the other axes, one
+        one exchange. The result keeps this array's split points on the other axes, one
         slab along ``axis``; each partition goes to the rank of the source partition holding
         its first element. An index out of range raises on every rank before anything moves.
         A rank's partitions live on one device (``transfer`` is accepted for the signature)."""

@@ -1,9 +1,11 @@
 //! The SPMD functions of `dlpart.mpi`: the Rust [`crate::spmd`] collectives over an mpi4py
 //! communicator. [`MpiComm`] implements [`Communicator`] by calling the communicator's own
-//! `allgather` and `Alltoallv` with the GIL held; the data buffers are dlpart's, lent to MPI
-//! as memoryviews, so the bytes are copied only by packing and unpacking.
+//! `allgather`, and `Isend`, `Irecv` and `Request.Waitall` between the ranks that have bytes
+//! for each other, with the GIL held; the data buffers are dlpart's, lent to MPI as
+//! memoryviews, so the bytes are copied only by packing and unpacking.
 
 use std::ffi::c_char;
+use std::ops::Range;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -64,18 +66,28 @@ fn mpi_error(op: &str, e: PyErr) -> Error {
     }
 }
 
-/// MPI counts and displacements are C ints (MPI-3 through mpi4py).
-fn c_ints(what: &str, v: &[usize]) -> Result<Vec<i32>> {
-    v.iter()
-        .map(|&x| {
-            i32::try_from(x).map_err(|_| {
-                Error::shape(
-                    format!("MPI {what} below 2 GiB per exchange (MPI counts are C ints)"),
-                    format!("{x} bytes"),
-                )
-            })
-        })
-        .collect()
+/// The most bytes one message carries: MPI counts are C ints, so a peer's segment beyond this
+/// travels as several messages, cut the same way by the rank that sends it and the rank that
+/// receives it. `DLPART_MPI_MESSAGE_BYTES` (read once, at least 1) sets it for tests.
+static MESSAGE_BYTES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    std::env::var("DLPART_MPI_MESSAGE_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1 << 30)
+        .min(i32::MAX as usize)
+});
+
+/// The tag of dlpart's messages, on the communicator's duplicate that `dlpart.mpi` makes for
+/// dlpart alone (so that they never meet the program's own receives).
+const TAG: i32 = 0x646c;
+
+/// The `(offset, length)` messages of a segment of `count` bytes at `displ`.
+fn messages(displ: usize, count: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..count.div_ceil(max)).map(move |i| {
+        let at = i * max;
+        (displ + at, max.min(count - at))
+    })
 }
 
 /// A memoryview over `len` bytes at `ptr`, writable or not.
@@ -98,38 +110,71 @@ unsafe fn memoryview<'py>(
 }
 
 impl MpiComm {
-    fn alltoallv<'py>(
+    /// Moves each peer's segment of `segments` with nonblocking point-to-point messages, only
+    /// between the ranks that have bytes for each other (a sparse plan touches only its
+    /// peers), then waits for all of them: receives are posted first, so every message finds
+    /// its receive. `send(offset, len)` and `recv(offset, len)` make the buffer objects mpi4py
+    /// takes for a byte range of the send and receive buffers. Every rank calls this with
+    /// segments that match its peers' (the plan is global), so each pair's messages match in
+    /// order (MPI's messages between two ranks with one tag do not overtake).
+    fn exchange<'py>(
         &self,
         py: Python<'py>,
-        send: Bound<'py, PyAny>,
-        recv: Bound<'py, PyAny>,
+        send: &dyn Fn(usize, usize) -> Result<Bound<'py, PyAny>>,
+        recv: &dyn Fn(usize, usize) -> Result<Bound<'py, PyAny>>,
         segments: &Segments<'_>,
     ) -> Result<()> {
-        let spec = |buf: &Bound<'py, PyAny>, counts: &[usize], displs: &[usize]| -> Result<_> {
-            let layout = (c_ints("counts", counts)?, c_ints("displacements", displs)?);
-            let byte = py
-                .import("mpi4py.MPI")
-                .and_then(|m| m.getattr("BYTE"))
-                .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
-            Ok(vec![
-                buf.clone(),
-                layout
-                    .into_pyobject(py)
-                    .map_err(|e| mpi_error("counts", e))?
-                    .into_any(),
-                byte,
-            ])
-        };
-        let s = spec(&send, segments.send_counts, segments.send_displs)?;
-        let r = spec(&recv, segments.recv_counts, segments.recv_displs)?;
-        let result = self.comm.bind(py).call_method1("Alltoallv", (s, r));
-        // The views lent our memory for this call only.
-        for v in [&send, &recv] {
+        let byte = py
+            .import("mpi4py.MPI")
+            .and_then(|m| m.getattr("BYTE"))
+            .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
+        let (me, n, max) = (self.rank, self.size, *MESSAGE_BYTES);
+        // Every buffer object first (what can fail before anything is posted); receives from
+        // the ranks below this one first, sends to the ranks above first, so that the ranks
+        // do not all start with the same peer.
+        let mut posts = Vec::new();
+        for k in 0..n {
+            let p = (me + n - k) % n;
+            for (at, len) in messages(segments.recv_displs[p], segments.recv_counts[p], max) {
+                posts.push(("Irecv", p, recv(at, len)?));
+            }
+        }
+        for k in 0..n {
+            let p = (me + k) % n;
+            for (at, len) in messages(segments.send_displs[p], segments.send_counts[p], max) {
+                posts.push(("Isend", p, send(at, len)?));
+            }
+        }
+        let comm = self.comm.bind(py);
+        let mut requests = Vec::with_capacity(posts.len());
+        let mut failed = None;
+        for (op, p, buf) in &posts {
+            match comm.call_method1(*op, ((buf.clone(), byte.clone()), *p, TAG)) {
+                Ok(r) => requests.push(r),
+                Err(e) => {
+                    failed = Some(mpi_error(op, e));
+                    break;
+                }
+            }
+        }
+        // Posted requests are waited for even after a failed post: MPI may still be reading
+        // or writing the buffers they lent, which the caller frees when this returns.
+        let waited = py
+            .import("mpi4py.MPI")
+            .and_then(|m| m.getattr("Request"))
+            .and_then(|r| r.call_method1("Waitall", (requests,)))
+            .map(drop)
+            .map_err(|e| mpi_error("Waitall", e));
+        // The views lent our memory for these messages only.
+        for (_, _, v) in &posts {
             if v.hasattr("release").unwrap_or(false) {
                 let _ = v.call_method0("release");
             }
         }
-        result.map(drop).map_err(|e| mpi_error("Alltoallv", e))
+        match failed {
+            Some(e) => Err(e),
+            None => waited,
+        }
     }
 }
 
@@ -158,31 +203,32 @@ impl Communicator for MpiComm {
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
-        // Empty slices share one dangling address, and Open MPI refuses a send buffer equal
-        // to the receive buffer (MPI_ERR_ARG): give empty ones distinct addresses of their own.
-        let (mut s_spare, mut r_spare) = ([0u8; 1], [0u8; 1]);
-        let send_ptr = match send.len() {
-            0 => s_spare.as_mut_ptr(),
-            _ => send.as_ptr().cast_mut(),
-        };
-        let recv_ptr = match recv.len() {
-            0 => r_spare.as_mut_ptr(),
-            _ => recv.as_mut_ptr(),
-        };
-        Python::attach(|py| {
-            // SAFETY: both buffers outlive the views, which `alltoallv` releases before it
-            // returns; MPI only reads the send view.
-            let (s, r) = unsafe {
-                (
-                    memoryview(py, send_ptr, send.len(), false),
-                    memoryview(py, recv_ptr, recv.len(), true),
-                )
+        for p in 0..self.size {
+            let outside = |counts: &[usize], range: Range<usize>, len: usize| {
+                counts[p] > 0 && range.end > len
             };
-            let (s, r) = (
-                s.map_err(|e| mpi_error("memoryview", e))?,
-                r.map_err(|e| mpi_error("memoryview", e))?,
-            );
-            self.alltoallv(py, s, r, segments)
+            if outside(segments.send_counts, segments.send_range(p), send.len())
+                || outside(segments.recv_counts, segments.recv_range(p), recv.len())
+            {
+                return Err(Error::buffer(format!(
+                    "rank {}: segment {p} lies outside the exchange's buffers",
+                    self.rank
+                )));
+            }
+        }
+        let (send_ptr, recv_ptr) = (send.as_ptr().cast_mut(), recv.as_mut_ptr());
+        Python::attach(|py| {
+            let view = |base: *mut u8, write: bool| {
+                move |at: usize, len: usize| {
+                    // SAFETY: `exchange` asks only for the ranges of nonempty segments, each
+                    // checked inside its buffer above; both buffers outlive the views, which
+                    // `exchange` releases before it returns (after MPI is done with them);
+                    // MPI only reads the send views.
+                    unsafe { memoryview(py, base.wrapping_add(at), len, write) }
+                        .map_err(|e| mpi_error("memoryview", e))
+                }
+            };
+            self.exchange(py, &view(send_ptr, false), &view(recv_ptr, true), segments)
         })
     }
 
@@ -198,15 +244,45 @@ impl Communicator for MpiComm {
     ) -> Result<()> {
         Python::attach(|py| {
             // A CUDA-aware mpi4py takes device buffers through DLPack.
-            let as_py = |t: &crate::Tensor| {
-                PyTensor::new(t.clone())
-                    .into_pyobject(py)
-                    .map(|b| b.into_any())
-                    .map_err(|e| mpi_error("tensor", e))
-            };
-            let (s, r) = (as_py(send)?, as_py(recv)?);
-            self.alltoallv(py, s, r, segments)
+            let (s, r) = (device_bytes(py, send), device_bytes(py, recv));
+            self.exchange(py, &s, &r, segments)
         })
+    }
+}
+
+/// The byte ranges of a contiguous device tensor as mpi4py takes them from a CUDA-aware MPI:
+/// one-dimensional byte tensors, lent through DLPack.
+fn device_bytes<'py>(
+    py: Python<'py>,
+    t: &crate::Tensor,
+) -> impl Fn(usize, usize) -> Result<Bound<'py, PyAny>> {
+    let t = t.clone();
+    move |at: usize, len: usize| {
+        if t.nbytes() < at.saturating_add(len) || !t.is_contiguous() {
+            return Err(Error::buffer(format!(
+                "bytes {at}..{} of a {} byte exchange buffer",
+                at.saturating_add(len),
+                t.nbytes()
+            )));
+        }
+        // SAFETY: the range lies inside `t`'s contiguous memory (checked above), which the
+        // view's owner (`t`'s) keeps alive; the device address is only offset here, never
+        // dereferenced.
+        let view = unsafe {
+            crate::Tensor::from_raw_parts(
+                t.data_ptr().wrapping_add(at),
+                vec![len],
+                vec![1],
+                crate::DType::UInt8,
+                t.device(),
+                false,
+                t.owner().clone(),
+            )
+        };
+        PyTensor::new(view)
+            .into_pyobject(py)
+            .map(|b| b.into_any())
+            .map_err(|e| mpi_error("tensor", e))
     }
 }
 

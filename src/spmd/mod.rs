@@ -71,8 +71,9 @@ pub trait Communicator: Sync {
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
 
     /// Sends `send[segments.send_range(p)]` to each rank `p` and receives rank `p`'s bytes for
-    /// this rank into `recv[segments.recv_range(p)]` (MPI's `Alltoallv` over bytes). Send
-    /// ranges may overlap (the same bytes to several ranks); receive ranges do not.
+    /// this rank into `recv[segments.recv_range(p)]` (MPI's `Alltoallv` over bytes; `dlpart.mpi`
+    /// sends point-to-point messages between the ranks with bytes for each other). Send ranges
+    /// may overlap (the same bytes to several ranks); receive ranges do not.
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware

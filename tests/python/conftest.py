@@ -145,9 +145,11 @@ def mpirun():
     if reason:
         pytest.skip(reason)
 
-    def run(script, n=2, *args, timeout=120):
+    def run(script, n=2, *args, timeout=120, env=None):
         cmd = ["mpirun", "-n", str(n), "--oversubscribe", sys.executable, str(script), *map(str, args)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        environ = None if env is None else {**os.environ, **env}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                              env=environ)
         assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
@@ -159,8 +161,8 @@ def mpirun_cases(mpirun):
     """Run mpi_scripts/NAME with `SEED CASES` on MPI_RANKS ranks (the frame of
     mpi_scripts/_cases.py); fails the test unless every rank passed every case."""
 
-    def run(name, cases, timeout):
-        out = mpirun(MPI_SCRIPTS / name, MPI_RANKS, 20240611, cases, timeout=timeout)
+    def run(name, cases, timeout, env=None):
+        out = mpirun(MPI_SCRIPTS / name, MPI_RANKS, 20240611, cases, timeout=timeout, env=env)
         assert ok_ranks(out, cases) == {str(r) for r in range(MPI_RANKS)}, out
 
     return run

@@ -22,6 +22,24 @@ def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(
 
 
 @pytest.mark.mpi
+def test_messages_go_only_to_plan_peers_in_pieces_and_never_meet_the_programs(mpirun_cases):
+    """dlpart's exchanges post point-to-point messages only between ranks with bytes for each
+    other (sparse shifts and dense block-cyclic targets), each peer's bytes cut into messages
+    of at most DLPART_MPI_MESSAGE_BYTES (203 here: cuts inside elements) the same way on both
+    sides; a wildcard receive the program leaves pending gets the program's message."""
+    mpirun_cases("p2p_messages.py", cases=60, timeout=120,
+                 env={"DLPART_MPI_MESSAGE_BYTES": "203"})
+
+
+@pytest.mark.mpi
+def test_random_layouts_with_messages_of_a_few_bytes(mpirun_cases):
+    """The property cases again with every message cut at 7 bytes, as a segment beyond MPI's
+    C-int counts is cut at 1 GiB: repartitions, assembles, gathers and scatters stay equal to
+    numpy."""
+    mpirun_cases("spmd_props.py", cases=40, timeout=120, env={"DLPART_MPI_MESSAGE_BYTES": "7"})
+
+
+@pytest.mark.mpi
 def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     """`mpirun -n 4 python -m dlpart bench --mpi --quick`: rows -> columns across the ranks
     against MPI's own Alltoall, the result checked, the report written."""

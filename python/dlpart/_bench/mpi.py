@@ -1,7 +1,7 @@
 """`mpirun -n N python -m dlpart bench --mpi`: repartitioning across MPI ranks.
 
 Row blocks -> column blocks of an N x N float32 array spread over the ranks (one row block per
-rank), with dlpart (`dlpart.mpi`: pack with dlpart's kernels, one Alltoallv, unpack), against
+rank), with dlpart (`dlpart.mpi`: pack with dlpart's kernels, exchange, unpack), against
 MPI's own ``Alltoall`` of the same bytes (each rank sends an equal share of its rows to every
 rank, from and into contiguous numpy buffers: no packing), timed round-robin in the same run so
 that a shared machine's load slows both alike. Each timing is the slowest rank's, between two
