@@ -124,14 +124,18 @@ impl MpiComm {
         recv: &dyn Fn(usize, usize) -> Result<Bound<'py, PyAny>>,
         segments: &Segments<'_>,
     ) -> Result<()> {
-        let byte = py
+        let (mpi, byte) = py
             .import("mpi4py.MPI")
-            .and_then(|m| m.getattr("BYTE"))
+            .and_then(|m| {
+                let byte = m.getattr("BYTE")?;
+                Ok((m, byte))
+            })
             .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
         let (me, n, max) = (self.rank, self.size, *MESSAGE_BYTES);
-        // Every buffer object first (what can fail before anything is posted); receives from
-        // the ranks below this one first, sends to the ranks above first, so that the ranks
-        // do not all start with the same peer.
+        // Every buffer object first (what can fail before anything is posted). After this
+        // rank's own segment (empty in dlpart's plans), receives go to the ranks below it
+        // first and sends to the ranks above it first, so the ranks do not all start with
+        // the same peer.
         let mut posts = Vec::new();
         for k in 0..n {
             let p = (me + n - k) % n;
@@ -159,9 +163,8 @@ impl MpiComm {
         }
         // Posted requests are waited for even after a failed post: MPI may still be reading
         // or writing the buffers they lent, which the caller frees when this returns.
-        let waited = py
-            .import("mpi4py.MPI")
-            .and_then(|m| m.getattr("Request"))
+        let waited = mpi
+            .getattr("Request")
             .and_then(|r| r.call_method1("Waitall", (requests,)))
             .map(drop)
             .map_err(|e| mpi_error("Waitall", e));
