@@ -57,6 +57,16 @@ def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     assert machine["date"] and "MPI" in machine["mpi_library"] and machine["cpu_count"] >= 1
     # Rank 0 keeps its own quarter of its rows and sends the other three quarters.
     assert res["bytes_sent_by_rank0"] == 3 * res["bytes_local_rank0"] > 0
+    # Where the ranks ran: all on this node, which has the CPUs this process may use (mpirun
+    # may bind each rank to fewer, but their union is no more than these).
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    where = doc["placement"]
+    assert where["nodes"] == 1 and where["ranks_per_node"] == RANKS
+    assert 1 <= where["cpus_per_node"] <= cpus
+    assert where["oversubscribed"] == (RANKS > where["cpus_per_node"])
+    assert ("oversubscribed" in out) == where["oversubscribed"], out
 
 
 @pytest.mark.mpi

@@ -43,6 +43,33 @@ def _max():
     return MPI.MAX
 
 
+def placement(comm) -> dict:
+    """How the ranks sit on the nodes: the most ranks on one node, the CPUs they may run on
+    there (the union of those ranks' CPU affinities), and whether any node has more ranks than
+    CPUs. Oversubscribed ranks time-share CPUs, so the timings are the CPU time of each side's
+    copies and busy-waiting rather than of the exchange alone (collective)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        affinities = node.allgather(mine)
+        if all(a is not None for a in affinities):
+            cpus = len(set().union(*affinities))
+        else:
+            cpus = os.cpu_count() or 1
+        here = (node.Get_size(), cpus)
+    finally:
+        node.Free()
+    nodes = comm.allgather(here)
+    return {
+        "nodes": len(set(comm.allgather(MPI.Get_processor_name()))),
+        "ranks_per_node": max(r for r, _ in nodes),
+        "cpus_per_node": min(c for _, c in nodes),
+        "oversubscribed": any(r > c for r, c in nodes),
+    }
+
+
 def rows_to_cols(comm, n: int, repeat: int, warmup: int) -> dict:
     import dlpart
     import dlpart.mpi
@@ -130,6 +157,7 @@ def run(args) -> int:
     if rank == 0:
         print(f"dlpart bench --mpi: {size} ranks, {n}x{n} float32, {warmup} warm-up + {repeat} "
               f"timed runs", file=sys.stderr, flush=True)
+    where = placement(comm)
     res = rows_to_cols(comm, n, repeat, warmup)
     if rank != 0:
         return 0 if res["correct"] else 1
@@ -147,6 +175,11 @@ def run(args) -> int:
         f"  ratio (repartition_into) {res['ratio_vs_alltoall']:.2f}x MPI Alltoall of contiguous blocks (target >= {TARGET}x), "
         f"{res['ratio_vs_alltoall_datatype']:.2f}x Alltoall with the column datatype"
         f"{'' if res['correct'] else '  RESULT WRONG'}",
+        f"  placement: {where['ranks_per_node']} ranks on {where['cpus_per_node']} CPUs per node, "
+        f"{where['nodes']} node{'s' if where['nodes'] > 1 else ''}"
+        + ("  (oversubscribed: the ranks time-share the CPUs, so each time is the CPU time of "
+           "that side's copies and busy-waiting; one rank per CPU or GPU compares the exchanges)"
+           if where["oversubscribed"] else ""),
     ]
     text = "\n".join(lines)
     print(text, flush=True)
@@ -155,7 +188,8 @@ def run(args) -> int:
 
     machine = machine_info()
     machine["mpi_library"] = MPI.Get_library_version().rstrip("\x00").splitlines()[0].strip()
-    doc = {"machine": machine, "ranks": size, "repeat": repeat, "warmup": warmup, "results": [res]}
+    doc = {"machine": machine, "ranks": size, "placement": where, "repeat": repeat,
+           "warmup": warmup, "results": [res]}
     with open(os.path.join(args.out, "bench-mpi.json"), "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(args.out, "bench-mpi.txt"), "w") as f:
