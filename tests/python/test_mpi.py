@@ -67,6 +67,14 @@ def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     assert 1 <= where["cpus_per_node"] <= cpus
     assert where["oversubscribed"] == (RANKS > where["cpus_per_node"])
     assert ("oversubscribed" in out) == where["oversubscribed"], out
+    # Every rank's CPU time per call, for every case; dlpart's ranks spend some.
+    cpu = res["cpu_s_per_call"]
+    assert set(cpu) == set(res["median_s"])
+    for case in cpu.values():
+        assert len(case["user"]) == len(case["system"]) == RANKS
+        assert min(case["user"] + case["system"]) >= 0
+    assert sum(cpu["dlpart_into"]["user"] + cpu["dlpart_into"]["system"]) > 0
+    assert "CPU per rank and call" in out, out
 
 
 @pytest.mark.mpi

@@ -29,12 +29,27 @@ import numpy as np
 TARGET = 0.7
 
 
-def _timed(comm, fn) -> float:
+def _cpu() -> tuple:
+    """This process's user and system CPU seconds so far (every thread), or zeros where
+    `resource` is missing."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return (0.0, 0.0)
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime, r.ru_stime)
+
+
+def _timed(comm, fn) -> tuple:
+    """The slowest rank's time for `fn` (between barriers) and this rank's user and system
+    CPU seconds in it."""
     comm.Barrier()
+    c0 = _cpu()
     t0 = time.perf_counter()
     fn()
     took = time.perf_counter() - t0
-    return comm.allreduce(took, op=_max())
+    c1 = _cpu()
+    return comm.allreduce(took, op=_max()), c1[0] - c0[0], c1[1] - c0[1]
 
 
 def _max():
@@ -46,8 +61,8 @@ def _max():
 def placement(comm) -> dict:
     """How the ranks sit on the nodes: the most ranks on one node, the CPUs they may run on
     there (the union of those ranks' CPU affinities), and whether any node has more ranks than
-    CPUs. Oversubscribed ranks time-share CPUs, so the timings are the CPU time of each side's
-    copies and busy-waiting rather than of the exchange alone (collective)."""
+    CPUs. Oversubscribed ranks time-share CPUs, so a timing is the CPU time of every rank's
+    copies and busy-waiting over the CPUs, not the time of one rank's exchange (collective)."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -108,13 +123,19 @@ def rows_to_cols(comm, n: int, repeat: int, warmup: int) -> dict:
         comm.Alltoall([mine, 1, vec], [block, rows * cols, MPI.FLOAT])
 
     times = {"dlpart_into": [], "dlpart": [], "alltoall": [], "alltoall_datatype": []}
+    cpu = {k: [0.0, 0.0] for k in times}
     runs = (("dlpart_into", run_into), ("dlpart", run_dlpart), ("alltoall", run_alltoall),
             ("alltoall_datatype", run_alltoall_datatype))
     for i in range(warmup + repeat):
         for name, fn in runs:
-            t = _timed(comm, fn)
+            t, user, system = _timed(comm, fn)
             if i >= warmup:
                 times[name].append(t)
+                cpu[name][0] += user
+                cpu[name][1] += system
+    # Each rank's mean CPU time per timed call: with more ranks than CPUs the wall time is
+    # about the sum of every rank's, over the CPUs.
+    per_rank = comm.allgather({k: [u / repeat, s / repeat] for k, (u, s) in cpu.items()})
     # The columns are right: this rank's block equals numpy's.
     out = run_dlpart.out
     whole = np.arange(n * n, dtype=np.float32).reshape(n, n)
@@ -134,6 +155,8 @@ def rows_to_cols(comm, n: int, repeat: int, warmup: int) -> dict:
         "bytes_local_rank0": out.traffic.local,
         "median_s": med,
         "min_s": {k: min(v) for k, v in times.items()},
+        "cpu_s_per_call": {k: {"user": [r[k][0] for r in per_rank],
+                               "system": [r[k][1] for r in per_rank]} for k in times},
         "bandwidth": {k: nbytes / t for k, t in med.items()},
         "ratio_vs_alltoall": med["alltoall"] / med["dlpart_into"],
         "ratio_new_targets_vs_alltoall": med["alltoall"] / med["dlpart"],
@@ -175,10 +198,14 @@ def run(args) -> int:
         f"  ratio (repartition_into) {res['ratio_vs_alltoall']:.2f}x MPI Alltoall of contiguous blocks (target >= {TARGET}x), "
         f"{res['ratio_vs_alltoall_datatype']:.2f}x Alltoall with the column datatype"
         f"{'' if res['correct'] else '  RESULT WRONG'}",
+        "  CPU per rank and call, user + system, mean of the ranks: " + ", ".join(
+            f"{k} {statistics.mean(c['user']) * 1e3:.1f} + "
+            f"{statistics.mean(c['system']) * 1e3:.1f} ms"
+            for k, c in res["cpu_s_per_call"].items()),
         f"  placement: {where['ranks_per_node']} ranks on {where['cpus_per_node']} CPUs per node, "
         f"{where['nodes']} node{'s' if where['nodes'] > 1 else ''}"
-        + ("  (oversubscribed: the ranks time-share the CPUs, so each time is the CPU time of "
-           "that side's copies and busy-waiting; one rank per CPU or GPU compares the exchanges)"
+        + ("  (oversubscribed: the ranks time-share the CPUs, so each time is the CPU time "
+           "all ranks spend in that side's copies and waiting, over the CPUs)"
            if where["oversubscribed"] else ""),
     ]
     text = "\n".join(lines)
