@@ -31,7 +31,7 @@ pub(super) use segments::confirmed;
 pub(super) use segments::Buffers;
 use segments::{any_device, DEVICE_NOTE};
 
-const REPARTITIONS: &str = "repartitions (source or target grids, owners or dtypes)";
+const REPARTITIONS: &str = "repartitions (source or target grids, owners, devices or dtypes)";
 
 /// The target of a repartition across ranks: a grid, and the rank and device of each of its
 /// partitions (C order).
@@ -696,8 +696,13 @@ impl Stage {
         }
         w.usizes(&src_owners);
         if !replicated {
-            // Replicated targets are every rank's own: their owners differ by design.
+            // Replicated targets are every rank's own: their owners and devices differ by
+            // design. Otherwise the ranks must agree where each target partition lives.
             w.usizes(&target.owners);
+            for d in &target.devices {
+                let (kind, id) = d.to_dlpack();
+                w.u64(u64::from(kind as u32)).u64(u64::from(id as u32));
+            }
         }
         w.usize(rounds);
         let local_bytes = bytes(&local) as u64;

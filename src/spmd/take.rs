@@ -355,7 +355,7 @@ pub fn scatter(
         stage,
         |s| s.2,
         |_| "",
-        "scatters (indices, values or grids)",
+        "scatters (indices, values' shapes or dtypes, or grids)",
     )?;
     // Picking the rows allocates, on the host too, and device work can fail on one rank:
     // the ranks confirm the outcome, as gathers do, so that none returns success while

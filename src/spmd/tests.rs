@@ -388,6 +388,32 @@ fn ranks_asking_for_different_layouts_all_fail() {
 }
 
 #[test]
+fn ranks_placing_a_partition_on_different_devices_all_fail() {
+    // Rank 0 alone deals rank 1's row block to a GPU: a GPU is never touched (rank 0 holds no
+    // target there), and the ranks' dicts would disagree on where it lives.
+    let a = reference(&[6, 4]);
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let parts = vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 4]))];
+        let pa = from_stacked(comm, parts, 0).unwrap();
+        let mut devices = vec![Device::CPU; 3];
+        if me == 0 {
+            devices[1] = Device::cuda(0);
+        }
+        let layout = Layout::tiling(&[3, 1]).dealt(devices).process_grid(&[3, 1]);
+        repartition(comm, &pa, &layout, false)
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+    assert!(
+        errors[0].contains("ranks 0 and 1 asked for different repartitions"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
 fn a_rank_failing_before_the_exchange_fails_every_rank() {
     let a = reference(&[4, 4]);
     let errors = ThreadComm::run(2, |comm| {
