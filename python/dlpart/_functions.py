@@ -12,15 +12,26 @@ __all__ = ["gather", "prepare_gather", "prepare_scatter", "scatter"]
 
 
 def _indices(indices):
-    """Index arrays as given (any DLPack array), or a Python sequence / scalar as int64."""
+    """Index arrays as given (any DLPack array); Python ints as an int64 array; other sequences
+    and scalars as the 1-d integer array numpy makes of them."""
     if hasattr(indices, "__dlpack__") or isinstance(indices, Tensor):
         return indices
     import numpy as np
 
+    if isinstance(indices, (list, tuple, range)) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in indices):
+        # Python ints (numpy would make [] float64, mix int64 and uint64 into float64, and
+        # wrap on a cast): int64, each checked to fit; one that does not is beyond any axis.
+        big = next((i for i in indices if not -(2**63) <= i < 2**63), None)
+        if big is not None:
+            raise IndexError(f"index {big} is out of bounds: indices must fit in 64 bits")
+        return np.array(indices, dtype=np.int64)
     arr = np.asarray(indices)
-    if arr.dtype.kind not in "iub" or arr.dtype.kind == "b":
+    if arr.ndim > 1:
+        raise ValueError(f"indices must be 1-d: shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, found {arr.dtype} in {indices!r}")
-    return np.ascontiguousarray(arr.reshape(-1).astype(np.int64, copy=False))
+    return np.ascontiguousarray(arr.reshape(-1))
 
 
 @overload

@@ -89,6 +89,27 @@ def test_indices_that_are_no_array_are_converted_by_the_extension():
             dlpart.gather(x, bad)
 
 
+def test_python_index_sequences_keep_their_values_or_raise():
+    """Python ints are never cast into other values: numpy alone would make [] float64, a mix
+    of negative and above-int64 ints float64, and 2**64 - 1 cast to int64 -1 (the last row)."""
+    x = np.arange(20.0).reshape(5, 4)
+    for empty in ([], ()):
+        got = np.from_dlpack(dlpart.gather(x, empty))
+        np.testing.assert_array_equal(got, np.take(x, np.array([], np.intp), axis=0))
+        out = x.copy()
+        dlpart.scatter(np.zeros((0, 4)), empty, out)
+        np.testing.assert_array_equal(out, x)
+    for huge in ([2**64 - 1], [0, 2**63], [-1, 2**63], [-(2**70)]):
+        out = x.copy()
+        with pytest.raises(IndexError, match="out of bounds"):
+            dlpart.gather(x, huge)
+        with pytest.raises(IndexError, match="out of bounds"):
+            dlpart.scatter(np.full((len(huge), 4), -1.0), huge, out)
+        np.testing.assert_array_equal(out, x)
+    with pytest.raises(ValueError, match=r"indices must be 1-d: shape \(2, 2\)"):
+        dlpart.gather(x, [[0, 1], [2, 3]])
+
+
 def test_a_failed_index_conversion_still_releases_the_source_once():
     gc.collect()
     before = _testing.deleter_calls()
