@@ -5,7 +5,8 @@ Every function and method here is *collective*: all ranks of the communicator ca
 same order, with the same global arguments (the layout, the root). Ranks that disagree, or a
 rank that fails (bad input, a failed import, a read-only target, a failed allocation or GPU
 copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
-class, its message prefixed with ``rank N:``) instead of leaving the others waiting. The logic
+class, or the nearest built-in one for a class of the program's own, its message prefixed with
+``rank N:``) instead of leaving the others waiting. The logic
 is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
 ``allgather`` moves the metadata and whose ``Isend`` and ``Irecv`` move the data, only between
 ranks that have bytes for each other, each peer's bytes in messages of at most 1 GiB (MPI counts
@@ -104,7 +105,35 @@ def _comm(comm) -> _core._MpiComm:
 
 
 def _error(e: BaseException):
-    return (type(e).__name__, str(e))
+    """``(class name, message)`` of this rank's error for the other ranks, which raise it
+    again: the nearest class they can make (a built-in or one of dlpart's own), the error's
+    own class named in front of the message when it is another (a user's ValueError subclass
+    arrives as ValueError)."""
+    import builtins
+
+    from . import _core as core
+
+    own = {c.__name__: c for c in (core.ProtocolError, core.DeviceError,
+                                   core.BackendUnavailableError)}
+    for cls in type(e).__mro__:
+        if own.get(cls.__name__) is cls or getattr(builtins, cls.__name__, None) is cls:
+            break
+    else:  # not reached: every exception derives from BaseException
+        cls = RuntimeError
+    if cls is type(e):
+        return (cls.__name__, str(e))
+    return (cls.__name__, f"{type(e).__qualname__}: {e}")
+
+
+def _agreed(failed: Optional[BaseException], call):
+    """``call(error)``, a collective call told this rank's own error (or None); when it raises
+    the error the ranks agreed on, this rank's original error is its ``__cause__``."""
+    try:
+        return call(None if failed is None else _error(failed))
+    except Exception as agreed:
+        if failed is None:
+            raise
+        raise agreed from failed
 
 
 def _checked(comm, make):
@@ -118,6 +147,16 @@ def _checked(comm, make):
         except Exception as agreed:
             raise agreed from e
         raise  # not reached: _spmd_fail always raises
+
+
+def _index(x, what: str) -> int:
+    """``x`` as an int (anything with ``__index__``), or a TypeError naming the argument."""
+    import operator
+
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(x).__name__} {x!r}") from None
 
 
 def _axis(axis, ndim: int) -> int:
@@ -154,7 +193,7 @@ def _local_items(parts, axis):
             raise TypeError(
                 f"from_local without axis= takes (start, array) pairs or a dict {{start: array}}; "
                 f"got {type(pair).__name__}") from None
-        out.append(([int(i) for i in start], _as_tensor(array)))
+        out.append((_opt_list(start, "start"), _as_tensor(array)))
     return out, (pairs[0][1] if pairs else None)
 
 
@@ -176,18 +215,20 @@ def from_local(parts: Any, comm: Any, *, axis: Optional[int] = None,
     dict on every rank but for ``data`` and ``locals``.
     """
     c = _comm(comm)
-    error = None
+    failed = None
     items: list = []
     first = None
+    ax = dims = None
     try:
         items, first = _local_items(parts, axis)
-        if axis is not None and int(axis) < 0:
-            raise ValueError(f"axis={axis}: give a non-negative axis")
+        if axis is not None:
+            ax = _index(axis, "axis")
+            if ax < 0:
+                raise ValueError(f"axis={axis}: give a non-negative axis")
+        dims = _opt_list(shape, "shape")
     except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
-        error, items = _error(e), []
-    core = _core._spmd_from_local(
-        c, items, None if axis is None or error else int(axis),
-        None if shape is None else [int(n) for n in shape], error)
+        failed, items, ax, dims = e, [], None, None
+    core = _agreed(failed, lambda error: _core._spmd_from_local(c, items, ax, dims, error))
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
 
 
@@ -196,12 +237,14 @@ def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
     (collective): heat's int-rank locations and draft-2 ``(ip, pid, device)`` locations of the
     ranks' processes both name the owning rank. Every rank must read the same global grid."""
     c = _comm(comm)
+    failed = None
     try:
         pa = _from_partitioned(obj)
-        core, error, framework = pa._core, None, pa._framework
+        core, framework = pa._core, pa._framework
     except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
-        core, error, framework = None, _error(e), None
-    return SpmdArray._spmd(_core._spmd_with_ranks(c, core, error), c, None, framework)
+        core, framework, failed = None, None, e
+    core = _agreed(failed, lambda error: _core._spmd_with_ranks(c, core, error))
+    return SpmdArray._spmd(core, c, None, framework)
 
 
 class SpmdArray(PartitionedArray):
@@ -250,16 +293,24 @@ class SpmdArray(PartitionedArray):
                         block_cyclic=_opt_block(block_cyclic), devices=_devices_arg(devs),
                         process_grid=_opt_list(process_grid, "process_grid"))
 
-        core, traffic = _core._spmd_repartition(self.comm, self._core, **_checked(self.comm, layout),
-                                                transfer=bool(transfer))
+        def args():
+            return dict(layout(), transfer=bool(transfer))
+
+        core, traffic = _core._spmd_repartition(self.comm, self._core, **_checked(self.comm, args))
         return SpmdArray._spmd(core, self.comm, traffic, self._framework)
 
     def repartition_into(self, out: PartitionedArray, *, transfer: bool = False) -> PartitionedArray:
         """Copies this array into the SPMD array ``out``'s partitions (collective); nothing is
         written on any rank unless every rank's checks pass. Returns ``out``, whose
         ``traffic`` then holds this exchange's byte counts."""
-        target = _checked(self.comm, lambda: out._core)
-        traffic = _core._spmd_repartition_into(self.comm, self._core, target, bool(transfer))
+        def target():
+            if not isinstance(out, PartitionedArray):
+                raise TypeError(f"repartition_into writes into a dlpart.PartitionedArray (an "
+                                f"SpmdArray), not {type(out).__name__}")
+            return out._core, bool(transfer)
+
+        core, move = _checked(self.comm, target)
+        traffic = _core._spmd_repartition_into(self.comm, self._core, core, move)
         if isinstance(out, SpmdArray):
             out.traffic = Traffic(*traffic)
         return out
@@ -269,8 +320,14 @@ class SpmdArray(PartitionedArray):
         """The whole array as one tensor on rank ``root`` (None on the other ranks), or on every
         rank with ``root=None`` (collective). ``device`` defaults to the device of the receiving
         rank's first partition."""
-        dev = _checked(self.comm, lambda: None if device is None else Device(device))
-        return _core._spmd_assemble(self.comm, self._core, root, dev, bool(transfer))
+        def args():
+            at = None if root is None else _index(root, "root")
+            if at is not None and not 0 <= at < self.comm.size:
+                raise ValueError(f"assemble onto one of the {self.comm.size} ranks: rank {root}")
+            return at, None if device is None else Device(device), bool(transfer)
+
+        at, dev, move = _checked(self.comm, args)
+        return _core._spmd_assemble(self.comm, self._core, at, dev, move)
 
     def gather(self, indices: IndicesLike, axis: int = 0, *, transfer: bool = False) -> "SpmdArray":
         """``numpy.take(self, indices, axis)`` across the ranks (collective; every rank passes the

@@ -2,8 +2,11 @@
 
 use pyo3::create_exception;
 use pyo3::exceptions::{
-    PyBufferError, PyIndexError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError,
+    PyBufferError, PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyTypeError,
+    PyValueError,
 };
+use pyo3::prelude::*;
+use pyo3::types::PyType;
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -40,6 +43,18 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         "ValueError" => PyValueError::new_err(msg),
         "TypeError" => PyTypeError::new_err(msg),
         "MemoryError" => PyMemoryError::new_err(msg),
-        _ => PyRuntimeError::new_err(msg),
+        kind => Python::attach(|py| builtin(py, kind, &msg))
+            .unwrap_or_else(|| PyRuntimeError::new_err(msg)),
     }
+}
+
+/// Python's built-in exception class named `kind` (another SPMD rank's error, which that rank
+/// reduced to the nearest built-in class), made with `msg`; None for any other name.
+fn builtin(py: Python<'_>, kind: &str, msg: &str) -> Option<PyErr> {
+    let class = PyModule::import(py, "builtins").ok()?.getattr(kind).ok()?;
+    let class = class.cast_into::<PyType>().ok()?;
+    if !class.is_subclass_of::<PyException>().ok()? {
+        return None;
+    }
+    Some(PyErr::from_type(class, msg.to_owned()))
 }

@@ -247,6 +247,78 @@ def errors():
     a2 = dlpart.mpi.from_local(np.ones((2, 4), np.float32), comm, axis=0)
     expect_collective_error("a read-only target", lambda: a2.repartition_into(out), BufferError, "rank 3: ")
     assert not ro.any(), "nothing is written when one rank fails"
+    one_rank_arguments(a, a2, out, ro)
+
+
+class MyValueError(ValueError):
+    """A program's own error class, which the other ranks cannot make."""
+
+
+class BadIndex:
+    """A layout entry whose conversion raises `error`."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __index__(self):
+        raise self.error
+
+
+def one_rank_arguments(a, a2, out, ro):
+    """Arguments that fail their conversion on one rank only (before the Rust call) still fail
+    every rank, with that rank's error class (or its nearest built-in one); the other ranks'
+    targets and indices are unaffected."""
+    odd = rank == 1
+    part = np.zeros((2, 4), np.float32)
+    cases = [
+        ("a negative root", lambda: a.assemble(root=-1 if odd else 0), ValueError,
+         "rank 1: assemble onto one of the"),
+        ("a root that is no int", lambda: a.assemble(root="0" if odd else 0), TypeError,
+         "rank 1: root must be an integer, not str"),
+        ("a transfer flag with no truth value",
+         lambda: a.repartition((2, 1), transfer=np.ones(2) if odd else False), ValueError, "rank 1: "),
+        ("a shape that is no int", lambda: dlpart.mpi.from_local(
+            {(2 * rank, 0): part}, comm, shape=("a", 4) if odd else (2 * size, 4)),
+         TypeError, "rank 1: "),
+        ("a negative shape", lambda: dlpart.mpi.from_local(
+            {(2 * rank, 0): part}, comm, shape=(-1, 4) if odd else (2 * size, 4)),
+         ValueError, "rank 1: shape (-1, 4) has the negative entry -1"),
+        ("a negative start", lambda: dlpart.mpi.from_local(
+            {((-2, 0) if odd else (2 * rank, 0)): part}, comm),
+         ValueError, "rank 1: start (-2, 0) has the negative entry -2"),
+        ("a numpy target", lambda: a2.repartition_into(ro if odd else out), TypeError,
+         "rank 1: repartition_into writes into a dlpart.PartitionedArray"),
+        ("a program's ValueError subclass",
+         lambda: a.repartition((BadIndex(MyValueError("mine")) if odd else 2, 1)), ValueError,
+         "rank 1: MyValueError: mine"),
+        ("a built-in class dlpart does not raise itself",
+         lambda: a.repartition((BadIndex(ZeroDivisionError("zero")) if odd else 2, 1)),
+         ZeroDivisionError, "rank 1: zero"),
+        # Rank 0 alone puts rank 1's partition on a GPU (where no GPU is needed to agree).
+        ("devices that differ", lambda: a.repartition(
+            (size, 1), devices=["cpu", "cuda:0" if rank == 0 else "cpu"] + ["cpu"] * (size - 2),
+            process_grid=(size, 1)), dlpart.ProtocolError, "asked for different repartitions"),
+        ("an index beyond 64 bits", lambda: a.gather([0, 2**64 - 1]), IndexError,
+         "index 18446744073709551615 is out of bounds"),
+    ]
+    for what, make, cls, text in cases:
+        expect_collective_error(what, make, cls, text)
+    assert not ro.any(), "nothing is written when one rank fails"
+    # The failed rank keeps its own error as the cause of the agreed one.
+    for make, own in ((lambda: a.repartition((BadIndex(MyValueError("m")) if odd else 2, 1)),
+                       MyValueError),
+                      (lambda: dlpart.mpi.from_local({(2 * rank, 0): part}, comm,
+                                                     shape=(-1, 4) if odd else (2 * size, 4)),
+                       ValueError)):
+        try:
+            make()
+        except ValueError as e:
+            assert isinstance(e.__cause__, own) == odd, (e, e.__cause__)
+        else:
+            raise AssertionError("no error")
+    # An empty index list picks nothing, on every rank (numpy would make [] float64).
+    none = a.gather([])
+    assert none.shape == (0, 4), none.shape
 
 
 def finish():
