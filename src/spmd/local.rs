@@ -216,6 +216,13 @@ fn build(metas: &[RankMeta], me: usize, mine: Vec<Tensor>) -> Result<Partitioned
         Some(axis) => stacked_grid(metas, &all, axis, ndim)?,
         None => placed_grid(metas, &all, first.shape.as_deref(), ndim)?,
     };
+    if let Some(stated) = first.shape.as_deref().filter(|&s| s != grid.shape()) {
+        return Err(spmd_error(format!(
+            "the partitions make shape {}, not the stated shape {}",
+            tuple_string(grid.shape()),
+            tuple_string(stated)
+        )));
+    }
     let n = grid.num_partitions();
     let mut owner: Vec<Option<(usize, usize)>> = vec![None; n];
     for (&(r, k), &flat) in all.iter().zip(&positions) {
@@ -417,12 +424,30 @@ pub fn with_ranks(
     comm: &dyn Communicator,
     pa: Result<PartitionedArray>,
 ) -> Result<PartitionedArray> {
-    // The dtype is known only where data is (dicts need not state it): compared apart.
+    let pa = pa.and_then(locals_hold_data);
+    // The dtype is known only where data is (dicts need not state it): compared apart. The
+    // locations as the producer wrote them are compared too: resolved the same way on every
+    // rank, they then give every rank the same owners.
     let print = pa.as_ref().map(|pa| {
         let mut w = Writer::default();
         w.usizes(pa.shape());
         for s in pa.grid().splits() {
             w.usizes(s);
+        }
+        for flat in 0..pa.len() {
+            let locations = pa.locations(flat);
+            w.usize(locations.len());
+            for l in locations {
+                let (kind, id) = l.device.to_dlpack();
+                w.str(l.host.as_deref().unwrap_or(""))
+                    .u8(u8::from(l.host.is_some()))
+                    .u64(l.pid.map_or(u64::MAX, |p| p as u64))
+                    .u8(u8::from(l.pid.is_some()))
+                    .u64(l.rank.map_or(u64::MAX, |r| r as u64))
+                    .u8(u8::from(l.rank.is_some()))
+                    .u64(u64::from(kind as u32))
+                    .u64(u64::from(id as u32));
+            }
         }
         fingerprint(&w.0)
     });
@@ -455,5 +480,37 @@ pub fn with_ranks(
             l.rank = Some(r as i64);
         }
     });
+    // Every rank checks the same locations the same way: an error here is every rank's.
+    let size = comm.size();
+    for (flat, owner) in super::exchange::owners(&pa)?.into_iter().enumerate() {
+        if owner >= size {
+            return Err(Error::protocol(
+                "location",
+                Some(&pa.grid().position(flat)),
+                format!(
+                    "names rank {owner}, but the communicator has {size} ranks (0 to {})",
+                    size - 1
+                ),
+                None,
+            ));
+        }
+    }
+    Ok(pa)
+}
+
+/// `pa` when every position its `locals` lists holds data on this rank (heat's replicated
+/// form lists a partition another rank's location names, with this rank's own copy).
+fn locals_hold_data(pa: PartitionedArray) -> Result<PartitionedArray> {
+    for pos in pa.locals().unwrap_or_default() {
+        let flat = pa.grid().flat_index(pos)?;
+        if pa.data()[flat].tensor().is_none() {
+            return Err(Error::protocol(
+                "locals",
+                Some(pos),
+                "is listed as this rank's but holds no data here".to_string(),
+                None,
+            ));
+        }
+    }
     Ok(pa)
 }

@@ -199,6 +199,31 @@ def heat_form():
     assert dealt.__partitioned__["locals"] == [(0, rank)]
     np.testing.assert_array_equal(np.asarray(dealt.__partitioned__["partitions"][(0, rank)]["data"]),
                                   np.array_split(ref, size, axis=1)[rank])
+    heat_form_errors(d)
+
+
+def heat_form_errors(d):
+    """Dicts the ranks cannot share fail on every rank when read, not at the next exchange."""
+    def changed(location=None, locals_=None, who=1):
+        e = {k: dict(v) for k, v in d["partitions"].items()}
+        if location is not None and rank == who:
+            e[(size - 1, 0)]["location"] = location
+        return {**d, "partitions": e, "locals": locals_ if locals_ and rank == who else d["locals"]}
+
+    expect_collective_error("a rank beyond the communicator",
+                            lambda: dlpart.mpi.from_partitioned(changed([size], who=rank), comm),
+                            dlpart.ProtocolError, f"names rank {size}, but the communicator has {size}")
+    expect_collective_error("ranks that disagree on an owner",
+                            lambda: dlpart.mpi.from_partitioned(changed([0]), comm),
+                            dlpart.ProtocolError, "ranks 0 and 1 asked for different global grids")
+    expect_collective_error("locals that hold no data",  # rank 1 lists rank 0's partition
+                            lambda: dlpart.mpi.from_partitioned(changed(locals_=[(0, 0)]), comm),
+                            dlpart.ProtocolError, 'rank 1: __partitioned__["locals"] at position (0, 0)')
+    part = np.zeros((2, 3), np.float32)
+    expect_collective_error("a stated shape the stacked partitions do not make",
+                            lambda: dlpart.mpi.from_local(part, comm, axis=0, shape=(2 * size + 1, 3)),
+                            dlpart.ProtocolError,
+                            f"make shape ({2 * size}, 3), not the stated shape ({2 * size + 1}, 3)")
 
 
 def expect_collective_error(what, make, cls, text):
