@@ -111,15 +111,10 @@ def _error(e: BaseException):
     arrives as ValueError)."""
     import builtins
 
-    from . import _core as core
-
-    own = {c.__name__: c for c in (core.ProtocolError, core.DeviceError,
-                                   core.BackendUnavailableError)}
-    for cls in type(e).__mro__:
-        if own.get(cls.__name__) is cls or getattr(builtins, cls.__name__, None) is cls:
-            break
-    else:  # not reached: every exception derives from BaseException
-        cls = RuntimeError
+    own = (_core.ProtocolError, _core.DeviceError, _core.BackendUnavailableError)
+    # BaseException, a built-in, ends every class's MRO.
+    cls = next(c for c in type(e).__mro__
+               if c in own or getattr(builtins, c.__name__, None) is c)
     if cls is type(e):
         return (cls.__name__, str(e))
     return (cls.__name__, f"{type(e).__qualname__}: {e}")

@@ -699,9 +699,8 @@ impl Stage {
             // Replicated targets are every rank's own: their owners and devices differ by
             // design. Otherwise the ranks must agree where each target partition lives.
             w.usizes(&target.owners);
-            for d in &target.devices {
-                let (kind, id) = d.to_dlpack();
-                w.u64(u64::from(kind as u32)).u64(u64::from(id as u32));
+            for &d in &target.devices {
+                w.device(d);
             }
         }
         w.usize(rounds);

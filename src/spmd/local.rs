@@ -64,7 +64,7 @@ fn encode(comm: &dyn Communicator, parts: &Result<LocalParts>, shape: Option<&[u
                 if let LocalParts::Placed(v) = p {
                     w.usizes(&v[k].0);
                 }
-                w.usizes(t.shape()).str(&t.device().to_string());
+                w.usizes(t.shape()).device(t.device());
                 w.str(t.dtype().name());
             }
         }
@@ -438,15 +438,11 @@ pub fn with_ranks(
             let locations = pa.locations(flat);
             w.usize(locations.len());
             for l in locations {
-                let (kind, id) = l.device.to_dlpack();
-                w.str(l.host.as_deref().unwrap_or(""))
-                    .u8(u8::from(l.host.is_some()))
-                    .u64(l.pid.map_or(u64::MAX, |p| p as u64))
-                    .u8(u8::from(l.pid.is_some()))
-                    .u64(l.rank.map_or(u64::MAX, |r| r as u64))
-                    .u8(u8::from(l.rank.is_some()))
-                    .u64(u64::from(kind as u32))
-                    .u64(u64::from(id as u32));
+                w.u8(u8::from(l.host.is_some()))
+                    .str(l.host.as_deref().unwrap_or(""))
+                    .opt_u64(l.pid.map(|p| p as u64))
+                    .opt_u64(l.rank.map(|r| r as u64))
+                    .device(l.device);
             }
         }
         fingerprint(&w.0)
@@ -507,7 +503,7 @@ fn locals_hold_data(pa: PartitionedArray) -> Result<PartitionedArray> {
             return Err(Error::protocol(
                 "locals",
                 Some(pos),
-                "is listed as this rank's but holds no data here".to_string(),
+                "is listed as this rank's but holds no data here",
                 None,
             ));
         }

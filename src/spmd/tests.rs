@@ -187,6 +187,12 @@ fn errors_of(f: impl Fn(&ThreadComm) -> crate::Result<PartitionedArray> + Sync) 
     ThreadComm::run(4, |comm| f(comm).unwrap_err().to_string())
 }
 
+/// Every rank got the same error, naming `want`.
+fn assert_same_error(errors: &[String], want: &str) {
+    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+    assert!(errors[0].contains(want), "{} lacks {want}", errors[0]);
+}
+
 #[test]
 fn a_mismatch_on_one_rank_is_the_same_error_on_every_rank() {
     let row = |comm: &ThreadComm, dtype64: bool| {
@@ -251,8 +257,7 @@ fn a_mismatch_on_one_rank_is_the_same_error_on_every_rank() {
     ];
     for (f, want) in cases {
         let errors = errors_of(&*f);
-        assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
-        assert!(errors[0].contains(want), "{} lacks {want}", errors[0]);
+        assert_same_error(&errors, want);
     }
     // The failed rank's error kind travels with it.
     let kinds = ThreadComm::run(2, |c| {
@@ -379,12 +384,7 @@ fn ranks_asking_for_different_layouts_all_fail() {
             .unwrap_err()
             .to_string()
     });
-    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
-    assert!(
-        errors[0].contains("ranks 0 and 2 asked for different"),
-        "{}",
-        errors[0]
-    );
+    assert_same_error(&errors, "ranks 0 and 2 asked for different");
 }
 
 #[test]
@@ -405,12 +405,7 @@ fn ranks_placing_a_partition_on_different_devices_all_fail() {
             .unwrap_err()
             .to_string()
     });
-    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
-    assert!(
-        errors[0].contains("ranks 0 and 1 asked for different repartitions"),
-        "{}",
-        errors[0]
-    );
+    assert_same_error(&errors, "ranks 0 and 1 asked for different repartitions");
 }
 
 #[test]

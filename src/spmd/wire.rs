@@ -1,6 +1,7 @@
 //! The bytes of the small metadata messages the ranks all-gather: little-endian integers and
 //! length-prefixed strings, read back with every length checked (a peer's bytes are input).
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// Appends values to a message.
@@ -34,6 +35,16 @@ impl Writer {
         self.usize(s.len());
         self.0.extend_from_slice(s.as_bytes());
         self
+    }
+
+    /// A device by its name (`kDLCUDA:0`), which `Device`'s `FromStr` reads back.
+    pub fn device(&mut self, d: Device) -> &mut Self {
+        self.str(&d.to_string())
+    }
+
+    /// An optional value: a presence flag, then the value (0 when absent).
+    pub fn opt_u64(&mut self, v: Option<u64>) -> &mut Self {
+        self.u8(u8::from(v.is_some())).u64(v.unwrap_or(0))
     }
 }
 
