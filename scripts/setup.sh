@@ -126,6 +126,13 @@ export HWLOC_PLUGINS_BLACKLIST="hwloc_opencl.so"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export RAY_AUTH_MODE=disabled
+# The packages are installed without byte-compiling them (--no-compile), and some environments
+# set PYTHONDONTWRITEBYTECODE: every Python process the tests start (mpirun's ranks, the
+# benchmark, ray's and dask's workers) would then compile numpy, jax, torch and heat from source
+# again, seconds each. Python writes each module's cache on its first import instead, under
+# target/ rather than beside the sources.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$_dlpart_root/target/pycache"
 
 # Build the extension into the venv: maturin develop installs the package editable and puts
 # _core.abi3.so next to python/dlpart. Debug by default (tests); pass --release for benchmarks.
