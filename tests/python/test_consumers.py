@@ -2,10 +2,7 @@
 it: xgboost_ray (``numpy.concatenate(get(handles))``, locality from ``location[0]`` as an IP)
 and heat (numpy or torch data only, ``int(location[0])`` as the MPI rank)."""
 
-import importlib.util
 import os
-import pathlib
-import re
 import socket
 
 import numpy as np
@@ -120,23 +117,6 @@ def test_xgboost_ray_trains_on_a_dlpart_array(ray_session):
     assert bst.num_boosted_rounds() == 5
     features = xgboost.DMatrix(X, feature_names=[f"f{i}" for i in range(5)])
     assert ((bst.predict(features) > 0.5) == (y > 0.5)).mean() > 0.9
-
-
-HEAT_SCRIPT = pathlib.Path(__file__).parent / "mpi_scripts" / "heat_exchange.py"
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_heat_reads_dlpart_arrays_and_dlpart_reexports_of_heat_arrays(mpirun, ranks):
-    """The real client under mpirun (heat needs torch: `scripts/test.sh` installs both unless
-    DLPART_WITH_HEAT=0, as they take several GB; the hand-built heat form above always runs)."""
-    # Looked up, not imported: importing heat initialises MPI in this process, after which
-    # mpirun refuses to start jobs from it.
-    if importlib.util.find_spec("heat") is None:
-        pytest.skip("heat is not installed (scripts/test.sh installs it unless DLPART_WITH_HEAT=0)")
-    out = mpirun(HEAT_SCRIPT, ranks, timeout=240)
-    # the ranks' lines may interleave on mpirun's stdout
-    assert sorted(re.findall(r"ok (\d+)", out)) == [str(r) for r in range(ranks)], out
 
 
 def test_a_jax_array_imported_and_exported_again_cannot_be_written():

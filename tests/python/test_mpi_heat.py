@@ -25,8 +25,11 @@ def test_heat_and_dlpart_spmd_arrays_exchange_across_ranks(mpirun_cases):
     """The real heat: DNDarrays split along axis 0 or 1 (balanced and not) read by
     `dlpart.mpi.from_partitioned`, repartitioned and assembled equal numpy and `x.numpy()`;
     dlpart SPMD arrays of random uneven blocks read by `ht.from_partitioned(to_heat(a))` hold
-    the same memory and equal numpy, and after `split=` heat's `resplit` does too. The same
-    launch runs the guide's heat example (examples/mpi/with_heat.py)."""
+    the same memory and equal numpy, and after `split=` heat's `resplit` does too; dlpart's
+    one-process `from_partitioned` of SPMD dicts, heat's and its own, goes into heat and back
+    on all four ranks and on one (COMM_SELF). The same launch runs the guide's heat example
+    (examples/mpi/with_heat.py): starting heat on every rank takes seconds, so one launch
+    serves all of these."""
     if importlib.util.find_spec("heat") is None:  # looked up, not imported (see above)
         pytest.skip("heat is not installed (scripts/test.sh installs it unless DLPART_WITH_HEAT=0)")
     mpirun_cases("heat_spmd.py", cases=12, timeout=240)

@@ -33,10 +33,11 @@ def run(check_case, *after):
         comm.Abort(1)
 
 
-def heat_points(n):
-    """heat's balanced chunks of `n` over the ranks as split points (heat's `comm.chunk`: the
-    first `n % size` ranks hold one more), written out here as the reference."""
-    size = MPI.COMM_WORLD.Get_size()
+def heat_points(n, size=None):
+    """heat's balanced chunks of `n` over `size` ranks (default: COMM_WORLD's) as split points
+    (heat's `comm.chunk`: the first `n % size` ranks hold one more), written out here as the
+    reference."""
+    size = MPI.COMM_WORLD.Get_size() if size is None else size
     counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
     return np.concatenate([[0], np.cumsum(counts)]).tolist()
 

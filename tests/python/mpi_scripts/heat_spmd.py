@@ -12,6 +12,11 @@ the ranks, in both directions, checked against numpy built on every rank from th
   balanced chunks) `resplit` equal numpy. The SpmdArray's own draft-2 dict is not heat's form:
   heat's `int(location[0])` fails on it, which is why the adapter exists.
 
+- dlpart's one-process reader on SPMD dicts, on COMM_WORLD and on each rank's COMM_SELF (a
+  one-rank heat array is unsplit): heat reads a dlpart array made by `dlpart.from_partitioned`
+  of a hand-built SPMD dict, and a heat array goes through `dlpart.from_partitioned` and back
+  into heat; zero-copy both ways, ranks stay ranks and torch stays torch.
+
 Then the guide's heat block runs: examples/mpi/with_heat.py, in this launch (starting heat on
 every rank takes seconds).
 
@@ -127,6 +132,49 @@ def check_case(case, seed):
     dlpart_to_heat(rng, ref, split)
 
 
+def plain_dicts_through_heat(world):
+    """heat and dlpart's one-process `from_partitioned` (no communicator) on `world`'s ranks."""
+    r, n = world.Get_rank(), world.Get_size()
+    hcomm = ht.MPICommunication(world)
+    rows, cols = 4 * n + 1, 3
+    ref = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+    bounds = heat_points(rows, n)  # heat's own balanced split
+
+    # A dlpart array of an SPMD dict (this rank's row block here, the others' None) read by heat.
+    mine = ref[bounds[r]:bounds[r + 1]].copy()
+    spmd = {
+        "shape": ref.shape, "partition_tiling": (n, 1), "locals": [(r, 0)],
+        "partitions": {(q, 0): {"start": (bounds[q], 0), "shape": (bounds[q + 1] - bounds[q], cols),
+                                "data": mine if q == r else None, "location": [q]}
+                       for q in range(n)},
+        "get": dlpart.get,
+    }
+    pa = dlpart.from_partitioned(spmd)
+    x = ht.from_partitioned(to_heat(pa, world), comm=hcomm)
+    assert x.shape == ref.shape and x.split == (0 if n > 1 else None), (x.shape, x.split)
+    local = x.larray.numpy()
+    np.testing.assert_array_equal(local, mine)
+    assert local.ctypes.data == mine.ctypes.data, "zero-copy: heat holds dlpart's memory"
+    np.testing.assert_array_equal(x.numpy(), ref)
+
+    # A heat array through dlpart and back into heat: ranks stay ranks, torch stays torch.
+    h = ht.array(torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols), split=0,
+                 comm=hcomm)
+    through = dlpart.from_partitioned(h)
+    assert through.locals == [(r, 0)], through.locals
+    back = ht.from_partitioned(to_heat(through, world), comm=hcomm)
+    assert (back == h).all()
+    assert back.larray.data_ptr() == h.larray.data_ptr(), "zero-copy both ways"
+    d = through.__partitioned__
+    assert all(isinstance(p["location"][0], int) for p in d["partitions"].values())
+    assert isinstance(d["partitions"][(r, 0)]["data"], torch.Tensor)
+
+
+def run_plain_dicts_through_heat():
+    plain_dicts_through_heat(comm)
+    plain_dicts_through_heat(MPI.COMM_SELF)
+
+
 def run_guide_example():
     example = pathlib.Path(__file__).parents[3] / "examples" / "mpi" / "with_heat.py"
     with contextlib.redirect_stdout(io.StringIO()):  # its own "ok <rank>" line, not ours
@@ -134,4 +182,4 @@ def run_guide_example():
 
 
 if __name__ == "__main__":
-    run(check_case, run_guide_example)
+    run(check_case, run_plain_dicts_through_heat, run_guide_example)
