@@ -116,6 +116,17 @@ def dask_client():
 
 
 @pytest.fixture(scope="session")
+def quick_bench(tmp_path_factory):
+    """One `python -m dlpart bench --quick` (every workload, on the best device present) for the
+    tests of the command and of its report: (the finished process, its output folder)."""
+    out = tmp_path_factory.mktemp("bench") / "out"
+    proc = subprocess.run([sys.executable, "-m", "dlpart", "bench", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, out
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """ray.init once per session (about 10 s here); shut down at the end."""
     ray = pytest.importorskip("ray")
