@@ -24,6 +24,16 @@ fn bad(position: &[usize], found: String) -> PyErr {
     ))
 }
 
+/// An integer that is not a Python int but converts to one exactly (`__index__`): a numpy
+/// integer such as `np.int64(2)`, which heat's `int(location[0])` reads as a rank too. Strings,
+/// tuples and lists (the other location forms) have no `__index__`; neither has numpy's bool.
+fn other_integer(obj: &Bound<'_, PyAny>) -> bool {
+    !obj.is_instance_of::<PyInt>()
+        && !obj.is_instance_of::<PyBool>()
+        && !obj.is_instance_of::<PyString>()
+        && obj.hasattr("__index__").unwrap_or(false)
+}
+
 fn repr(obj: &Bound<'_, PyAny>) -> String {
     obj.repr()
         .map(|r| r.to_string())
@@ -68,7 +78,10 @@ impl<'py> LocationReader<'py> {
             || (value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>())
             || value
                 .cast::<PyTuple>()
-                .is_ok_and(|t| t.get_item(0).is_ok_and(|x| x.is_instance_of::<PyString>()));
+                .is_ok_and(|t| t.get_item(0).is_ok_and(|x| x.is_instance_of::<PyString>()))
+            || (!value.is_instance_of::<PyList>()
+                && !value.is_instance_of::<PyTuple>()
+                && other_integer(value));
         if one {
             out.push(self.location(value, position, fallback)?);
         } else if let Ok(l) = value.cast::<PyList>() {
@@ -125,16 +138,7 @@ impl<'py> LocationReader<'py> {
             ));
         }
         if item.is_instance_of::<PyInt>() {
-            let rank: i64 = item.extract().map_err(|_| {
-                bad(
-                    position,
-                    format!("rank {} does not fit an int64", repr(item)),
-                )
-            })?;
-            if rank < 0 {
-                return Err(bad(position, format!("negative rank {rank}")));
-            }
-            return Ok(Location::rank(rank, fallback));
+            return Self::rank(item, position, fallback);
         }
         if let Ok(s) = item.cast::<PyString>() {
             let host = self.host(s)?;
@@ -163,6 +167,9 @@ impl<'py> LocationReader<'py> {
             let fields: Vec<Bound<'py, PyAny>> = l.iter().collect();
             return self.fields(item, &fields, position, fallback);
         }
+        if other_integer(item) {
+            return Self::rank(item, position, fallback);
+        }
         Err(bad(
             position,
             format!(
@@ -170,6 +177,20 @@ impl<'py> LocationReader<'py> {
                 repr(item)
             ),
         ))
+    }
+
+    /// heat's form: an MPI rank, a Python int or another integer (`other_integer`).
+    fn rank(item: &Bound<'py, PyAny>, position: &[usize], fallback: Device) -> PyResult<Location> {
+        let rank: i64 = item.extract().map_err(|_| {
+            bad(
+                position,
+                format!("rank {} does not fit an int64", repr(item)),
+            )
+        })?;
+        if rank < 0 {
+            return Err(bad(position, format!("negative rank {rank}")));
+        }
+        Ok(Location::rank(rank, fallback))
     }
 
     /// `(ip, pid[, device])` given as the tuple or list `item` of `fields`.
@@ -200,7 +221,8 @@ impl<'py> LocationReader<'py> {
         };
         let host = fields[0].cast::<PyString>().map_err(|_| shape_error())?;
         let pid = &fields[1];
-        if !pid.is_instance_of::<PyInt>() || pid.is_instance_of::<PyBool>() {
+        if !(pid.is_instance_of::<PyInt>() || other_integer(pid)) || pid.is_instance_of::<PyBool>()
+        {
             return Err(shape_error());
         }
         let pid: i64 = pid.extract().map_err(|_| shape_error())?;

@@ -172,6 +172,28 @@ def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
     assert calls == [1, 1]
 
 
+def test_numpy_integers_are_ranks_and_pids_as_python_ints_are():
+    # heat reads int(location[0]): a rank computed with numpy is a rank; so is a numpy pid.
+    # What int() would refuse or change (a bool, a float, an int beyond int64) stays refused.
+    def read(location):
+        entry = {"start": (0,), "shape": (2,), "data": None, "location": location}
+        d = {"shape": (2,), "partition_tiling": (1,), "partitions": {(0,): entry}}
+        return dlpart.from_partitioned(d).partitions[(0,)].locations
+
+    cpu = dlpart.Device("kDLCPU")
+    for r in (np.int64(3), np.uint8(3), np.int32(3)):
+        assert read([r]) == read([3]) == (Location(None, None, cpu, rank=3),)
+        assert read(r) == read(3)  # one location, not in a list
+    assert read([("10.0.0.1", np.int64(42))]) == (Location("10.0.0.1", 42, cpu),)
+    for bad, match in [(np.int64(-1), "negative rank -1"), (np.uint64(2**64 - 1), "int64"),
+                       (np.bool_(True), "expected"), (np.float64(1.0), "expected"),
+                       (True, "bool")]:
+        with pytest.raises(dlpart.ProtocolError, match=match):
+            read([bad])
+    with pytest.raises(dlpart.ProtocolError, match="pid"):
+        read([("10.0.0.1", np.float64(42))])
+
+
 def test_locations_shared_between_entries_read_per_entry():
     # One location object repeated across entries (as dlpart's own dicts do) must give each
     # entry what reading it alone gives, including the device taken from the entry.

@@ -4,7 +4,8 @@ on every rank, goes through `dlpart.mpi` and back out in heat's form.
 heat's form (heat 1.8, `DNDarray.create_partition_interface`): one partition per rank, rank
 `r` holding the `r`-th slab along the split axis; `location` is `[r]` (an int MPI rank);
 `locals` lists this rank's position; `data` is this rank's array and None elsewhere; extra
-keys `dtype` and `device`; `get` is the identity. Each case draws a global shape, a split axis
+keys `dtype` and `device`; `get` is the identity (a quarter of the cases write the ranks as
+numpy integers). Each case draws a global shape, a split axis
 and uneven slab sizes (heat's own balanced chunks or random ones, empty slabs included), then
 checks on every rank against numpy: the SpmdArray read from the dict (locals, zero-copy local
 data), a cross-rank repartition assembled on rank 0 and on every rank, and the dict that
@@ -39,8 +40,9 @@ def slab_points(rng, n):
     return [0, *np.sort(rng.integers(0, n + 1, size=size - 1)).tolist(), n]
 
 
-def heat_dict(ref, split, points):
-    """What heat's `__partitioned__` is on this rank, with numpy data instead of torch."""
+def heat_dict(ref, split, points, as_rank=int):
+    """What heat's `__partitioned__` is on this rank, with numpy data instead of torch; ranks
+    made by `as_rank` (heat's `int(location[0])` reads a numpy integer as well)."""
     parts = {}
     for r in range(size):
         pos = tuple(r if axis == split else 0 for axis in range(ref.ndim))
@@ -50,7 +52,7 @@ def heat_dict(ref, split, points):
         data = None
         if r == rank:
             data = ref[tuple(slice(s, s + n) for s, n in zip(start, shape))].copy()
-        parts[pos] = {"start": start, "shape": shape, "data": data, "location": [r],
+        parts[pos] = {"start": start, "shape": shape, "data": data, "location": [as_rank(r)],
                       "dtype": ref.dtype, "device": "cpu"}
     local = tuple(rank if axis == split else 0 for axis in range(ref.ndim))
     return {"shape": ref.shape, "partition_tiling": tuple(size if a == split else 1
@@ -119,7 +121,7 @@ def check_case(case, seed):
     dtype = DTYPES[case % len(DTYPES)]
     ref = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape) * 3 + 1
     points = slab_points(rng, shape[split])
-    d = heat_dict(ref, split, points)
+    d = heat_dict(ref, split, points, np.int64 if rng.random() < 0.25 else int)
     mine = d["partitions"][d["locals"][0]]["data"]
     check_replicated(ref, rng)
 
