@@ -7,7 +7,7 @@ use super::*;
 use crate::device::Device;
 use crate::grid::Grid;
 use crate::layout::Layout;
-use crate::partitioned::{Data, PartitionedArray};
+use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::tensor::Tensor;
 
 mod rounds;
@@ -462,6 +462,73 @@ fn a_rank_failing_after_an_exchange_fails_every_rank_once_confirmed() {
         (out[0].0.clone(), out[0].1.clone(), out[0].2),
         (want.0, want.1, true)
     );
+}
+
+/// heat's SPMD form as rank `me` of `size` reads it: row `r` of `a` (one row per rank) held
+/// here when `r == me`, remote otherwise, located at rank `owner(r)`; `locals` as given.
+fn heat_rows(
+    a: &ArrayD<f32>,
+    me: usize,
+    owner: impl Fn(usize) -> i64,
+    locals: Vec<Vec<usize>>,
+) -> crate::Result<PartitionedArray> {
+    let (size, cols) = (a.shape()[0], a.shape()[1]);
+    let grid = Grid::from_splits(a.shape(), vec![(0..=size).collect(), vec![0, cols]])?;
+    let data = (0..size)
+        .map(|r| match r == me {
+            true => Data::Tensor(Tensor::from(block(a, &[r, 0], &[1, cols]))),
+            false => Data::Remote,
+        })
+        .collect();
+    let locations = (0..size)
+        .map(|r| vec![Location::rank(owner(r), Device::CPU)])
+        .collect();
+    PartitionedArray::new(grid, data, locations, Some(locals))
+}
+
+#[test]
+fn with_ranks_reads_heat_s_form_and_every_rank_refuses_what_one_rank_cannot_use() {
+    let a = reference(&[3, 4]);
+    // heat's own form: each rank finds the same owners, and assembles the array.
+    let out = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let pa = with_ranks(comm, heat_rows(&a, me, |r| r as i64, vec![vec![me, 0]])).unwrap();
+        (owners(&pa).unwrap(), assembled(comm, &pa))
+    });
+    for (me, (owners, whole)) in out.iter().enumerate() {
+        assert_eq!(owners, &[0, 1, 2]);
+        assert_eq!(whole.as_ref(), (me == 0).then_some(&a), "rank {me}");
+    }
+    // Every dict names rank 3 for row 2: no rank of three has it.
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let pa = heat_rows(&a, me, |r| r as i64 + i64::from(r == 2), vec![vec![me, 0]]);
+        with_ranks(comm, pa).unwrap_err().to_string()
+    });
+    assert_same_error(
+        &errors,
+        "names rank 3, but the communicator has 3 ranks (0 to 2)",
+    );
+    assert!(errors[0].contains("(2, 0)"), "{}", errors[0]);
+    // Rank 1 lists row 0 as its own but holds no data there: every rank learns of it.
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let locals = vec![vec![if me == 1 { 0 } else { me }, 0]];
+        with_ranks(comm, heat_rows(&a, me, |r| r as i64, locals))
+            .unwrap_err()
+            .to_string()
+    });
+    assert_same_error(&errors, "rank 1: ");
+    assert!(errors[0].contains("holds no data here"), "{}", errors[0]);
+    // Rank 0's dict places row 1 on rank 2, the others' on rank 1: the dicts disagree.
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let owner = |r: usize| if me == 0 && r == 1 { 2 } else { r as i64 };
+        with_ranks(comm, heat_rows(&a, me, owner, vec![vec![me, 0]]))
+            .unwrap_err()
+            .to_string()
+    });
+    assert_same_error(&errors, "asked for different global grids");
 }
 
 #[test]
