@@ -9,7 +9,7 @@ __all__ = [
     "prepare_gather", "prepare_scatter", "_testing", "set_num_threads",
     "get_num_threads", "reload_log_levels", "_note_host_devices", "_MpiComm",
     "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
-    "_spmd_assemble", "_spmd_fail", "_spmd_gather", "_spmd_scatter",
+    "_spmd_assemble", "_spmd_fail", "_spmd_check", "_spmd_gather", "_spmd_scatter",
 ]
 
 __version__: str
@@ -206,6 +206,7 @@ def _spmd_assemble(
 ) -> Optional[Tensor]: ...
 
 def _spmd_fail(comm: _MpiComm, kind: str, message: str) -> None: ...
+def _spmd_check(comm: _MpiComm, error: Optional[Tuple[str, str]] = None) -> None: ...
 def _spmd_gather(
     comm: _MpiComm, pa: _PartitionedArray, indices: Tensor, axis: int
 ) -> Tuple[_PartitionedArray, TrafficTuple]: ...

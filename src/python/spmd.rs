@@ -422,6 +422,16 @@ fn _spmd_fail(py: Python<'_>, comm: &MpiComm, kind: String, message: String) -> 
     Err(to_py(py.detach(|| spmd::fail_together(comm, e))))
 }
 
+/// Every rank's verdict on a check each made alone (`error`: this rank's failure as
+/// `(exception class name, message)`, or None): the lowest failing rank's error on every rank.
+#[pyfunction]
+#[pyo3(signature = (comm, error=None))]
+fn _spmd_check(py: Python<'_>, comm: &MpiComm, error: Option<(String, String)>) -> PyResult<()> {
+    let outcome = failure(error).map_or(Ok(()), Err);
+    py.detach(|| spmd::check_together(comm, outcome))
+        .map_err(to_py)
+}
+
 /// See `dlpart.mpi.SpmdArray.assemble`.
 #[pyfunction]
 #[pyo3(signature = (comm, pa, root=None, device=None, transfer=false))]
@@ -482,6 +492,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_spmd_repartition_into, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_assemble, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_fail, m)?)?;
+    m.add_function(wrap_pyfunction!(_spmd_check, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_gather, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_scatter, m)?)?;
     Ok(())

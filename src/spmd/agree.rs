@@ -112,3 +112,10 @@ pub fn fail_together(comm: &dyn Communicator, error: Error) -> Error {
         Ok(_) => error,
     }
 }
+
+/// One collective call on the verdicts of a check each rank made on its own data (what the
+/// others cannot see): `Ok` on every rank when every rank passed, else the lowest failing
+/// rank's error on every rank, so that none goes on alone into a call the others never make.
+pub fn check_together(comm: &dyn Communicator, outcome: Result<()>) -> Result<()> {
+    agree(comm, outcome.as_ref().map(|()| 0), "checks", "").map(|_| ())
+}

@@ -38,7 +38,7 @@ mod take;
 mod thread;
 mod wire;
 
-pub use agree::fail_together;
+pub use agree::{check_together, fail_together};
 #[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
 pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};

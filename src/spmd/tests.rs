@@ -532,6 +532,32 @@ fn with_ranks_reads_heat_s_form_and_every_rank_refuses_what_one_rank_cannot_use(
 }
 
 #[test]
+fn a_check_one_rank_fails_alone_fails_every_rank() {
+    let out = ThreadComm::run(3, |comm| {
+        let passed = check_together(comm, Ok(())).is_ok();
+        let outcome = match comm.rank() {
+            2 => Err(crate::Error::protocol(
+                "data",
+                None,
+                "rank 2's own view",
+                None,
+            )),
+            _ => Ok(()),
+        };
+        let e = check_together(comm, outcome).unwrap_err();
+        (passed, e.kind().to_string(), e.to_string())
+    });
+    assert!(out.iter().all(|o| o == &out[0]), "{out:?}");
+    assert!(out[0].0, "every rank passed, and every rank was told so");
+    assert_eq!(out[0].1, "ProtocolError");
+    assert!(
+        out[0].2.starts_with("rank 2: ") && out[0].2.contains("rank 2's own view"),
+        "{}",
+        out[0].2
+    );
+}
+
+#[test]
 fn arrays_without_ranks_are_refused_by_name() {
     let t = Tensor::from(reference(&[2, 2]));
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();

@@ -9,9 +9,10 @@ from torch, as heat's own do). heat's own dicts come back out in their form unch
 keeps a rank as a rank.
 
 Over MPI, heat also needs one partition per rank, rank ``r`` holding the ``r``-th slab along one
-split axis. `to_heat` checks a `dlpart.mpi.SpmdArray` for that (every rank reaches the same
-verdict, so none is left waiting inside heat), and with ``split=k`` first repartitions it into
-heat's own balanced chunks along axis ``k`` (collective: one ``Alltoallv``).
+split axis, and memory a torch tensor can hold. `to_heat` checks a `dlpart.mpi.SpmdArray` for
+both (collective: every rank reaches the same verdict, so none is left waiting after heat
+raised on another), and with ``split=k`` first repartitions it into heat's own balanced chunks
+along axis ``k`` (one ``Alltoallv``).
 """
 
 import sys
@@ -90,6 +91,26 @@ def _check_heat_layout(array: Any) -> None:
                                 f"as unsplit there and split on the other ranks")
 
 
+def _check_heat_memory(array: Any) -> None:
+    """Raises `dlpart.ProtocolError` on every rank (one collective call) when a rank holds a
+    partition heat cannot take over: a view with a negative stride. heat holds each rank's chunk
+    as a torch tensor, and torch has no negative strides, so heat would raise on that rank alone
+    while the others went on to their next collective call and waited there."""
+    from .. import _core
+    from ..mpi import _agreed
+
+    failed = None
+    for pos in array.locals:
+        t = array.partitions[pos].tensor
+        if t is not None and any(s < 0 for s in t.strides):
+            failed = ProtocolError(
+                f"partition {pos} is a view with strides {tuple(t.strides)}: heat holds each "
+                f"rank's chunk as a torch tensor, which cannot have a negative stride; pass "
+                f"split= to give heat new memory, or pass from_local a copy")
+            break
+    _agreed(failed, lambda error: _core._spmd_check(array.comm, error))
+
+
 def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
             split: Optional[int] = None) -> HeatPartitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
@@ -97,10 +118,11 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's
     (default: the producer's, numpy for host data dlpart made).
 
-    A `dlpart.mpi.SpmdArray` must already be in heat's layout (one partition per rank, in rank
-    order along one axis; `dlpart.ProtocolError` on every rank otherwise), or ``split=k``
-    repartitions it there first, collectively: heat's balanced chunks along axis ``k``, the
-    ``r``-th on rank ``r``. Its own communicator gives the rank (``comm`` is not needed)."""
+    For a `dlpart.mpi.SpmdArray` the call is collective. The array must already be in heat's
+    layout (one partition per rank, in rank order along one axis), over memory torch can hold
+    (no negative strides), or `dlpart.ProtocolError` is raised on every rank; or ``split=k``
+    repartitions it there first: heat's balanced chunks along axis ``k``, the ``r``-th on rank
+    ``r``, in new memory. Its own communicator gives the rank (``comm`` is not needed)."""
     from ..mpi import SpmdArray  # no MPI needed: the module loads mpi4py only for a communicator
 
     array = obj if isinstance(obj, SpmdArray) else _import(obj)
@@ -113,6 +135,7 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
             array = array.repartition(splits=heat_splits(array.shape, split, size),
                                       process_grid=grid)
         _check_heat_layout(array)
+        _check_heat_memory(array)
         return HeatPartitioned(array, array.comm.rank, framework)
     if split is not None:
         raise TypeError(f"to_heat(split={split}) repartitions a dlpart.mpi.SpmdArray across "

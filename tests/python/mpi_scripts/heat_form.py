@@ -11,8 +11,8 @@ checks on every rank against numpy: the SpmdArray read from the dict (locals, ze
 data), a cross-rank repartition assembled on rank 0 and on every rank, and the dict that
 `dlpart.adapters.heat.to_heat` produces, read by the rules heat's `from_partitioned` applies
 (`read_like_heat` below), which must give back the input's grid and memory; then a layout heat
-cannot read raises `dlpart.ProtocolError` on every rank, and `to_heat(split=k)` repartitions
-into heat's balanced chunks. heat's replicated form (`split=None`) is read too.
+cannot read, or a rank's reversed view that torch cannot hold, raises `dlpart.ProtocolError` on
+every rank, and `to_heat(split=k)` repartitions into heat's balanced chunks. heat's replicated form (`split=None`) is read too.
 
 usage: heat_form.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -75,6 +75,7 @@ def read_like_heat(d):
     assert "locals" in d and len(d["locals"]) == 1, d.get("locals")
     local = d["get"](d["partitions"][d["locals"][0]]["data"])
     assert isinstance(local, np.ndarray), type(local)  # heat: numpy or torch, nothing else
+    assert all(s >= 0 for s in local.strides), local.strides  # torch.from_numpy's own check
     diff = [g - n for g, n in zip(d["shape"], local.shape)]
     nonzero = [axis for axis, x in enumerate(diff) if x]
     assert len(nonzero) <= 1, diff
@@ -113,6 +114,33 @@ def check_replicated(ref, rng):
                                   region(ref, axis, lo, hi))
 
 
+def reversed_views_are_refused(rng, ref, split, points):
+    """A rank passing `from_local` a view with a negative stride (its slab, as values, held in
+    reverse along axis 0): torch, and so heat, cannot hold it. `to_heat` raises a ProtocolError
+    naming that rank on every rank (heat would raise on that rank alone); `split=` hands heat new
+    memory holding the same values."""
+    slab = [region(ref, split, points[r], points[r + 1]) for r in range(size)]
+    candidates = [r for r in range(size) if slab[r].shape[0] >= 2 and slab[r].size > 0]
+    if one_rank_holds_all(points) or not candidates:
+        return
+    flipper = candidates[int(rng.integers(0, len(candidates)))]
+    mine = slab[rank]
+    if rank == flipper:
+        mine = mine[::-1].copy()[::-1]  # the same values, a negative stride along axis 0
+        assert mine.strides[0] < 0, (mine.shape, mine.strides, mine.dtype)
+    a = dlpart.mpi.from_local(mine, comm, axis=split)
+    try:
+        to_heat(a)
+    except dlpart.ProtocolError as e:
+        assert str(e).startswith(f"rank {flipper}: partition ") and "negative stride" in str(e), e
+    else:
+        raise AssertionError(f"to_heat took rank {flipper}'s reversed view")
+    expect = heat_points(ref.shape[split])
+    if not one_rank_holds_all(expect):
+        local, _ = read_like_heat(to_heat(a, split=split).__partitioned__)
+        np.testing.assert_array_equal(local, region(ref, split, expect[rank], expect[rank + 1]))
+
+
 def check_case(case, seed):
     rng = np.random.default_rng([seed, case])  # the same draws on every rank
     ndim = int(rng.integers(1, 4))
@@ -124,6 +152,7 @@ def check_case(case, seed):
     d = heat_dict(ref, split, points, np.int64 if rng.random() < 0.25 else int)
     mine = d["partitions"][d["locals"][0]]["data"]
     check_replicated(ref, rng)
+    reversed_views_are_refused(rng, ref, split, points)
 
     # heat -> dlpart: ranks as locations, this rank's slab local and zero-copy.
     a = dlpart.mpi.from_partitioned(d, comm)
