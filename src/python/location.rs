@@ -24,13 +24,17 @@ fn bad(position: &[usize], found: String) -> PyErr {
     ))
 }
 
-/// An integer that is not a Python int but converts to one exactly (`__index__`): a numpy
-/// integer such as `np.int64(2)`, which heat's `int(location[0])` reads as a rank too. Strings,
-/// tuples and lists (the other location forms) have no `__index__`; neither has numpy's bool.
-fn other_integer(obj: &Bound<'_, PyAny>) -> bool {
-    !obj.is_instance_of::<PyInt>()
-        && !obj.is_instance_of::<PyBool>()
-        && !obj.is_instance_of::<PyString>()
+/// An integer as heat's `int(location[0])` reads one: a Python int but not a bool, or an
+/// object that converts to one exactly (`__index__`), such as `np.int64(2)` (numpy's bool has
+/// no `__index__`). The other location forms (strings, tuples, lists) are told apart by their
+/// type alone, so reading them costs no attribute lookup.
+fn integer(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_instance_of::<PyInt>() {
+        return !obj.is_instance_of::<PyBool>();
+    }
+    !(obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PyList>())
         && obj.hasattr("__index__").unwrap_or(false)
 }
 
@@ -75,13 +79,10 @@ impl<'py> LocationReader<'py> {
             return Ok(());
         };
         let one = value.is_instance_of::<PyString>()
-            || (value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>())
+            || integer(value)
             || value
                 .cast::<PyTuple>()
-                .is_ok_and(|t| t.get_item(0).is_ok_and(|x| x.is_instance_of::<PyString>()))
-            || (!value.is_instance_of::<PyList>()
-                && !value.is_instance_of::<PyTuple>()
-                && other_integer(value));
+                .is_ok_and(|t| t.get_item(0).is_ok_and(|x| x.is_instance_of::<PyString>()));
         if one {
             out.push(self.location(value, position, fallback)?);
         } else if let Ok(l) = value.cast::<PyList>() {
@@ -137,7 +138,7 @@ impl<'py> LocationReader<'py> {
                 format!("a location cannot be a bool, found {}", repr(item)),
             ));
         }
-        if item.is_instance_of::<PyInt>() {
+        if integer(item) {
             return Self::rank(item, position, fallback);
         }
         if let Ok(s) = item.cast::<PyString>() {
@@ -167,9 +168,6 @@ impl<'py> LocationReader<'py> {
             let fields: Vec<Bound<'py, PyAny>> = l.iter().collect();
             return self.fields(item, &fields, position, fallback);
         }
-        if other_integer(item) {
-            return Self::rank(item, position, fallback);
-        }
         Err(bad(
             position,
             format!(
@@ -179,7 +177,7 @@ impl<'py> LocationReader<'py> {
         ))
     }
 
-    /// heat's form: an MPI rank, a Python int or another integer (`other_integer`).
+    /// heat's form: an MPI rank, any `integer`.
     fn rank(item: &Bound<'py, PyAny>, position: &[usize], fallback: Device) -> PyResult<Location> {
         let rank: i64 = item.extract().map_err(|_| {
             bad(
@@ -221,8 +219,7 @@ impl<'py> LocationReader<'py> {
         };
         let host = fields[0].cast::<PyString>().map_err(|_| shape_error())?;
         let pid = &fields[1];
-        if !(pid.is_instance_of::<PyInt>() || other_integer(pid)) || pid.is_instance_of::<PyBool>()
-        {
+        if !integer(pid) {
             return Err(shape_error());
         }
         let pid: i64 = pid.extract().map_err(|_| shape_error())?;
