@@ -13,8 +13,10 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,11 +128,39 @@ def quick_bench(tmp_path_factory):
     return proc, out
 
 
+RAY_START_LIMIT_S = 60
+
+
+class _RayLate(Exception):
+    pass
+
+
+def _ray_alarm(signum, frame):
+    raise _RayLate()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """ray.init once per session (about 10 s here); shut down at the end."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    """One local Ray instance (two CPUs, for xgboost_ray's two actors) for every Ray test: it
+    takes 5-10 s to start here. Skips, with the reason, where ray is missing or does not start
+    within RAY_START_LIMIT_S; shut down at the end."""
+    ray = pytest.importorskip("ray", reason="ray is not installed")
+    # ray.init must run in the main thread, so a SIGALRM bounds how long it may take
+    previous = signal.signal(signal.SIGALRM, _ray_alarm)
+    signal.alarm(RAY_START_LIMIT_S)
+    t0 = time.monotonic()
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except _RayLate:
+        ray.shutdown()
+        pytest.skip(f"ray did not start within {RAY_START_LIMIT_S} s here")
+    except Exception as e:  # noqa: BLE001 - any failure to start means: no ray on this machine
+        ray.shutdown()
+        pytest.skip(f"ray cannot start here: {type(e).__name__}: {e}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    print(f"ray started in {time.monotonic() - t0:.1f} s")
     try:
         yield ray
     finally:

@@ -1,9 +1,7 @@
-"""Ray ObjectRefs as partition handles, on a one-CPU local Ray instance."""
+"""Ray ObjectRefs as partition handles, on the session's local Ray instance."""
 
 import os
 import pickle
-import signal
-import time
 
 import numpy as np
 import pytest
@@ -14,40 +12,12 @@ import dlpart  # noqa: E402
 from dlpart.adapters import ray as dr  # noqa: E402
 
 REF = np.random.default_rng(3).standard_normal((6, 8))
-START_LIMIT_S = 60
-
-
-class _Late(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Late()
 
 
 @pytest.fixture(scope="module")
-def session():
-    # ray.init must run in the main thread, so a SIGALRM bounds how long it may take
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(START_LIMIT_S)
-    t0 = time.monotonic()
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    except _Late:
-        ray.shutdown()
-        pytest.skip(f"ray did not start within {START_LIMIT_S} s here")
-    except Exception as e:  # noqa: BLE001 - any failure to start means: no ray on this machine
-        ray.shutdown()
-        pytest.skip(f"ray cannot start here: {type(e).__name__}: {e}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    print(f"ray started in {time.monotonic() - t0:.1f} s")
-    node_ips = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
-    try:
-        yield node_ips
-    finally:
-        ray.shutdown()
+def session(ray_session):
+    """The addresses of the live nodes of the session's Ray instance."""
+    return {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
 
 
 class Counting:
