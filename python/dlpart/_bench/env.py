@@ -137,11 +137,16 @@ def _llc_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
+def affinity() -> List[int] | None:
+    """The CPUs this process may run on, or None where the system does not say (not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return sorted(os.sched_getaffinity(0))
+
+
 def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    cpus = affinity()
+    return len(cpus) if cpus is not None else os.cpu_count() or 1
 
 
 def select(device: str | None) -> Tuple[object, List[str]]:

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from .env import affinity
+
 TARGET = 0.7
 
 
@@ -67,7 +69,7 @@ def placement(comm) -> dict:
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        mine = affinity()
         affinities = node.allgather(mine)
         if all(a is not None for a in affinities):
             cpus = len(set().union(*affinities))

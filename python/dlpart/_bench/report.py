@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Set, Tuple
 
+from .env import affinity
 from .timing import Result, fmt_gbs, fmt_us
 
 TITLES = {
@@ -124,7 +125,7 @@ def machine_info(env=None) -> Dict[str, Any]:
 
     info: Dict[str, Any] = {
         "cpu_count": os.cpu_count(),
-        "cpu_affinity": _affinity(),
+        "cpu_affinity": _affinity_count(),
         "cpu_model": _cpu_model(),
         "memory_bytes": _mem_total(),
         "platform": platform.platform(),
@@ -139,11 +140,9 @@ def machine_info(env=None) -> Dict[str, Any]:
     return info
 
 
-def _affinity():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return None
+def _affinity_count():
+    cpus = affinity()
+    return len(cpus) if cpus is not None else None
 
 
 def _cpu_model():
