@@ -428,16 +428,28 @@ pub(crate) fn scatter_operands(
 /// host memory runs [`Backend::transfer`] (the target's, when neither side is), so anything
 /// touching `kDLCUDA` needs dlpart built with the `cuda` feature.
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
-    crate::backend::check_present(device)?;
-    let here = t.device();
-    if here == device || (here.is_host_accessible() && device == Device::CPU) {
-        let backend = backend_for(here)?;
-        let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    let runner = transfer_runner(t.device(), device)?;
+    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
+    if plain_copy(t.device(), device) {
         let job = BoxCopy::whole(t, &out);
         // SAFETY: `out` was just allocated: it shares no memory with `t`.
-        unsafe { backend.copy_boxes_unchecked(&[job])? };
-        backend.synchronize()?;
+        unsafe { runner.copy_boxes_unchecked(&[job])? };
+        runner.synchronize()?;
         return Ok(out);
+    }
+    runner.transfer(t, &out)?;
+    Ok(out)
+}
+
+/// The backend that moves data from `here` to `device` for [`to_device`], or the error
+/// `to_device` raises before it allocates or copies anything: callers that must write all or
+/// nothing check every move with this first.
+pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Backend>> {
+    crate::backend::check_present(device)?;
+    if plain_copy(here, device) {
+        let runner = backend_for(here)?;
+        backend_for(device)?;
+        return Ok(runner);
     }
     let refused = || Error::UnsupportedDevice {
         device: format!("{here} -> {device}"),
@@ -457,9 +469,14 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         Error::UnsupportedDevice { .. } => refused(),
         e => e,
     })?;
-    let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
-    backend.transfer(t, &out)?;
-    Ok(out)
+    backend_for(device)?;
+    Ok(backend)
+}
+
+/// Whether data moves from `here` to `device` by a copy on `here`'s backend (the same device,
+/// or host memory into a new `kDLCPU` tensor) rather than by a transfer.
+fn plain_copy(here: Device, device: Device) -> bool {
+    here == device || (here.is_host_accessible() && device == Device::CPU)
 }
 
 #[cfg(test)]

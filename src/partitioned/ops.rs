@@ -204,7 +204,7 @@ impl PartitionedArray {
         let mut splits = self.grid.splits().to_vec();
         splits[axis] = vec![0, idx.len()];
         let out_grid = Grid::from_splits(self.shape_with(axis, idx.len()).as_slice(), splits)?;
-        let first_slab = idx.first().map_or(0, |&i| groups.slab_of[i as usize]);
+        let first_slab = groups.slab_of.first().copied().unwrap_or(0);
         // Source partition serving slab `s` for output partition `j` (whose axis index is 0).
         let source = |j: usize, s: usize| {
             let mut pos = out_grid.position(j);
@@ -284,6 +284,15 @@ impl PartitionedArray {
                 });
             }
             check_crossing("scatter", values.device(), t.device(), transfer)?;
+            // Every error a write below can raise before its kernel runs, raised here: a
+            // device with no backend, or a move between devices dlpart cannot make.
+            backend_for(t.device())?;
+            if t.device() != values.device() {
+                ops::transfer_runner(values.device(), t.device())?;
+            }
+        }
+        if !written.is_empty() {
+            backend_for(values.device())?;
         }
         for f in written {
             let t = targets[f];
@@ -330,24 +339,28 @@ struct Groups {
     at: Vec<Tensor>,
     /// Per slab: those indices relative to the slab's start.
     local: Vec<Tensor>,
-    /// Per element of the axis: its slab.
+    /// Per index: its slab.
     slab_of: Vec<usize>,
     /// The number of indices.
     n: usize,
 }
 
 impl Groups {
+    /// `idx` holds indices in `[0, len)` of the axis. Slabs are found by binary search over
+    /// the split points: memory grows with the indices, never with the axis (which may be
+    /// longer than memory holds, for a broadcast source).
     fn new(grid: &Grid, axis: usize, idx: &[i64]) -> Self {
         let splits = &grid.splits()[axis];
         let slabs = splits.len() - 1;
-        let mut slab_of = vec![0usize; grid.shape()[axis]];
-        for s in 0..slabs {
-            slab_of[splits[s]..splits[s + 1]].fill(s);
-        }
+        // The last slab holding index i: empty slabs share their start with the next one.
+        let slab_of: Vec<usize> = idx
+            .iter()
+            .map(|&i| splits.partition_point(|&b| b <= i as usize) - 1)
+            .collect();
         let mut at: Vec<Vec<i64>> = vec![Vec::new(); slabs];
         let mut local: Vec<Vec<i64>> = vec![Vec::new(); slabs];
         for (k, &i) in idx.iter().enumerate() {
-            let s = slab_of[i as usize];
+            let s = slab_of[k];
             at[s].push(k as i64);
             local[s].push(i - splits[s] as i64);
         }

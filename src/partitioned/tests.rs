@@ -300,3 +300,79 @@ fn gather_and_scatter_take_global_indices() {
     assert!(tpa.scatter(&two, &bad, 0, false).is_err());
     assert_eq!(target.to_array::<i32>().unwrap(), before, "nothing written");
 }
+
+/// A read-only float32 tensor of `n` elements all at one address (stride 0), like a
+/// broadcast numpy array handed over through DLPack.
+fn broadcast(value: &'static f32, n: usize) -> Tensor {
+    let data = std::ptr::from_ref(value).cast_mut().cast::<u8>();
+    // SAFETY: with stride 0 every index addresses `value`, which is 'static; read-only, so
+    // nothing writes it.
+    unsafe {
+        Tensor::from_raw_parts(
+            data,
+            vec![n],
+            vec![0],
+            DType::Float32,
+            Device::CPU,
+            true,
+            std::sync::Arc::new(()),
+        )
+    }
+}
+
+#[test]
+fn gather_memory_grows_with_the_indices_not_the_axis() {
+    static FOUR: f32 = 4.0;
+    let t = broadcast(&FOUR, 1 << 40);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2])).unwrap();
+    let idx = Tensor::from_slice(&[5i64, -1, 1 << 39], &[3]).unwrap();
+    let got = pa
+        .gather(&idx, 0, false)
+        .unwrap()
+        .assemble(None, false)
+        .unwrap();
+    assert_eq!(
+        got.to_array::<f32>().unwrap().as_slice(),
+        Some(&[4.0; 3][..])
+    );
+}
+
+#[test]
+fn scatter_checks_every_target_device_before_writing() {
+    let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    for device in [
+        Device::new(DeviceType::OpenCl, 0).unwrap(),
+        Device::new(DeviceType::Cpu, 1).unwrap(),
+    ] {
+        // SAFETY: `other`'s four elements, in C order, kept alive by its owner; the tensor
+        // is only ever checked here (no backend reads or writes `device`).
+        let p1 = unsafe {
+            Tensor::from_raw_parts(
+                other.data_ptr(),
+                vec![2, 2],
+                vec![2, 1],
+                DType::Float32,
+                device,
+                false,
+                other.owner().clone(),
+            )
+        };
+        let pa = PartitionedArray::new(
+            Grid::even(&[4, 2], &[2, 1]).unwrap(),
+            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
+            vec![vec![], vec![]],
+            None,
+        )
+        .unwrap();
+        let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+        let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
+        let e = pa.scatter(&values, &idx, 0, true).unwrap_err().to_string();
+        assert!(e.contains(&device.to_string()), "{device}: {e}");
+        assert_eq!(
+            p0.to_array::<f32>().unwrap().as_slice(),
+            Some(&[-7.0; 4][..]),
+            "{device}"
+        );
+    }
+}
