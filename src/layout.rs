@@ -295,7 +295,8 @@ fn check_blocks(shape: &[usize], block: &[usize]) -> Result<()> {
 }
 
 fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Result<()> {
-    if pg.len() != shape.len() || pg.contains(&0) || pg.iter().product::<usize>() != devices.len() {
+    let count = pg.iter().try_fold(1usize, |n, &k| n.checked_mul(k));
+    if pg.len() != shape.len() || pg.contains(&0) || count != Some(devices.len()) {
         return Err(Error::shape(
             format!(
                 "block-cyclic process grid with {} axes and {} devices in all",
@@ -311,6 +312,13 @@ fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_grid_whose_product_overflows_is_refused() {
+        let layout = Layout::block_cyclic(&[2, 2], vec![]).process_grid(&[1 << 63, 2]);
+        let err = layout.resolve(&[4, 4]).unwrap_err().to_string();
+        assert!(err.contains(&format!("({}, 2)", 1usize << 63)), "{err}");
+    }
 
     #[test]
     fn block_cyclic_assigns_blocks_like_scalapack() {
