@@ -131,12 +131,16 @@ pub(crate) fn is_c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
     true
 }
 
-/// Product of `shape`, or an error naming the shape when it overflows `isize`.
+/// Product of `shape`, or an error naming the shape when the product of its non-zero axes
+/// overflows `isize`. That is ndarray's rule (and numpy's, counted in elements): a shape with
+/// a zero is refused or accepted whatever the order of its axes, and every tensor has an
+/// `ndarray` view.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     shape
         .iter()
-        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n.max(1)))
         .filter(|&n| n <= isize::MAX as usize)
+        .map(|n| if shape.contains(&0) { 0 } else { n })
         .ok_or_else(|| Error::shape("shape has too many elements", tuple_string(shape)))
 }
 
@@ -393,7 +397,6 @@ impl Tensor {
                 ),
             ));
         }
-        let mut offset = 0isize;
         for d in 0..self.ndim() {
             let end = start[d].checked_add(shape[d]);
             if end.is_none_or(|e| e > self.shape[d]) {
@@ -406,16 +409,17 @@ impl Tensor {
                     ),
                 ));
             }
-            if shape[d] > 0 {
-                offset += start[d] as isize * self.strides[d];
-            }
         }
-        let empty = shape.contains(&0);
-        let data = if empty {
-            self.data
-        } else {
-            self.data
-                .wrapping_offset(offset * self.dtype.itemsize() as isize)
+        // An empty box touches no memory: its other axes may be long enough to overflow.
+        let data = match shape.contains(&0) {
+            true => self.data,
+            false => {
+                let offset: isize = (0..self.ndim())
+                    .map(|d| start[d] as isize * self.strides[d])
+                    .sum();
+                self.data
+                    .wrapping_offset(offset * self.dtype.itemsize() as isize)
+            }
         };
         let mut t = self.clone();
         t.data = data;
@@ -442,7 +446,7 @@ impl Tensor {
         if T::DTYPE == DType::Bool {
             // SAFETY: the tensor is host memory (checked above); `u8` has the size and
             // alignment of `bool`, and every byte is a valid `u8`.
-            let bytes = unsafe { self.host_view::<u8>() };
+            let bytes = unsafe { self.host_view::<u8>()? };
             if let Some(b) = bytes.iter().find(|&&b| b > 1) {
                 return Err(Error::buffer(format!(
                     "as_array: bool tensor holds byte {b}, which is not a bool"
@@ -451,7 +455,7 @@ impl Tensor {
         }
         // SAFETY: the tensor is host memory and `T` is the dtype's type (both checked above),
         // whose every bit pattern is a valid `T` (`Element`'s contract), bools checked above.
-        Ok(unsafe { self.host_view::<T>() })
+        unsafe { self.host_view::<T>() }
     }
 
     /// The elements as an `ndarray` view of `U`.
@@ -459,10 +463,14 @@ impl Tensor {
     /// # Safety
     /// The tensor must be host accessible, `U` must have the dtype's item size, and every
     /// element must be a valid `U`.
-    unsafe fn host_view<U>(&self) -> ndarray::ArrayViewD<'_, U> {
+    unsafe fn host_view<U>(&self) -> Result<ndarray::ArrayViewD<'_, U>> {
         let shape = ndarray::IxDyn(&self.shape);
         if self.numel() == 0 {
-            return ndarray::ArrayViewD::from_shape(shape, &[]).expect("empty view");
+            // Refused only for a shape `checked_numel` refuses, which `from_raw_parts` takes
+            // on trust.
+            return ndarray::ArrayViewD::from_shape(shape, &[]).map_err(|_| {
+                Error::shape("shape has too many elements", tuple_string(&self.shape))
+            });
         }
         // ndarray wants non-negative strides: start at the lowest address, then flip the axes
         // whose stride is negative.
@@ -483,7 +491,7 @@ impl Tensor {
                 view.invert_axis(ndarray::Axis(axis));
             }
         }
-        view
+        Ok(view)
     }
 
     /// A copy of host data into a new C-order `ndarray`; unlike [`Tensor::as_array`] it also
@@ -937,6 +945,22 @@ mod tests {
         assert!(Arc::ptr_eq(v.owner(), t.owner()));
         assert!(t.view(&[0, 0, 3], &[1, 1, 2]).is_err());
         assert!(t.as_array::<f32>().is_err());
+    }
+
+    #[test]
+    fn shapes_with_a_zero_follow_ndarrays_rule_in_any_axis_order() {
+        // ndarray (and numpy) refuse a shape whose non-zero axes overflow, even with a zero.
+        for shape in [[0, 1 << 40, 1 << 40], [1 << 40, 1 << 40, 0]] {
+            let e = checked_numel(&shape).unwrap_err().to_string();
+            assert!(e.contains("too many elements"), "{e}");
+            assert!(Tensor::zeros(&shape, DType::Float32).is_err());
+        }
+        assert_eq!(checked_numel(&[0, 1 << 30, 1 << 30]).unwrap(), 0);
+        assert_eq!(checked_numel(&[3, 4]).unwrap(), 12);
+        let t = Tensor::zeros(&[0, 1 << 30, 1 << 30], DType::Float32).unwrap();
+        assert_eq!(t.as_array::<f32>().unwrap().shape(), &[0, 1 << 30, 1 << 30]);
+        let v = t.view(&[0, 1 << 29, 5], &[0, 1 << 29, 7]).unwrap();
+        assert_eq!(v.to_array::<f32>().unwrap().shape(), &[0, 1 << 29, 7]);
     }
 
     #[test]
