@@ -97,9 +97,15 @@ impl ForeignTensor {
             }
         }
         let t = self.dl_tensor();
-        let device =
-            Device::from_dlpack(t.device.device_type as i32, t.device.device_id).map_err(|e| {
-                let pair = (t.device.device_type as i32, t.device.device_id);
+        // The C enum's value as the producer wrote it (a u32), never reinterpreted as negative.
+        let code = i32::try_from(t.device.device_type).map_err(|_| Error::InvalidDevice {
+            text: t.device.device_type.to_string(),
+            reason: "not a DLPack device type code".into(),
+        });
+        let device = code
+            .and_then(|code| Device::from_dlpack(code, t.device.device_id))
+            .map_err(|e| {
+                let pair = (t.device.device_type, t.device.device_id);
                 field(
                     "device",
                     format!("{pair:?}"),
@@ -436,11 +442,16 @@ mod tests {
     fn every_rejection_still_calls_the_deleter_once() {
         static DELETED: AtomicUsize = AtomicUsize::new(0);
         type Edit = fn(&mut DLManagedTensorVersioned);
-        let cases: [(Edit, &str); 7] = [
+        let cases: [(Edit, &str); 8] = [
             (|m| m.version.major = 2, "version 2.3"),
             (|m| m.dl_tensor.dtype.lanes = 2, "lanes=2"),
             (|m| m.dl_tensor.dtype.code = 77, "code=77"),
             (|m| m.dl_tensor.device.device_type = 6, "unknown device"),
+            // the value as written, not read as a negative i32
+            (
+                |m| m.dl_tensor.device.device_type = 0x8000_0001,
+                "(2147483649, 0)",
+            ),
             (|m| m.dl_tensor.shape = std::ptr::null_mut(), "NULL shape"),
             (|m| m.dl_tensor.data = std::ptr::null_mut(), "NULL data"),
             (|m| m.dl_tensor.ndim = -3, "ndim -3"),
