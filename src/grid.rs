@@ -488,7 +488,7 @@ impl Grid {
     }
 
     /// The slab of `axis` that holds global index `i` (the non-empty one, when empty slabs
-    /// share its start), or `None` when `i >= shape[axis]`.
+    /// share its start), or `None` when `i >= shape[axis]`. Panics when `axis >= ndim`.
     pub fn locate_axis(&self, axis: usize, i: usize) -> Option<usize> {
         if i >= self.shape[axis] {
             return None;

@@ -351,6 +351,7 @@ impl PartitionedArray {
     }
 
     /// The device partition `flat` lives on: its tensor's, else its first location's.
+    /// Panics when `flat` is out of range.
     pub fn device_of(&self, flat: usize) -> Option<Device> {
         match &self.data[flat] {
             Data::Tensor(t) => Some(t.device()),
