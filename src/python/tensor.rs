@@ -13,9 +13,9 @@ use crate::error::tuple_string;
 use crate::tensor::Tensor;
 
 use super::capsule::{consume_capsule, export_capsule};
-use super::device::{target_device_arg, PyDevice};
+use super::device::{device_arg, target_device_arg, PyDevice};
 use super::dlpack_call::{call_legacy, call_numpy, call_versioned, Keywords};
-use super::errors::to_py;
+use super::errors::{to_py, BackendUnavailableError, DeviceError};
 
 /// A strided n-d array on one device, exchanged zero-copy through DLPack.
 ///
@@ -274,11 +274,28 @@ impl PyTensor {
         if let Some(s) = &stream {
             stream_ok(self.inner.device(), s)?;
         }
+        // A device named wrongly is the caller's error (DeviceError, TypeError); one this
+        // producer cannot serve is a BufferError, as the array API asks of `__dlpack__`.
         let target = match &dl_device {
-            Some(d) if !d.is_none() => Some(target_device_arg(d)?),
+            Some(d) if !d.is_none() => Some(device_arg(d)?),
             _ => None,
         };
-        let (t, copied) = place(self.inner.clone(), target, copy)?;
+        let unserved = |e: PyErr| {
+            if e.is_instance_of::<DeviceError>(py)
+                || e.is_instance_of::<BackendUnavailableError>(py)
+            {
+                let b = PyBufferError::new_err(format!("__dlpack__: {}", e.value(py)));
+                b.set_cause(py, Some(e));
+                return b;
+            }
+            e
+        };
+        if let Some(d) = target {
+            crate::backend::check_present(d)
+                .map_err(to_py)
+                .map_err(unserved)?;
+        }
+        let (t, copied) = place(self.inner.clone(), target, copy).map_err(unserved)?;
         let s = stream
             .as_ref()
             .filter(|s| !s.is_none())
@@ -310,6 +327,18 @@ impl PyTensor {
         let view = numpy.call_method1(intern!(py, "from_dlpack"), (slf,))?;
         if dtype.is_none() && copy != Some(true) {
             return Ok(view);
+        }
+        if copy == Some(false) {
+            // numpy's contract: copy=False returns the same memory or raises ValueError.
+            let want = numpy.call_method1(intern!(py, "dtype"), (dtype,))?;
+            if want.eq(view.getattr(intern!(py, "dtype"))?)? {
+                return Ok(view);
+            }
+            return Err(PyValueError::new_err(format!(
+                "__array__(dtype={want}, copy=False): the tensor's dtype is {}, so a copy \
+                 cannot be avoided",
+                t.dtype()
+            )));
         }
         let kwargs = pyo3::types::PyDict::new(py);
         kwargs.set_item(intern!(py, "copy"), copy != Some(false))?;

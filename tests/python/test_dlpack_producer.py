@@ -73,8 +73,13 @@ def test_dl_device_cpu_is_accepted_and_others_refused():
     t = tensor(a)
     _, f = read(t.__dlpack__(max_version=(1, 3), dl_device=(1, 0)))
     assert f["data"] == a.ctypes.data
-    with pytest.raises(BufferError, match="kDLCUDA:0"):
-        t.__dlpack__(max_version=(1, 3), dl_device=(2, 0))
+    # A device this producer cannot serve is a BufferError, as the array API asks, whether
+    # or not a copy is allowed (numpy raises the same); a malformed one is the caller's error.
+    for copy in (None, True, False):
+        with pytest.raises(BufferError, match="kDLCUDA:0"):
+            t.__dlpack__(max_version=(1, 3), dl_device=(2, 0), copy=copy)
+        with pytest.raises(BufferError, match="kDLCPU:1"):
+            t.__dlpack__(max_version=(1, 3), dl_device=(1, 1), copy=copy)
     with pytest.raises(dlpart.DeviceError):
         t.__dlpack__(max_version=(1, 3), dl_device=(5, 0))
 
