@@ -216,7 +216,8 @@ class PartitionedArray:
         ``framework`` (``'numpy'``, ``'torch'``, ``'cupy'``, ``'jax'``, ``'dpctl'`` or
         ``'dlpart'``): by default the producer's own framework for partitions that came from
         one (numpy views for numpy input), numpy for host data dlpart made itself, and
-        `dlpart.Tensor` for device data dlpart made itself. ``locations``: ``'draft2'``
+        `dlpart.Tensor` for device data dlpart made itself; read-only data goes to torch,
+        which has no read-only tensors, as a copy. ``locations``: ``'draft2'``
         (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
         kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
         (MPI ranks, as heat reads them; ``rank`` is this process's, for the data held here).
@@ -617,6 +618,15 @@ def _to_jax(t):
         return jax.device_put(_to_numpy(t))
 
 
+def _to_torch(t):
+    """``t`` as a torch tensor: over the same memory, or a copy of read-only data. torch has no
+    read-only tensors and ignores DLPack's read-only flag, so a view would let the consumer
+    write into memory its producer does not allow written (a JAX array, a read-only map)."""
+    import torch
+
+    return torch.from_dlpack(t.copy() if t.readonly else t)
+
+
 def _converter(framework: Optional[str]):
     """The function that hands a tensor out in ``framework`` (None: numpy for host data,
     `dlpart.Tensor` elsewhere)."""
@@ -627,9 +637,7 @@ def _converter(framework: Optional[str]):
     if framework == "numpy":
         return _to_numpy
     if framework == "torch":
-        import torch
-
-        return torch.from_dlpack
+        return _to_torch
     if framework == "cupy":
         import cupy
 

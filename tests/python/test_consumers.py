@@ -119,6 +119,24 @@ def test_xgboost_ray_trains_on_a_dlpart_array(ray_session):
     assert ((bst.predict(features) > 0.5) == (y > 0.5)).mean() > 0.9
 
 
+def test_read_only_partitions_go_to_torch_as_copies():
+    """torch has no read-only tensors and ignores DLPack's flag: a view would let the consumer
+    write into a read-only numpy array (or a JAX array)."""
+    torch = pytest.importorskip("torch")
+    x = np.arange(8.0)
+    x.flags.writeable = False
+    w = np.arange(8.0)
+    for src, shared in ((x, False), (w, True)):
+        d = dlpart.partition(src, 2).to_partitioned(framework="torch")
+        part = d["partitions"][(1,)]["data"]
+        assert isinstance(part, torch.Tensor)
+        assert (part.data_ptr() == src[4:].ctypes.data) == shared
+        np.testing.assert_array_equal(part.numpy(), src[4:])
+        part[:] = -1.0
+    np.testing.assert_array_equal(x, np.arange(8.0))  # the read-only array is untouched
+    assert (w[4:] == -1.0).all()  # a writable one is shared
+
+
 def test_a_jax_array_imported_and_exported_again_cannot_be_written():
     """jax hands out legacy capsules (no read-only flag) of immutable buffers: dlpart imports
     them read-only and keeps the flag on every re-export."""
@@ -147,6 +165,13 @@ def test_host_tensors_convert_with_numpy_asarray_without_a_copy():
     assert np.asarray(made).ctypes.data == made.data_ptr  # dlpart's own memory, no copy
     as32 = np.asarray(t, dtype=np.float32)
     assert as32.dtype == np.float32 and (as32 == x[1:]).all()
+    # copy=False: the same memory or a ValueError, as numpy's own arrays answer
+    same = np.asarray(t, dtype=np.float64, copy=False)
+    assert same.ctypes.data == x[1:].ctypes.data
+    with pytest.raises(ValueError):
+        np.asarray(x[1:], dtype=np.float32, copy=False)
+    with pytest.raises(ValueError, match="copy cannot be avoided"):
+        np.asarray(t, dtype=np.float32, copy=False)
     frozen = x.copy()
     frozen.flags.writeable = False
     ro = np.asarray(dlpart.from_dlpack(frozen))
