@@ -46,9 +46,11 @@ def model(shape, strides, itemsize, byte_offset, buflen, null_data):
     if any(n < 0 for n in shape):
         return "refuse"
     numel = 1
+    extent = 1  # the product of the non-zero axes: ndarray's (and numpy's) limit, zero or not
     for n in shape:
         numel *= n
-    if numel > (1 << 64) - 1 or numel * itemsize > I64_MAX:
+        extent *= max(n, 1)
+    if extent > I64_MAX or numel * itemsize > I64_MAX:
         return "refuse"
     if numel == 0:
         return "ok"
@@ -210,6 +212,11 @@ def run_case(d):
 # byte_offset + itemsize overflows.
 @example(dict(data=bytes(8), shape=[1], strides=[1], dtype=(2, 32, 1), device=(1, 0),
               byte_offset=I64_MAX, version=(1, 3), flags=0))
+# A zero in the shape, the other axes overflowing: refused in any order of the axes.
+@example(dict(data=b"", shape=[1 << 62, 0, 0, 2], strides=None, dtype=(0, 8, 1), device=(1, 0),
+              byte_offset=0, version=(1, 0), flags=0))
+@example(dict(data=b"", shape=[1 << 40, 1 << 40, 0], strides=None, dtype=(0, 8, 1),
+              device=(1, 0), byte_offset=0, version=(1, 0), flags=0))
 # numel itself overflows: was a ValueError, not the BufferError DLPack asks for.
 @example(dict(data=bytes(8), shape=[2, 1 << 62], strides=[0, 0], dtype=(2, 32, 1),
               device=(1, 0), byte_offset=0, version=(1, 3), flags=0))
