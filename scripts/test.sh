@@ -85,7 +85,7 @@ step_miri() {
     local a=$logs/miri-shard-a.log b=$logs/miri-shard-b.log
     miri_shard "$a" "${miri_shard_a[@]}" &
     local pa=$!
-    miri_shard "$b" dlpack:: tensor:: ops:: backend:: error:: device:: dtype:: spmd:: \
+    miri_shard "$b" access:: dlpack:: tensor:: ops:: backend:: error:: device:: dtype:: spmd:: \
         "${miri_shard_a[@]/#/--skip=}" &
     local pb=$!
     local ra=0 rb=0

@@ -55,6 +55,7 @@
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 
+mod access;
 pub mod backend;
 pub mod device;
 pub mod dlpack;
@@ -83,7 +84,7 @@ pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{BoxCopy, Plan};
 pub use prepared::{PreparedGather, PreparedScatter};
-pub use tensor::Tensor;
+pub use tensor::{HostView, Tensor};
 
 /// The README's Rust code blocks, run as doc tests.
 #[cfg(doctest)]

@@ -97,11 +97,14 @@ impl<T: Copy + Default> std::ops::DerefMut for Axes<T> {
     }
 }
 
-// SAFETY: `data` points into memory owned by `owner`, which is `Send + Sync`; a `Tensor` only
-// hands the pointer out, and every write through it goes through an `unsafe` API whose caller
-// guarantees exclusive access to the elements written.
+// SAFETY: `data` points into memory owned by `owner`, which is `Send + Sync`. Clones and views
+// in other threads reach the same memory, and safe operations write through `&Tensor`; every
+// read and write dlpart makes of host memory, and every view `as_array` hands out, first
+// claims its byte ranges (`crate::access`), which refuses a write that meets any other live
+// claim and a read that meets a live write: no two threads touch the same bytes with one
+// writing. The `unsafe` APIs that skip those checks make exclusivity their caller's contract.
 unsafe impl Send for Tensor {}
-// SAFETY: see `Send`; shared references only read the metadata.
+// SAFETY: see `Send`; shared references read the metadata, and the memory only under a claim.
 unsafe impl Sync for Tensor {}
 
 /// Row-major (C-order) strides in elements for `shape`.
@@ -427,14 +430,18 @@ impl Tensor {
         Ok(t)
     }
 
-    /// A read-only `ndarray` view of host data of element type `T`, borrowing the tensor.
+    /// A read-only `ndarray` view of host data of element type `T`, borrowing the tensor
+    /// (a [`HostView`], which derefs to an `ArrayViewD`).
     ///
     /// Zero-copy; axes with negative strides come out inverted, so the view indexes like the
     /// tensor. The view is read-only because a tensor's memory may be shared with other
-    /// tensors, other frameworks or read-only DLPack producers. A `bool` tensor is checked
-    /// first to hold only bytes 0 and 1 (foreign producers may hand out any byte).
-    pub fn as_array<T: Element>(&self) -> Result<ndarray::ArrayViewD<'_, T>> {
+    /// tensors, other frameworks or read-only DLPack producers. While it lives, dlpart
+    /// refuses (with [`Error::Buffer`]) to write the memory it shows, from any clone or view
+    /// of the tensor in any thread. A `bool` tensor is checked first to hold only bytes 0 and
+    /// 1 (foreign producers may hand out any byte).
+    pub fn as_array<T: Element>(&self) -> Result<HostView<'_, T>> {
         self.check_host_element::<T>("as_array")?;
+        let claim = crate::access::tensors(&[self], &[])?;
         // Every element sits a whole number of `T`s away from `data`, so one check covers all.
         if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
             return Err(Error::buffer(format!(
@@ -455,7 +462,11 @@ impl Tensor {
         }
         // SAFETY: the tensor is host memory and `T` is the dtype's type (both checked above),
         // whose every bit pattern is a valid `T` (`Element`'s contract), bools checked above.
-        unsafe { self.host_view::<T>() }
+        let view = unsafe { self.host_view::<T>()? };
+        Ok(HostView {
+            view,
+            _claim: claim,
+        })
     }
 
     /// The elements as an `ndarray` view of `U`.
@@ -502,6 +513,7 @@ impl Tensor {
             return Ok(self.as_array::<T>()?.as_standard_layout().into_owned());
         }
         // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
+        let _claim = crate::access::tensors(&[self], &[])?;
         let values = ndarray::indices(&self.shape[..])
             .into_iter()
             .map(|index| {
@@ -578,6 +590,40 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
 
 /// Rust element types with a dlpart dtype: `bool`, the fixed-width integers and `f32`/`f64`.
 ///
+/// A read-only `ndarray` view of a tensor's host memory, from [`Tensor::as_array`]; use it
+/// as the `ArrayViewD` it derefs to. While it lives, dlpart refuses to write the memory it
+/// shows (see [`Tensor::as_array`]): drop it before writing into that tensor.
+pub struct HostView<'a, T> {
+    view: ndarray::ArrayViewD<'a, T>,
+    _claim: crate::access::Claim,
+}
+
+impl<'a, T> std::ops::Deref for HostView<'a, T> {
+    type Target = ndarray::ArrayViewD<'a, T>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.view
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for HostView<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.view.fmt(f)
+    }
+}
+
+/// Compares like the view: equal shapes and elements.
+impl<T, S, D> PartialEq<ndarray::ArrayBase<S, D>> for HostView<'_, T>
+where
+    T: PartialEq,
+    S: ndarray::Data<Elem = T>,
+    D: Dimension,
+{
+    fn eq(&self, other: &ndarray::ArrayBase<S, D>) -> bool {
+        self.view == other.view().into_dyn()
+    }
+}
+
 /// Sealed: [`Tensor::as_array`] reinterprets a tensor's bytes as `T` on the strength of
 /// `T::DTYPE` alone, so an implementation for a type whose size, alignment or valid bit
 /// patterns do not match its dtype would be undefined behaviour. Every bit pattern of the

@@ -370,7 +370,9 @@ impl PyTensor {
         } else {
             copy_tensor(t)?
         };
-        // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow.
+        let _claim = crate::access::tensors(&[&c], &[]).map_err(to_py)?;
+        // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow,
+        // which nothing in this process writes meanwhile (claimed above).
         let bytes = unsafe { std::slice::from_raw_parts(c.data_ptr(), c.nbytes()) };
         let f = py.import("dlpart._core")?.getattr("_tensor_from_bytes")?;
         let args = (

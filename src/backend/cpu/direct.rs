@@ -75,6 +75,7 @@ pub(super) fn gather(
     };
     let row = src.shape()[axis + 1..].iter().product::<usize>() * src.dtype().itemsize();
     let len = src.shape()[axis];
+    let claim = crate::access::tensors(&[src, indices], &[])?;
     if row == 0 {
         // Nothing to copy, but the indices are still checked.
         // SAFETY: `indices` is a host-accessible, contiguous, aligned int64 tensor of `n`
@@ -92,6 +93,8 @@ pub(super) fn gather(
         // is new, C-contiguous, `n` rows of `row` bytes, and overlaps nothing.
         unsafe { gather_rows(src.data_ptr(), len, ptr, n, own.data_ptr(), row, axis)? };
     }
+    // `transfer` claims `own` and `out` itself.
+    drop(claim);
     match out {
         Some(o) => {
             be.transfer(&own, o)?;

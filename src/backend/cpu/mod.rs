@@ -44,6 +44,7 @@ pub mod __bench {
     pub use super::index::{gather, scatter};
 }
 
+use crate::access;
 use crate::backend::{Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -349,25 +350,30 @@ impl Backend for CpuBackend {
 
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         let mut ptrs = Vec::with_capacity(jobs.len());
-        let mut temps = Vec::new();
+        let mut spans = Vec::with_capacity(jobs.len());
         for (n, j) in jobs.iter().enumerate() {
             let itemsize = self.check_pair(&Job(n, ""), j.src, j.dst)?;
             let src = box_ptr(j.src, &j.src_start, &j.shape, &Job(n, ": source"))?;
             let dst = box_ptr(j.dst, &j.dst_start, &j.shape, &Job(n, ": destination"))?;
-            let view = SrcView {
-                ptr: src,
-                shape: &j.shape,
-                strides: j.src.strides(),
-            };
-            if overlap(
-                span(src, &j.shape, view.strides, itemsize),
+            spans.push((
+                span(src, &j.shape, j.src.strides(), itemsize),
                 span(dst, &j.shape, j.dst.strides(), itemsize),
-            ) {
+            ));
+            ptrs.push((src as *const u8, dst, itemsize));
+        }
+        let _claim = access::ranges(spans.iter().map(|s| s.0), spans.iter().map(|s| s.1))?;
+        let mut temps = Vec::new();
+        for (n, (j, &(src, _, itemsize))) in jobs.iter().zip(&ptrs).enumerate() {
+            if overlap(spans[n].0, spans[n].1) {
                 // A job that reads memory it writes reads a packed copy of its source first,
                 // as numpy does for overlapping assignments.
+                let view = SrcView {
+                    ptr: src,
+                    shape: &j.shape,
+                    strides: j.src.strides(),
+                };
                 temps.push((n, packed(view, itemsize)?));
             }
-            ptrs.push((src as *const u8, dst, itemsize));
         }
         let mut temps = temps.iter().peekable();
         let raw: Vec<RawCopy<'_>> = jobs
@@ -410,11 +416,13 @@ impl Backend for CpuBackend {
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
+        let _claim = access::tensors(&[indices], &[])?;
         normalise::normalise_indices(indices, axis, len)
     }
 
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"gather", src, out)?;
+        let _claim = access::tensors(&[src, indices], &[out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
         // are checked by the kernel before any access they govern.
@@ -439,6 +447,7 @@ impl Backend for CpuBackend {
 
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"scatter", values, out)?;
+        let _claim = access::tensors(&[values, indices], &[out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: as for `gather`.
         unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }

@@ -345,6 +345,7 @@ fn copy_classified(
     let tensor_span = |t: &Tensor| span(t.data_ptr(), t.shape(), t.strides(), item);
     let src_spans: Vec<(usize, usize)> = src.iter().map(|t| tensor_span(t)).collect();
     let dst_spans: Vec<(usize, usize)> = dst.iter().map(|t| tensor_span(t)).collect();
+    let claim = crate::access::ranges(src_spans.iter().copied(), dst_spans.iter().copied())?;
     rows.reserve(plan.len());
     let mut rows_bytes = 0usize;
     let mut general: Vec<General> = Vec::new();
@@ -414,6 +415,8 @@ fn copy_classified(
         .collect();
     // SAFETY: as above.
     unsafe { copy_boxes_tuned(&raw, Stores::Auto, tuning) };
+    // The boxes that read what they write claim their memory again in `copy_boxes`.
+    drop(claim);
 
     if !aliased.is_empty() {
         // Every index was checked against both lists above.

@@ -146,11 +146,16 @@ impl Segments<'_> {
                 self,
             )?,
             None => {
+                // What MPI reads and writes, claimed while it does (see `crate::access`).
+                let _claim = crate::access::tensors(
+                    &send.iter().collect::<Vec<_>>(),
+                    &recv.iter().collect::<Vec<_>>(),
+                )?;
                 let recv_bytes: &mut [u8] = match &recv {
                     // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer
                     // allocated by `prepare`, or this rank's own target (writable, checked
-                    // disjoint from every source), which nothing else reads or writes while
-                    // the slice lives.
+                    // disjoint from every source), which nothing else in this process reads
+                    // or writes while the slice lives (claimed above).
                     Some(t) => unsafe { std::slice::from_raw_parts_mut(t.data_ptr(), t.nbytes()) },
                     None => &mut [],
                 };
