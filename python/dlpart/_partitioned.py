@@ -49,6 +49,30 @@ def _resolve(h):
     raise TypeError(f"dlpart.get cannot resolve a handle of type {type(h).__name__}")
 
 
+class _WithProducerGet:
+    """The ``get`` of a dict that hands on handles its producer's ``get`` resolves: dlpart's
+    `get` for what it knows (its tensors, DLPack arrays, Dask futures, Ray ObjectRefs), the
+    producer's for the rest, in one call. It pickles where the producer's ``get`` does."""
+
+    def __init__(self, producer: Callable[[Any], Any]):
+        self.producer = producer
+
+    def __call__(self, handles: Any) -> Any:
+        one = not isinstance(handles, (list, tuple))
+        hs = [handles] if one else list(handles)
+        out: List[Any] = [None] * len(hs)
+        theirs = []
+        for i, h in enumerate(hs):
+            try:
+                out[i] = _resolve(h)
+            except TypeError:
+                theirs.append(i)
+        if theirs:
+            for i, v in zip(theirs, self.producer([hs[i] for i in theirs])):
+                out[i] = v
+        return out[0] if one else out
+
+
 class Partition:
     """One box of the grid: its position, start, shape, data (or a handle to it) and locations."""
 
@@ -222,7 +246,10 @@ class PartitionedArray:
         kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
         (MPI ranks, as heat reads them; ``rank`` is this process's, for the data held here).
         """
-        return self._core.to_dict(get, this_host(), _converter(framework or self._framework),
+        getter = get
+        if self._get is not None and self._core.pending(None):
+            getter = _WithProducerGet(self._get)
+        return self._core.to_dict(getter, this_host(), _converter(framework or self._framework),
                                   locations, rank)
 
     # -- handles ---------------------------------------------------------------------------------

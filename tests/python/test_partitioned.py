@@ -172,6 +172,34 @@ def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
     assert calls == [1, 1]
 
 
+def test_handles_handed_on_unfetched_resolve_through_the_producers_get():
+    """A re-export keeps the producer's handles, so its dict's ``get`` must resolve them: dlpart's
+    own for what it knows, the producer's for the rest, in one call."""
+    ref = np.arange(35, dtype=np.float32).reshape(7, 5)
+    store = {0: ref[:4], 1: ref[4:]}
+    calls = []
+
+    def get(handles):
+        calls.append(len(handles))
+        return [store[h.key] for h in handles]
+
+    lazy = dlpart.from_partitioned({
+        "shape": (7, 5), "partition_tiling": (2, 1), "get": get,
+        "partitions": {(0, 0): {"start": (0, 0), "shape": (4, 5), "data": Handle(0), "location": []},
+                       (1, 0): {"start": (4, 0), "shape": (3, 5), "data": Handle(1), "location": []}}})
+    d = lazy.__partitioned__
+    assert isinstance(d["partitions"][(1, 0)]["data"], Handle)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), ref)
+    assert calls == [2]
+    lazy.fetch([(0, 0)])  # one fetched, one handed on: only the handle goes to the producer
+    d = lazy.__partitioned__
+    got = d["get"]([p["data"] for p in d["partitions"].values()])
+    assert calls == [2, 1, 1]
+    np.testing.assert_array_equal(np.concatenate(got), ref)
+    lazy.fetch()
+    assert lazy.__partitioned__["get"] is dlpart.get  # nothing left to hand on
+
+
 def test_numpy_integers_are_ranks_and_pids_as_python_ints_are():
     # heat reads int(location[0]): a rank computed with numpy is a rank; so is a numpy pid.
     # What int() would refuse or change (a bool, a float, an int beyond int64) stays refused.
