@@ -81,6 +81,18 @@ def test_heat_form_has_rank_ints_and_heat_dicts_come_back_unchanged():
     assert back["partitions"][(1, 0)]["data"] is None
 
 
+def test_heat_form_refuses_a_partition_without_a_rank():
+    """heat runs int(location[0]) on every partition: one held elsewhere with an empty location
+    is a ProtocolError naming it, not heat's IndexError."""
+    x = np.zeros((8, 6))
+    pa = dlpart.from_partitioned({
+        "shape": (8, 6), "partition_tiling": (2, 1), "locals": [(0, 0)],
+        "partitions": {(0, 0): {"start": (0, 0), "shape": (4, 6), "data": x[:4], "location": []},
+                       (1, 0): {"start": (4, 0), "shape": (4, 6), "data": None, "location": []}}})
+    with pytest.raises(dlpart.ProtocolError, match=r"partition \(1, 0\) .* names no rank"):
+        heat.to_heat(pa).__partitioned__
+
+
 def test_jax_input_goes_back_out_as_jax():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

@@ -50,6 +50,11 @@ class HeatPartitioned:
         if "locals" not in d:
             d["locals"] = [pos for pos, p in self.array.partitions.items()
                            if p.tensor is not None]
+        for pos, p in d["partitions"].items():
+            if not p["location"]:
+                raise ProtocolError(
+                    f"heat reads each partition's rank as int(location[0]): partition {pos} "
+                    f"is not held here and its location is empty, so it names no rank")
         return d
 
 
