@@ -50,9 +50,9 @@ def _resolve(h):
 
 
 class _WithProducerGet:
-    """The ``get`` of a dict that hands on handles its producer's ``get`` resolves: dlpart's
-    `get` for what it knows (its tensors, DLPack arrays, Dask futures, Ray ObjectRefs), the
-    producer's for the rest, in one call. It pickles where the producer's ``get`` does."""
+    """The ``get`` of a dict that hands on its producer's unfetched handles: data (dlpart
+    tensors, DLPack arrays, ``None``) resolves to itself, every handle goes to the producer's
+    ``get``, all in one call. It pickles where the producer's ``get`` does."""
 
     def __init__(self, producer: Callable[[Any], Any]):
         self.producer = producer
@@ -63,9 +63,9 @@ class _WithProducerGet:
         out: List[Any] = [None] * len(hs)
         theirs = []
         for i, h in enumerate(hs):
-            try:
-                out[i] = _resolve(h)
-            except TypeError:
+            if h is None or isinstance(h, Tensor) or hasattr(h, "__dlpack__"):
+                out[i] = h
+            else:
                 theirs.append(i)
         if theirs:
             for i, v in zip(theirs, self.producer([hs[i] for i in theirs])):

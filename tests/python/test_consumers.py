@@ -37,7 +37,7 @@ def test_produced_data_is_numpy_over_the_same_memory():
 
 def test_xgboost_ray_form_has_bare_node_addresses():
     x, pa = rows()
-    d = xgboost_ray_form.partitioned(pa).__partitioned__
+    d = xgboost_ray_form.partitioned(pa, store=False).__partitioned__
     for p in d["partitions"].values():
         ip = p["location"][0]
         assert isinstance(ip, str)
@@ -118,7 +118,16 @@ def test_xgboost_ray_trains_on_a_dlpart_array(ray_session):
     pa = dlpart.partition(np.concatenate([X, y[:, None]], axis=1), (4, 1))
     obj = xgboost_ray_form.partitioned(pa)
     node = ray.util.get_node_ip_address()
-    assert {p["location"][0] for p in obj.__partitioned__["partitions"].values()} == {node}
+    d = obj.__partitioned__
+    assert {p["location"][0] for p in d["partitions"].values()} == {node}
+    # With Ray running the partitions sit in the object store, put once: xgboost_ray ships
+    # the dict to every actor, which then fetches only its own shards.
+    assert all(isinstance(p["data"], ray.ObjectRef) for p in d["partitions"].values())
+    assert obj.__partitioned__["partitions"][(0, 0)]["data"] == d["partitions"][(0, 0)]["data"]
+    import cloudpickle
+    assert len(cloudpickle.dumps(d)) < 16 << 10  # refs, not the 16 KB of data
+    by_value = xgboost_ray_form.partitioned(pa, store=False).__partitioned__
+    assert len(cloudpickle.dumps(by_value)) > X.nbytes
     # what the loader makes of the partitions equals the array
     frame = Partitioned.load_data(obj.__partitioned__)
     np.testing.assert_array_equal(frame.to_numpy(), np.from_dlpack(pa.assemble()))

@@ -2,10 +2,15 @@
 
 xgboost_ray reads ``__partitioned__`` itself: it keys locality on ``location[0]`` as a bare IP
 string and runs ``numpy.concatenate`` over what ``get`` returns. `partitioned` wraps an array so
-that its dict has exactly that form: numpy data (over the partitions' memory, no copy) and the
-node address of each partition.
+that its dict has exactly that form: numpy data and the node address of each partition.
+
+xgboost_ray hands each training actor the whole dict. With Ray running, the partitions are
+therefore put into Ray's object store once (at the first ``__partitioned__``), and the dict
+holds their ObjectRefs: each actor fetches only its shards, from the node that holds them.
+Without Ray, or with ``store=False``, the data are numpy arrays over the partitions' memory.
 """
 
+import sys
 from typing import Any, Optional, Tuple
 
 from .. import PartitionedArray
@@ -18,20 +23,37 @@ __all__ = ["Partitioned", "partitioned"]
 class Partitioned:
     """An object whose ``__partitioned__`` is ``array``'s dict in xgboost_ray's form."""
 
-    def __init__(self, array: PartitionedArray, framework: Optional[str] = "numpy"):
+    def __init__(self, array: PartitionedArray, framework: Optional[str] = "numpy",
+                 store: Optional[bool] = None):
         self.array = array
         self.framework = framework
+        self.store = store
+        self._stored: Optional[PartitionedArray] = None
 
     @property
     def __partitioned__(self) -> PartitionedDict:
-        return self.array.to_partitioned(framework=self.framework, locations="ip")
+        array = self.array
+        if self.store if self.store is not None else _ray_running():
+            if self._stored is None:
+                from . import ray as dray
+
+                self._stored = _import(dray.partitioned_dict(self.array))
+            array = self._stored
+        return array.to_partitioned(framework=self.framework, locations="ip")
 
     @property
     def shape(self) -> Tuple[int, ...]:
         return self.array.shape
 
 
-def partitioned(obj: Any, framework: Optional[str] = "numpy") -> Partitioned:
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def partitioned(obj: Any, framework: Optional[str] = "numpy",
+                store: Optional[bool] = None) -> Partitioned:
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) wrapped for
-    ``RayDMatrix``: data as numpy arrays, locations as bare IP strings."""
-    return Partitioned(_import(obj), framework)
+    ``RayDMatrix``: locations as bare IP strings; data as ObjectRefs in Ray's object store when
+    ``store`` is true (default: when Ray is running), else numpy arrays (see the module docs)."""
+    return Partitioned(_import(obj), framework, store)
