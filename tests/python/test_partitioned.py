@@ -149,14 +149,21 @@ class Handle:
         self.key = key
 
 
-def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
-    ref = np.arange(40, dtype=np.float64).reshape(10, 4)
-    store = {0: ref[:6], 1: ref[6:]}
+def store_get(*blocks):
+    """A producer's ``get`` over `Handle(k)` for ``blocks[k]``, and the list of how many handles
+    each of its calls was given."""
     calls = []
 
     def get(handles):
         calls.append(len(handles))
-        return [store[h.key] for h in handles]
+        return [blocks[h.key] for h in handles]
+
+    return get, calls
+
+
+def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
+    ref = np.arange(40, dtype=np.float64).reshape(10, 4)
+    get, calls = store_get(ref[:6], ref[6:])
 
     d = {"shape": (10, 4), "partition_tiling": (2, 1),
          "partitions": {(0, 0): {"start": (0, 0), "shape": (6, 4), "data": Handle(0), "location": "10.0.0.1"},
@@ -173,15 +180,10 @@ def test_xgboost_ray_shaped_dict_with_bare_ips_and_handles():
 
 
 def test_handles_handed_on_unfetched_resolve_through_the_producers_get():
-    """A re-export keeps the producer's handles, so its dict's ``get`` must resolve them: dlpart's
-    own for what it knows, the producer's for the rest, in one call."""
+    """A re-export keeps the producer's handles, so its dict's ``get`` must resolve them: data
+    resolves to itself, the handles go to the producer's ``get``, in one call."""
     ref = np.arange(35, dtype=np.float32).reshape(7, 5)
-    store = {0: ref[:4], 1: ref[4:]}
-    calls = []
-
-    def get(handles):
-        calls.append(len(handles))
-        return [store[h.key] for h in handles]
+    get, calls = store_get(ref[:4], ref[4:])
 
     lazy = dlpart.from_partitioned({
         "shape": (7, 5), "partition_tiling": (2, 1), "get": get,
