@@ -22,6 +22,7 @@ from ._location import Location
 from ._partitioned import (
     Partition,
     PartitionedArray,
+    from_distarray,
     from_partitioned,
     get,
     partition,
@@ -42,6 +43,7 @@ __all__ = [
     "Tensor",
     "__version__",
     "backend_status",
+    "from_distarray",
     "from_dlpack",
     "from_partitioned",
     "gather",

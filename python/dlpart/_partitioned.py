@@ -226,6 +226,16 @@ class PartitionedArray:
         )
 
     # -- producing -----------------------------------------------------------------------------
+    def __distarray__(self) -> Dict[str, Any]:
+        """The Distributed Array Protocol's (0.10) dict: this process's buffer, over the
+        partition's memory, and a block dimension dictionary per axis. In one process that
+        needs an array of one partition (`assemble` makes one); `dlpart.mpi.SpmdArray` gives
+        each rank its own partition."""
+        from . import _distarray
+
+        held = next(iter(self.partitions.values())) if len(self.partitions) == 1 else None
+        return _distarray.describe(self, 0, 1, held, [[0]] * len(self.partitions))
+
     @property
     def __partitioned__(self) -> PartitionedDict:
         """The draft-2 ``__partitioned__`` dict (see `to_partitioned` for the choices). It
@@ -559,6 +569,17 @@ def validate(d: Any) -> None:
     Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
     """
     _core._validate_dict(_as_dict(d))
+
+
+def from_distarray(obj: Any) -> PartitionedArray:
+    """Imports an array of the Distributed Array Protocol (an object with ``__distarray__``, or
+    its dict) held by this one process (every ``proc_grid_size`` 1; `dlpart.mpi.from_distarray`
+    reads one spread over MPI ranks): one partition per run of contiguous indices, each a view
+    of the buffer (no copy). Communication padding is left out, boundary padding kept."""
+    from . import _distarray
+
+    placed, shape = _distarray.parts(obj, 0, 1)
+    return from_partitioned(_distarray.partitioned_dict(placed, shape))
 
 
 def from_partitioned(obj: Any, *, device: Optional[DeviceLike] = None,

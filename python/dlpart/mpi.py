@@ -30,7 +30,7 @@ by default); when none can be had, the exchange stages through ordinary host mem
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from . import _core
 from ._core import Device, Tensor
@@ -46,7 +46,7 @@ from ._partitioned import (
 )
 from ._partitioned import from_partitioned as _from_partitioned
 
-__all__ = ["SpmdArray", "Traffic", "from_local", "from_partitioned"]
+__all__ = ["SpmdArray", "Traffic", "from_distarray", "from_local", "from_partitioned"]
 
 
 class Traffic(NamedTuple):
@@ -209,12 +209,18 @@ def from_local(parts: Any, comm: Any, *, axis: Optional[int] = None,
     for the other ranks' partitions and draft-2 locations ``(ip, pid, device)``: the same
     dict on every rank but for ``data`` and ``locals``.
     """
-    c = _comm(comm)
-    failed = None
+    return _from_local(parts, _comm(comm), axis, shape, None)
+
+
+def _from_local(parts: Any, c: Any, axis: Optional[int], shape: Optional[Sequence[int]],
+                failed: Optional[BaseException]) -> "SpmdArray":
+    """`from_local`, or, with ``failed``, this rank's error raised on every rank in its place."""
     items: list = []
     first = None
     ax = dims = None
     try:
+        if failed is not None:
+            raise failed
         items, first = _local_items(parts, axis)
         if axis is not None:
             ax = _index(axis, "axis")
@@ -225,6 +231,24 @@ def from_local(parts: Any, comm: Any, *, axis: Optional[int] = None,
         failed, items, ax, dims = e, [], None, None
     core = _agreed(failed, lambda error: _core._spmd_from_local(c, items, ax, dims, error))
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
+
+
+def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
+    """An SPMD array from every rank's share of a Distributed Array Protocol array (an object
+    with ``__distarray__``, or its dict), collective: each run of contiguous indices of the
+    rank's buffer becomes one of its partitions, a view (no copy), placed at its global start
+    (see `from_local`). The dimension dictionaries' process grid must be the communicator's,
+    its coordinates the ranks' in C order. Communication padding is left out, boundary
+    padding kept."""
+    from . import _distarray
+
+    c = _comm(comm)
+    placed = shape = failed = None
+    try:
+        placed, shape = _distarray.parts(obj, c.rank, c.size)
+    except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+        failed = e
+    return _from_local(placed, c, None, shape, failed)
 
 
 def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
@@ -256,6 +280,20 @@ class SpmdArray(PartitionedArray):
         a.comm = comm
         a.traffic = None if traffic is None else Traffic(*traffic)
         return a
+
+    def __distarray__(self) -> Dict[str, Any]:
+        """The Distributed Array Protocol's (0.10) dict of this rank's share: its one
+        partition's memory as the buffer, a block dimension dictionary per axis. The partition
+        grid is the process grid, so partition ``f`` (C order) must be on rank ``f`` alone
+        (`repartition` with ``process_grid=`` makes such a layout). Not collective: every
+        rank reads the same global layout, so all raise or none does."""
+        from . import _distarray
+
+        owners = [[rank for _, _, _, rank in locs] for *_, locs in self._core.entries()]
+        held = None
+        for pos in self.locals or []:
+            held = self.partitions[pos]
+        return _distarray.describe(self, self.comm.rank, self.comm.size, held, owners)
 
     def _rank_devices(self) -> List[str]:
         """The device of each rank's first partition (the host for a rank without one)."""

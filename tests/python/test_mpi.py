@@ -40,6 +40,16 @@ def test_random_layouts_with_messages_of_a_few_bytes(mpirun_cases):
 
 
 @pytest.mark.mpi
+def test_distarray_arrays_across_ranks_equal_numpy(mpirun_cases):
+    """`dlpart.mpi.from_distarray` of random Distributed Array Protocol arrays over process
+    grids of the four ranks (irregular blocks with communication and boundary padding, cyclic
+    blocks, unstructured index lists, empty shares) holds views of each rank's buffer and
+    assembles to numpy; `SpmdArray.__distarray__` of one block per rank describes exactly that
+    block and reads back; a rank whose grid coordinates are not its rank fails every rank."""
+    mpirun_cases("distarray.py", cases=60, timeout=120)
+
+
+@pytest.mark.mpi
 def test_bench_mpi_quick_runs_under_mpirun(mpirun, tmp_path):
     """`mpirun -n 4 python -m dlpart bench --mpi --quick`: rows -> columns across the ranks
     against MPI's own Alltoall, the result checked, the report written."""

@@ -1,0 +1,155 @@
+"""Run under mpirun (4 ranks): arrays of the Distributed Array Protocol (``__distarray__``, 0.10)
+read by `dlpart.mpi.from_distarray` and described by `SpmdArray.__distarray__`.
+
+Each case draws a global numpy array (1-d or 2-d), a process grid of the four ranks, and for
+each axis a distribution the protocol names: irregular blocks (with communication padding
+that repeats the neighbours' values, and boundary padding), cyclic blocks of a random block
+size, or unstructured index lists (a random permutation dealt to the grid's coordinates, empty
+shares included). Every rank builds its buffer from the global array as the protocol lays it
+out, and checks against numpy: the array read from it (shape, partitions that are views of the
+buffer), assembled on rank 0 and repartitioned; then the array put in one block per rank over
+the same process grid, whose ``__distarray__`` must describe exactly that block and read back
+the same. Afterwards, a rank whose process-grid coordinates disagree with its rank makes every
+rank raise `dlpart.ProtocolError`.
+
+usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
+failure aborts every rank (MPI_Abort), so nothing waits.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from _cases import run
+
+import dlpart
+import dlpart.mpi
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+GRIDS = {1: [(size,)], 2: [(1, size), (2, size // 2), (size, 1)]}
+
+
+class Producer:
+    """An object with ``__distarray__``, as a producing library hands it over."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def __distarray__(self):
+        return self.d
+
+
+def block(rng, n, procs, coord):
+    """Irregular blocks of `n` over `procs` (none empty when `n` allows), with communication
+    padding (the same width on both sides of a boundary, at most either block's length) and
+    boundary padding: this coordinate's dim dict and its buffer's global indices."""
+    cuts = np.sort(rng.choice(np.arange(1, n), size=procs - 1, replace=False)) if n >= procs \
+        else np.sort(rng.integers(0, n + 1, size=procs - 1))
+    points = [0, *cuts.tolist(), n]
+    lens = np.diff(points)
+    widths = [0] + [int(rng.integers(0, min(lens[k - 1], lens[k]) + 1)) for k in range(1, procs)] + [0]
+    bounds = [int(rng.integers(0, 3)) if lens[0] > 2 else 0,
+              int(rng.integers(0, 3)) if lens[-1] > 2 else 0]
+    lo, hi = points[coord] - widths[coord], points[coord + 1] + widths[coord + 1]
+    left = widths[coord] if coord > 0 else bounds[0]
+    right = widths[coord + 1] if coord < procs - 1 else bounds[1]
+    dim = {"dist_type": "b", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
+           "start": lo, "stop": hi, "padding": (left, right)}
+    if left == right == 0 and rng.random() < 0.5:
+        del dim["padding"]  # optional
+    return dim, list(range(lo, hi))
+
+
+def cyclic(rng, n, procs, coord):
+    b = int(rng.integers(1, 4))
+    dim = {"dist_type": "c", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
+           "start": coord * b}
+    if b > 1 or rng.random() < 0.5:
+        dim["block_size"] = b
+    mine = [g for k in range(coord * b, n, procs * b) for g in range(k, min(k + b, n))]
+    return dim, mine
+
+
+def unstructured(rng, n, procs, coord):
+    order = rng.permutation(n)
+    cuts = np.sort(rng.integers(0, n + 1, size=procs - 1))
+    mine = np.split(order, cuts)[coord]
+    mine = mine[rng.permutation(len(mine))]
+    dim = {"dist_type": "u", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
+           "indices": mine.astype(np.int64)}
+    return dim, mine.tolist()
+
+
+def check_case(case, seed):
+    rng = np.random.default_rng([seed, case])
+    ndim = int(rng.integers(1, 3))
+    grid = GRIDS[ndim][int(rng.integers(0, len(GRIDS[ndim])))]
+    shape = tuple(int(rng.integers(0 if rng.random() < 0.05 else 1, 13)) for _ in range(ndim))
+    dtype = [np.float64, np.int32, np.float32][case % 3]
+    g = (rng.standard_normal(shape) * 100).astype(dtype)
+    coords = np.unravel_index(rank, grid)
+    kinds = [[block, cyclic, unstructured][int(rng.integers(0, 3))] for _ in range(ndim)]
+    dims, local = [], []
+    for axis in range(ndim):
+        # Every rank draws every coordinate's share, so that all agree on the distribution.
+        draws = [kinds[axis](np.random.default_rng([seed, case, axis]), shape[axis], grid[axis], c)
+                 for c in range(grid[axis])]
+        dim, mine = draws[coords[axis]]
+        dims.append(dim)
+        local.append(mine)
+    buffer = np.ascontiguousarray(g[np.ix_(*local)])
+    d = {"__version__": "0.10.0", "buffer": buffer, "dim_data": tuple(dims)}
+    a = dlpart.mpi.from_distarray(Producer(d) if case % 2 else d, comm)
+    assert a.shape == shape and a.dtype == np.dtype(dtype).name, (a.shape, a.dtype)
+    for pos in a.locals:
+        view = np.from_dlpack(a.partitions[pos].tensor)
+        assert view.size == 0 or np.shares_memory(view, buffer), pos  # no copy
+    whole = a.assemble(root=0)
+    if rank == 0:
+        np.testing.assert_array_equal(np.from_dlpack(whole), g)
+    moved = a.repartition([max(1, n // 3) for n in shape]).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(moved), g)
+
+    # One block per rank over the same process grid, described and read back.
+    blocks = a.repartition(list(grid), process_grid=list(grid))
+    out = blocks.__distarray__()
+    mine = blocks.partitions[blocks.locals[0]]
+    assert blocks.locals == [tuple(int(c) for c in coords)], (blocks.locals, coords)
+    for axis, dim in enumerate(out["dim_data"]):
+        assert dim == {"dist_type": "b", "size": shape[axis], "proc_grid_size": grid[axis],
+                       "proc_grid_rank": int(coords[axis]), "start": mine.start[axis],
+                       "stop": mine.start[axis] + mine.shape[axis], "padding": (0, 0)}, dim
+    box = tuple(slice(s, s + n) for s, n in zip(mine.start, mine.shape))
+    np.testing.assert_array_equal(out["buffer"], g[box])
+    assert out["buffer"].size == 0 or np.shares_memory(out["buffer"], np.from_dlpack(mine.tensor))
+    again = dlpart.mpi.from_distarray(blocks, comm).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(again), g)
+
+
+def disagreeing_grid_rank_fails_every_rank():
+    x = np.arange(8.0)
+    coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
+    d = {"__version__": "0.10.0", "buffer": x[2 * rank:2 * rank + 2],
+         "dim_data": ({"dist_type": "b", "size": 8, "proc_grid_size": size,
+                       "proc_grid_rank": coord, "start": 2 * rank, "stop": 2 * rank + 2},)}
+    try:
+        dlpart.mpi.from_distarray(d, comm)
+    except dlpart.ProtocolError as e:
+        assert "process grid rank" in str(e), e
+    else:
+        raise AssertionError("a grid rank that is not the process's rank was accepted")
+
+
+def layouts_without_one_block_per_rank_are_refused():
+    a = dlpart.mpi.from_local({(2 * rank,): np.arange(2.0)}, comm)
+    two = a.repartition([2 * size])  # two partitions per rank
+    try:
+        two.__distarray__()
+    except dlpart.ProtocolError as e:
+        assert "one buffer" in str(e), e
+    else:
+        raise AssertionError("a layout of two partitions per rank was described")
+
+
+run(check_case, disagreeing_grid_rank_fails_every_rank,
+    layouts_without_one_block_per_rank_are_refused)

@@ -1,0 +1,80 @@
+"""The Distributed Array Protocol (``__distarray__``, 0.10) in one process: arrays read by
+`dlpart.from_distarray` against numpy, the dict `PartitionedArray.__distarray__` gives, and
+dicts that break the protocol. Arrays spread over MPI ranks: mpi_scripts/distarray.py."""
+
+import numpy as np
+import pytest
+
+import dlpart
+
+
+def dim(kind, size, **keys):
+    return {"dist_type": kind, "size": size, "proc_grid_size": 1, "proc_grid_rank": 0, **keys}
+
+
+def dap(buffer, *dims, version="0.10.0"):
+    return {"__version__": version, "buffer": buffer, "dim_data": tuple(dims)}
+
+
+def test_one_process_blocks_keep_their_boundary_padding_and_are_views():
+    x = np.arange(18.0 * 4).reshape(18, 4)
+    # Padding at the grid's ends is boundary padding: part of the array (counted in size).
+    pa = dlpart.from_distarray(dap(x, dim("b", 18, start=0, stop=18, padding=(1, 1)),
+                                   dim("b", 4, start=0, stop=4)))
+    assert pa.shape == (18, 4) and pa.tiling == (1, 1)
+    assert pa.partitions[(0, 0)].tensor.data_ptr == x.ctypes.data
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
+
+
+def test_unstructured_indices_become_runs_of_views():
+    buf = np.arange(9.0) * 10
+    perm = np.array([3, 4, 5, 0, 1, 2, 8, 6, 7])
+    pa = dlpart.from_distarray(dap(buf, dim("u", 9, indices=perm)))
+    ref = np.empty(9)
+    ref[perm] = buf
+    assert pa.tiling == (4,)  # runs [0, 3), [3, 6), [6, 8), [8, 9)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), ref)
+    assert all(np.shares_memory(np.from_dlpack(p.tensor), buf) for p in pa.partitions.values())
+
+
+def test_cyclic_on_one_process_is_the_whole_axis():
+    x = np.arange(7.0)
+    pa = dlpart.from_distarray(dap(x, dim("c", 7, start=0, block_size=3)))
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
+
+
+def test_a_one_partition_array_describes_itself_and_reads_back():
+    y = np.arange(12.0).reshape(3, 4)
+    pa = dlpart.partition(y, (1, 1))
+    d = pa.__distarray__()
+    assert d["__version__"] == "0.10.0"
+    assert d["dim_data"] == tuple(dim("b", n, start=0, stop=n, padding=(0, 0)) for n in y.shape)
+    assert np.shares_memory(d["buffer"], y)
+    back = dlpart.from_distarray(pa)
+    assert back.partitions[(0, 0)].tensor.data_ptr == y.ctypes.data
+    with pytest.raises(dlpart.ProtocolError, match=r"tiling \(2, 1\) over 1 process; assemble"):
+        dlpart.partition(y, (2, 1)).__distarray__()
+
+
+@pytest.mark.parametrize("d, match", [
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4), version="1.0.0"), "reads 0.x"),
+    ({"__version__": "0.10.0", "buffer": np.zeros(4)}, "no 'dim_data'"),
+    (dap(np.zeros(4), dim("x", 4)), "'x'"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=3)), "start 0, stop 3"),
+    (dap(np.zeros(4), dim("b", 4, start=0)), "no 'stop'"),
+    (dap(np.zeros(4), dim("b", True, start=0, stop=4)), "'size'.*not an integer"),
+    (dap(np.zeros(4), dim("c", 5, start=0)), "give 5 of 5 indices here, the buffer holds 4"),
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 1, 3])), r"outside \[0, 3\)"),
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 1])), "2 indices for a buffer of 3"),
+    (dap(np.zeros((2, 2)), dim("b", 2, start=0, stop=2)), "1 entries for a 2-d buffer"),
+    (dap(np.zeros(4), {**dim("b", 4, start=0, stop=4), "proc_grid_size": 2}),
+     r"process grid of \(2,\) for 1 process"),
+])
+def test_dicts_that_break_the_protocol_name_what_is_wrong(d, match):
+    with pytest.raises(dlpart.ProtocolError, match=match):
+        dlpart.from_distarray(d)
+
+
+def test_an_object_without_the_protocol_is_a_type_error():
+    with pytest.raises(TypeError, match="do not implement __distarray__"):
+        dlpart.from_distarray(np.zeros(3))
