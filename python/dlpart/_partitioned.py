@@ -437,6 +437,9 @@ def _opt_list(x, what: str = "tiling"):
         if v < 0:
             raise ValueError(f"{what} {tuple(items)} has the negative entry {v}: every entry "
                              "must be >= 0")
+        if v >= 1 << 64:
+            raise OverflowError(f"{what} {tuple(items)} has the entry {v}, which does not fit "
+                                f"in 64 bits")
         out.append(v)
     return out
 

@@ -92,7 +92,14 @@ def _free_own(comm, keyval, own) -> None:
 def _comm(comm) -> _core._MpiComm:
     if isinstance(comm, _core._MpiComm):
         return comm
+    if not callable(getattr(comm, "Get_rank", None)):
+        raise TypeError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
     from mpi4py import MPI  # loaded already: the caller holds one of its communicators
+
+    if isinstance(comm, MPI.Comm) and comm.Is_inter():
+        # Its collectives gather the remote group's items, not this group's.
+        raise TypeError("dlpart's collective calls need an intracommunicator: merge the "
+                        "intercommunicator's groups first (comm.Merge())")
 
     cuda_aware = False
     query = getattr(MPI, "Query_cuda_support", None)
@@ -115,9 +122,13 @@ def _error(e: BaseException):
     # BaseException, a built-in, ends every class's MRO.
     cls = next(c for c in type(e).__mro__
                if c in own or getattr(builtins, c.__name__, None) is c)
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - a program's error whose __str__ raises
+        text = f"(a {type(e).__qualname__} whose str() raised)"
     if cls is type(e):
-        return (cls.__name__, str(e))
-    return (cls.__name__, f"{type(e).__qualname__}: {e}")
+        return (cls.__name__, text)
+    return (cls.__name__, f"{type(e).__qualname__}: {text}")
 
 
 def _agreed(failed: Optional[BaseException], call):
@@ -145,13 +156,17 @@ def _checked(comm, make):
 
 
 def _index(x, what: str) -> int:
-    """``x`` as an int (anything with ``__index__``), or a TypeError naming the argument."""
+    """``x`` as an int (anything with ``__index__``) within 64 bits, or a TypeError naming the
+    argument (an OverflowError beyond 64 bits)."""
     import operator
 
     try:
-        return operator.index(x)
+        v = operator.index(x)
     except TypeError:
         raise TypeError(f"{what} must be an integer, not {type(x).__name__} {x!r}") from None
+    if not -(1 << 63) <= v < 1 << 64:
+        raise OverflowError(f"{what} {v} does not fit in 64 bits")
+    return v
 
 
 def _axis(axis, ndim: int) -> int:

@@ -56,5 +56,8 @@ fn builtin(py: Python<'_>, kind: &str, msg: &str) -> Option<PyErr> {
     if !class.is_subclass_of::<PyException>().ok()? {
         return None;
     }
-    Some(PyErr::from_type(class, msg.to_owned()))
+    // Made now, so that a class whose constructor wants more than a message (UnicodeDecodeError,
+    // ExceptionGroup) falls back to RuntimeError rather than raising its own TypeError.
+    let error = class.call1((msg,)).ok()?;
+    Some(PyErr::from_value(error))
 }

@@ -133,8 +133,10 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     array = obj if isinstance(obj, SpmdArray) else _import(obj)
     if isinstance(array, SpmdArray):
         if split is not None:
-            if not 0 <= split < array.ndim:
-                raise ValueError(f"split={split}: not an axis of a {array.ndim}-d array")
+            from ..mpi import _axis, _checked
+
+            # Checked on every rank (one bad rank must not leave the others in the exchange).
+            split = _checked(array.comm, lambda: _axis(split, array.ndim))
             size = array.comm.size
             grid = [size if axis == split else 1 for axis in range(array.ndim)]
             array = array.repartition(splits=heat_splits(array.shape, split, size),

@@ -21,6 +21,7 @@ from _cases import run
 
 import dlpart
 import dlpart.mpi
+from dlpart.adapters.heat import to_heat
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -279,6 +280,13 @@ class MyValueError(ValueError):
     """A program's own error class, which the other ranks cannot make."""
 
 
+class NoStr(ValueError):
+    """A program's error that cannot say what it is."""
+
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
 class BadIndex:
     """A layout entry whose conversion raises `error`."""
 
@@ -325,6 +333,21 @@ def one_rank_arguments(a, a2, out, ro):
             process_grid=(size, 1)), dlpart.ProtocolError, "asked for different repartitions"),
         ("an index beyond 64 bits", lambda: a.gather([0, 2**64 - 1]), IndexError,
          "index 18446744073709551615 is out of bounds"),
+        # Values pyo3 could not convert failed on that rank alone, before the collective call.
+        ("a tiling entry beyond 64 bits", lambda: a.repartition((2**64 if odd else 2, 1)),
+         OverflowError, "rank 1: tiling (18446744073709551616, 1) has the entry"),
+        ("a start beyond 64 bits", lambda: dlpart.mpi.from_local(
+            {((2**64, 0) if odd else (2 * rank, 0)): part}, comm), OverflowError, "rank 1: start"),
+        ("an axis beyond 64 bits", lambda: dlpart.mpi.from_local(
+            part, comm, axis=2**64 if odd else 0), OverflowError, "rank 1: axis"),
+        ("a program's error whose str() raises",
+         lambda: a.repartition((BadIndex(NoStr()) if odd else 2, 1)), ValueError,
+         "rank 1: NoStr: (a NoStr whose str() raised)"),
+        ("a built-in error that takes more than a message",
+         lambda: a.repartition((BadIndex(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"))
+                                if odd else 2, 1)), RuntimeError, "rank 1: "),
+        ("split= that is no axis on one rank", lambda: to_heat(a, split=-5 if odd else 1),
+         ValueError, "rank 1: axis -5 is out of range"),
     ]
     for what, make, cls, text in cases:
         expect_collective_error(what, make, cls, text)
@@ -346,9 +369,23 @@ def one_rank_arguments(a, a2, out, ro):
     assert none.shape == (0, 4), none.shape
 
 
+def communicators_dlpart_cannot_use():
+    """An intercommunicator's collectives gather the other group's items: refused on every rank
+    (it gave each rank a different array); something that is no communicator is a TypeError."""
+    local = comm.Split(rank % 2, rank)
+    inter = local.Create_intercomm(0, comm, 1 - rank % 2, 12)
+    expect_collective_error("an intercommunicator", lambda: dlpart.mpi.from_local(
+        np.zeros((2, 4)), inter, axis=0), TypeError, "need an intracommunicator")
+    inter.Free()
+    local.Free()
+    expect_collective_error("no communicator", lambda: dlpart.mpi.from_local(
+        np.zeros((2, 4)), "world", axis=0), TypeError, "mpi4py communicator, not str")
+
+
 def finish():
     heat_form()
     errors()
+    communicators_dlpart_cannot_use()
     comm.Barrier()
 
 
