@@ -105,14 +105,9 @@ pub(crate) fn ranges(
             continue;
         }
         if let Some((mine, theirs)) = conflict(&ranges, &other.ranges) {
-            let (what, lo, hi) = match mine.write {
-                true => ("write", mine.lo.max(theirs.lo), mine.hi.min(theirs.hi)),
-                false => ("read", mine.lo.max(theirs.lo), mine.hi.min(theirs.hi)),
-            };
-            let by = match theirs.write {
-                true => "written",
-                false => "read",
-            };
+            let what = if mine.write { "write" } else { "read" };
+            let by = if theirs.write { "written" } else { "read" };
+            let (lo, hi) = (mine.lo.max(theirs.lo), mine.hi.min(theirs.hi));
             return Err(Error::buffer(format!(
                 "cannot {what} host memory {lo:#x}..{hi:#x}: it is being {by} at the same time \
                  by another dlpart operation or a live view (Tensor::as_array) of it; dlpart \

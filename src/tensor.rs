@@ -588,8 +588,6 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
     }
 }
 
-/// Rust element types with a dlpart dtype: `bool`, the fixed-width integers and `f32`/`f64`.
-///
 /// A read-only `ndarray` view of a tensor's host memory, from [`Tensor::as_array`]; use it
 /// as the `ArrayViewD` it derefs to. While it lives, dlpart refuses to write the memory it
 /// shows (see [`Tensor::as_array`]): drop it before writing into that tensor.
@@ -624,6 +622,8 @@ where
     }
 }
 
+/// Rust element types with a dlpart dtype: `bool`, the fixed-width integers and `f32`/`f64`.
+///
 /// Sealed: [`Tensor::as_array`] reinterprets a tensor's bytes as `T` on the strength of
 /// `T::DTYPE` alone, so an implementation for a type whose size, alignment or valid bit
 /// patterns do not match its dtype would be undefined behaviour. Every bit pattern of the

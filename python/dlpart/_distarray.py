@@ -124,9 +124,11 @@ def parts(obj: Any, rank: int, nprocs: int) -> Tuple[List[Tuple[Tuple[int, ...],
     d = _read(obj)
     buffer = np.asarray(d["buffer"])
     dims = d["dim_data"]
-    if not isinstance(dims, (list, tuple)) or len(dims) != buffer.ndim:
-        raise ProtocolError(f"__distarray__ dim_data has {len(dims) if isinstance(dims, (list, tuple)) else dims!r} "
-                            f"entries for a {buffer.ndim}-d buffer")
+    if not isinstance(dims, (list, tuple)):
+        raise ProtocolError(f"__distarray__ dim_data is a {type(dims).__name__}, not a tuple")
+    if len(dims) != buffer.ndim:
+        raise ProtocolError(f"__distarray__ dim_data has {len(dims)} entries for a "
+                            f"{buffer.ndim}-d buffer")
     axes = [_runs(dim, axis, buffer.shape[axis]) for axis, dim in enumerate(dims)]
     grid = [g for _, _, g, _ in axes]
     coords = [r for _, _, _, r in axes]
@@ -156,19 +158,20 @@ def partitioned_dict(placed: Sequence[Tuple[Tuple[int, ...], Any]],
         for start, view in placed:
             edges.update((start[axis], start[axis] + view.shape[axis]))
         splits.append(sorted(edges))
+    slab = [{edge: i for i, edge in enumerate(points)} for points in splits]
     partitions = {}
     for start, view in placed:
-        pos = tuple(splits[a].index(start[a]) for a in range(ndim))
+        pos = tuple(slab[a][start[a]] for a in range(ndim))
         partitions[pos] = {"start": start, "shape": tuple(view.shape), "data": view,
                            "location": []}
     return {"shape": tuple(shape), "partition_tiling": tuple(len(s) - 1 for s in splits),
-            "partitions": partitions, "get": lambda h: h}
+            "partitions": partitions}
 
 
-def describe(array: Any, rank: int, nprocs: int, held: Any, owners: List[List[int]]) -> Dict[str, Any]:
+def describe(array: Any, rank: int, nprocs: int, owners: List[List[int]]) -> Dict[str, Any]:
     """The ``__distarray__`` dict of this process's share of ``array``: block dimensions over a
     process grid that is the partition grid, partition ``f`` (C order) on rank ``f`` alone.
-    ``held``: the partition held here; ``owners``: each partition's ranks, in C order."""
+    ``owners``: each partition's ranks, in C order."""
     tiling = tuple(array.tiling)
     hint = ("; assemble() makes one" if nprocs == 1
             else "; repartition it to one partition per process first")
@@ -180,7 +183,8 @@ def describe(array: Any, rank: int, nprocs: int, held: Any, owners: List[List[in
         if ranks != [f]:
             raise ProtocolError(f"__distarray__ places partition {f} (C order) on rank {f} "
                                 f"alone, as its process grid does; it is on ranks {ranks}{hint}")
-    if held is None or held.tensor is None:
+    held = array.partitions[tuple(int(i) for i in np.unravel_index(rank, tiling))]
+    if held.tensor is None:
         raise ProtocolError(f"__distarray__: rank {rank} holds no data for its partition")
     t = held.tensor
     if t.device.kind != "kDLCPU":

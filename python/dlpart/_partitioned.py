@@ -36,8 +36,13 @@ def get(handles: Any) -> Any:
     return _resolve(handles)
 
 
+def _is_data(h) -> bool:
+    """Whether a dict's ``data`` is the data itself (or ``None``) rather than a handle."""
+    return h is None or isinstance(h, Tensor) or hasattr(h, "__dlpack__")
+
+
 def _resolve(h):
-    if h is None or isinstance(h, Tensor) or hasattr(h, "__dlpack__"):
+    if _is_data(h):
         return h
     kind = type(h).__module__.split(".")[0]
     if kind == "distributed":
@@ -63,7 +68,7 @@ class _WithProducerGet:
         out: List[Any] = [None] * len(hs)
         theirs = []
         for i, h in enumerate(hs):
-            if h is None or isinstance(h, Tensor) or hasattr(h, "__dlpack__"):
+            if _is_data(h):
                 out[i] = h
             else:
                 theirs.append(i)
@@ -233,8 +238,7 @@ class PartitionedArray:
         each rank its own partition."""
         from . import _distarray
 
-        held = next(iter(self.partitions.values())) if len(self.partitions) == 1 else None
-        return _distarray.describe(self, 0, 1, held, [[0]] * len(self.partitions))
+        return _distarray.describe(self, 0, 1, [[0]] * len(self.partitions))
 
     @property
     def __partitioned__(self) -> PartitionedDict:

@@ -233,17 +233,16 @@ def _from_local(parts: Any, c: Any, axis: Optional[int], shape: Optional[Sequenc
     items: list = []
     first = None
     ax = dims = None
-    try:
-        if failed is not None:
-            raise failed
-        items, first = _local_items(parts, axis)
-        if axis is not None:
-            ax = _index(axis, "axis")
-            if ax < 0:
-                raise ValueError(f"axis={axis}: give a non-negative axis")
-        dims = _opt_list(shape, "shape")
-    except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
-        failed, items, ax, dims = e, [], None, None
+    if failed is None:
+        try:
+            items, first = _local_items(parts, axis)
+            if axis is not None:
+                ax = _index(axis, "axis")
+                if ax < 0:
+                    raise ValueError(f"axis={axis}: give a non-negative axis")
+            dims = _opt_list(shape, "shape")
+        except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+            failed, items, first, ax, dims = e, [], None, None, None
     core = _agreed(failed, lambda error: _core._spmd_from_local(c, items, ax, dims, error))
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
 
@@ -305,10 +304,7 @@ class SpmdArray(PartitionedArray):
         from . import _distarray
 
         owners = [[rank for _, _, _, rank in locs] for *_, locs in self._core.entries()]
-        held = None
-        for pos in self.locals or []:
-            held = self.partitions[pos]
-        return _distarray.describe(self, self.comm.rank, self.comm.size, held, owners)
+        return _distarray.describe(self, self.comm.rank, self.comm.size, owners)
 
     def _rank_devices(self) -> List[str]:
         """The device of each rank's first partition (the host for a rank without one)."""

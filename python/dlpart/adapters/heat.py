@@ -128,13 +128,12 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     (no negative strides), or `dlpart.ProtocolError` is raised on every rank; or ``split=k``
     repartitions it there first: heat's balanced chunks along axis ``k``, the ``r``-th on rank
     ``r``, in new memory. Its own communicator gives the rank (``comm`` is not needed)."""
-    from ..mpi import SpmdArray  # no MPI needed: the module loads mpi4py only for a communicator
+    # no MPI needed: the module loads mpi4py only for a communicator
+    from ..mpi import SpmdArray, _axis, _checked
 
     array = obj if isinstance(obj, SpmdArray) else _import(obj)
     if isinstance(array, SpmdArray):
         if split is not None:
-            from ..mpi import _axis, _checked
-
             # Checked on every rank (one bad rank must not leave the others in the exchange).
             split = _checked(array.comm, lambda: _axis(split, array.ndim))
             size = array.comm.size

@@ -33,7 +33,7 @@ class Partitioned:
     @property
     def __partitioned__(self) -> PartitionedDict:
         array = self.array
-        if self.store if self.store is not None else _ray_running():
+        if _ray_running() if self.store is None else self.store:
             if self._stored is None:
                 from . import ray as dray
 
