@@ -6,7 +6,9 @@ same order, with the same global arguments (the layout, the root). Ranks that di
 rank that fails (bad input, a failed import, a read-only target, a failed allocation or GPU
 copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
 class, or the nearest built-in one for a class of the program's own, its message prefixed with
-``rank N:``) instead of leaving the others waiting. The logic
+``rank N:``) instead of leaving the others waiting. A KeyboardInterrupt or SystemExit raised
+on one rank while it checks its arguments is raised again there, the others raising a
+RuntimeError that names it (``rank N: KeyboardInterrupt``). The logic
 is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
 ``allgather`` moves the metadata and whose ``Isend`` and ``Irecv`` move the data, only between
 ranks that have bytes for each other, each peer's bytes in messages of at most 1 GiB (MPI counts
@@ -126,6 +128,9 @@ def _error(e: BaseException):
         text = str(e)
     except Exception:  # noqa: BLE001 - a program's error whose __str__ raises
         text = f"(a {type(e).__qualname__} whose str() raised)"
+    if not isinstance(e, Exception):
+        # KeyboardInterrupt, SystemExit: not the other ranks' to raise; they raise RuntimeError.
+        return ("RuntimeError", f"{type(e).__qualname__}: {text}" if text else type(e).__qualname__)
     if cls is type(e):
         return (cls.__name__, text)
     return (cls.__name__, f"{type(e).__qualname__}: {text}")
@@ -133,25 +138,26 @@ def _error(e: BaseException):
 
 def _agreed(failed: Optional[BaseException], call):
     """``call(error)``, a collective call told this rank's own error (or None); when it raises
-    the error the ranks agreed on, this rank's original error is its ``__cause__``."""
+    the error the ranks agreed on, this rank's original error is its ``__cause__``. A
+    KeyboardInterrupt or SystemExit here is raised again itself once the others know of it."""
     try:
         return call(None if failed is None else _error(failed))
     except Exception as agreed:
         if failed is None:
             raise
+        if not isinstance(failed, Exception):
+            raise failed from None
         raise agreed from failed
 
 
 def _checked(comm, make):
     """``make()``, or, when it raises, this rank's error raised on every rank: the others are
-    making the collective call this rank cannot make, and learn of the error there."""
+    making the collective call this rank cannot make, and learn of the error there (a
+    KeyboardInterrupt or SystemExit as a RuntimeError naming it; this rank raises it again)."""
     try:
         return make()
-    except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
-        try:
-            _core._spmd_fail(comm, *_error(e))
-        except Exception as agreed:
-            raise agreed from e
+    except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+        _agreed(e, lambda error: _core._spmd_fail(comm, *error))
         raise  # not reached: _spmd_fail always raises
 
 
@@ -241,7 +247,7 @@ def _from_local(parts: Any, c: Any, axis: Optional[int], shape: Optional[Sequenc
                 if ax < 0:
                     raise ValueError(f"axis={axis}: give a non-negative axis")
             dims = _opt_list(shape, "shape")
-        except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+        except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
             failed, items, first, ax, dims = e, [], None, None, None
     core = _agreed(failed, lambda error: _core._spmd_from_local(c, items, ax, dims, error))
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
@@ -260,7 +266,7 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     placed = shape = failed = None
     try:
         placed, shape = _distarray.parts(obj, c.rank, c.size)
-    except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+    except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
         failed = e
     return _from_local(placed, c, None, shape, failed)
 
@@ -274,7 +280,7 @@ def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
     try:
         pa = _from_partitioned(obj)
         core, framework = pa._core, pa._framework
-    except Exception as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+    except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
         core, framework, failed = None, None, e
     core = _agreed(failed, lambda error: _core._spmd_with_ranks(c, core, error))
     return SpmdArray._spmd(core, c, None, framework)

@@ -364,9 +364,39 @@ def one_rank_arguments(a, a2, out, ro):
             assert isinstance(e.__cause__, own) == odd, (e, e.__cause__)
         else:
             raise AssertionError("no error")
+    interrupts(a, part)
     # An empty index list picks nothing, on every rank (numpy would make [] float64).
     none = a.gather([])
     assert none.shape == (0, 4), none.shape
+
+
+def interrupts(a, part):
+    """A KeyboardInterrupt or SystemExit on one rank while the others are in the collective
+    call: that rank raises it again itself, once the others know of it; they raise RuntimeError
+    naming it, quickly, rather than wait for that rank forever."""
+    odd = rank == 1
+    calls = [
+        ("repartition", lambda e: a.repartition((BadIndex(e) if odd else 2, 1))),
+        ("from_local", lambda e: dlpart.mpi.from_local(
+            {(2 * rank, 0): part}, comm, shape=(BadIndex(e) if odd else 2 * size, 4))),
+    ]
+    for what, call in calls:
+        for error, text in ((KeyboardInterrupt(), "rank 1: KeyboardInterrupt"),
+                            (SystemExit(3), "rank 1: SystemExit: 3")):
+            t0 = time.monotonic()
+            try:
+                call(error)
+            except BaseException as e:  # noqa: BLE001 - the interrupt itself, on rank 1
+                got = e
+            else:
+                got = None
+            took = time.monotonic() - t0
+            if odd:
+                assert got is error, f"{what}: rank 1 raised {got!r}, not its own {error!r}"
+            else:
+                assert type(got) is RuntimeError and text in str(got), f"{what}: {got!r}"
+            assert took < 10, f"{what}: took {took:.1f} s"
+    comm.Barrier()
 
 
 def communicators_dlpart_cannot_use():
