@@ -315,6 +315,7 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
             what: format!("out {out:?}"),
         });
     }
+    check_distinct(out, "out")?;
     if out.shape() != shape || out.dtype() != dtype || out.device() != device {
         return Err(Error::shape(
             format!(
@@ -327,8 +328,21 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
     Ok(())
 }
 
+/// Refuses a target `what` whose elements overlap each other (a zero stride, or strides that
+/// interleave): the threads that write its elements would race.
+pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
+    if crate::overlap::covers_an_element_twice(t) {
+        return Err(Error::buffer(format!(
+            "{what} {t:?} refers to some element more than once: its writes would race; \
+             pass a target whose elements are distinct"
+        )));
+    }
+    Ok(())
+}
+
 /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
-/// on `src`'s device unless given. To copy the same indices between the same tensors again and
+/// on `src`'s device unless given; an `out` that is read-only or refers to some element more
+/// than once (a zero stride) is refused before anything is written. To copy the same indices between the same tensors again and
 /// again, [`PreparedGather`](crate::PreparedGather) checks all this once.
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
@@ -376,8 +390,10 @@ pub(crate) fn gather_operands<B: Backend + ?Sized>(
 }
 
 /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`, like numpy's fancy assignment
-/// (the last of duplicate indices wins). [`PreparedScatter`](crate::PreparedScatter) checks
-/// all this once for a scatter that runs again and again.
+/// (the last of duplicate indices wins); an `out` that is read-only or refers to some element
+/// more than once (a zero stride) is refused before anything is written.
+/// [`PreparedScatter`](crate::PreparedScatter) checks all this once for a scatter that runs
+/// again and again.
 pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
     let backend = backend_for(out.device())?;
@@ -413,6 +429,7 @@ pub(crate) fn scatter_operands(
             what: format!("out {out:?}"),
         });
     }
+    check_distinct(out, "out")?;
     if values.device() != out.device() {
         return Err(Error::DeviceMismatch {
             op: "scatter".into(),

@@ -283,6 +283,8 @@ impl PartitionedArray {
                     what: format!("partition {}", tuple_string(&self.grid.position(f))),
                 });
             }
+            let what = format!("partition {}", tuple_string(&self.grid.position(f)));
+            ops::check_distinct(t, &what)?;
             check_crossing("scatter", values.device(), t.device(), transfer)?;
             // Every error a write below can raise before its kernel runs, raised here: a
             // device with no backend, or a move between devices dlpart cannot make.

@@ -338,6 +338,75 @@ fn gather_memory_grows_with_the_indices_not_the_axis() {
 }
 
 #[test]
+fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
+    let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    let other = Tensor::from_slice(&[-7.0f32; 2], &[2]).unwrap();
+    // SAFETY: every element of the view is one of `other`'s two elements (a zero stride
+    // over rows), kept alive by its owner.
+    let p1 = unsafe {
+        Tensor::from_raw_parts(
+            other.data_ptr(),
+            vec![2, 2],
+            vec![0, 1],
+            DType::Float32,
+            Device::CPU,
+            false,
+            other.owner().clone(),
+        )
+    };
+    let pa = PartitionedArray::new(
+        Grid::even(&[4, 2], &[2, 1]).unwrap(),
+        vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
+        vec![vec![], vec![]],
+        None,
+    )
+    .unwrap();
+    let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
+    let e = pa.scatter(&values, &idx, 0, false).unwrap_err();
+    assert!(matches!(e, Error::Buffer { .. }), "{e}");
+    assert!(e.to_string().contains("partition (1, 0)"), "{e}");
+    assert_eq!(
+        p0.to_array::<f32>().unwrap().as_slice(),
+        Some(&[-7.0; 4][..])
+    );
+    assert_eq!(
+        other.to_array::<f32>().unwrap().as_slice(),
+        Some(&[-7.0; 2][..])
+    );
+    // The same out refused by the tensor gather and scatter.
+    let (src, _) = global(&[4, 2]);
+    let out = Tensor::zeros(&[2, 2], DType::Int32).unwrap();
+    // SAFETY: as above, over `out`'s first row.
+    let repeated = unsafe {
+        Tensor::from_raw_parts(
+            out.data_ptr(),
+            vec![2, 2],
+            vec![0, 1],
+            DType::Int32,
+            Device::CPU,
+            false,
+            out.owner().clone(),
+        )
+    };
+    let e = crate::ops::gather(&src, &idx, 0, Some(&repeated)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("refers to some element more than once"),
+        "{e}"
+    );
+    let vals = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2]).unwrap();
+    let rows = Tensor::from_slice(&[1i64, 0], &[2]).unwrap();
+    let e = crate::ops::scatter(&vals, &rows, &repeated, 0).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("refers to some element more than once"),
+        "{e}"
+    );
+    assert_eq!(out.to_array::<i32>().unwrap().as_slice(), Some(&[0; 4][..]));
+}
+
+#[test]
 fn scatter_checks_every_target_device_before_writing() {
     let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
     let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();

@@ -76,6 +76,25 @@ def test_repartition_into_targets_that_share_memory_is_refused_naming_both():
         dlpart.partition(np.arange(8.0), 2).repartition_into(_halves(repeated, buf[4:]))
 
 
+def test_gather_and_scatter_into_a_target_that_repeats_an_element_are_refused():
+    """A zero stride makes every element of a target one element, which several threads would
+    write at once: refused before anything is written, as repartition_into refuses it."""
+    buf = np.full(8, -1.0)
+    repeated = np.lib.stride_tricks.as_strided(buf[4:], shape=(4,), strides=(0,), writeable=True)
+    with pytest.raises(BufferError, match=r"out .*strides=\(0,\).* refers to some element more"):
+        dlpart.gather(np.arange(8.0), [0, 1, 2, 3], out=repeated)
+    with pytest.raises(BufferError, match=r"out .*strides=\(0,\).* refers to some element more"):
+        dlpart.scatter(np.arange(4.0), [0, 1, 2, 3], repeated)
+    # Partition (0,) would be written before (1,): it is refused before either.
+    with pytest.raises(BufferError, match=r"partition \(1,\) .* refers to some element more"):
+        _halves(buf[:4], repeated).scatter(np.arange(4.0), [0, 1, 6, 7])
+    np.testing.assert_array_equal(buf, np.full(8, -1.0))
+    # Elements that are distinct, however strided, are written (numpy as the reference).
+    out = np.zeros((4, 3))[:, ::-2]
+    dlpart.gather(np.arange(8.0).reshape(4, 2), [3, 0, 2, 1], out=out)
+    np.testing.assert_array_equal(out, np.take(np.arange(8.0).reshape(4, 2), [3, 0, 2, 1], axis=0))
+
+
 # -- index arrays rewritten by another thread -------------------------------------------------
 
 _RACE = r"""
