@@ -9,7 +9,8 @@ from torch, as heat's own do). heat's own dicts come back out in their form unch
 keeps a rank as a rank.
 
 Over MPI, heat also needs one partition per rank, rank ``r`` holding the ``r``-th slab along one
-split axis, and memory a torch tensor can hold. `to_heat` checks a `dlpart.mpi.SpmdArray` for
+split axis (or one partition with a copy on every rank: heat's replicated ``split=None``, as
+`dlpart.mpi.from_partitioned` reads it from heat), and memory a torch tensor can hold. `to_heat` checks a `dlpart.mpi.SpmdArray` for
 both (collective: every rank reaches the same verdict, so none is left waiting after heat
 raised on another), and with ``split=k`` first repartitions it into heat's own balanced chunks
 along axis ``k`` (one ``Alltoallv``).
@@ -69,12 +70,21 @@ def heat_splits(shape: Sequence[int], split: int, size: int) -> List[List[int]]:
     return [points if axis == split else [0, m] for axis, m in enumerate(shape)]
 
 
+def _replicated(array: Any) -> bool:
+    """Whether ``array`` is one partition over several ranks, which heat reads as replicated
+    (``split=None``) when every rank holds a copy (see `_check_heat_memory`)."""
+    return array.comm.size > 1 and all(n == 1 for n in array.tiling)
+
+
 def _check_heat_layout(array: Any) -> None:
     """Raises `dlpart.ProtocolError` unless each rank of ``array.comm`` holds exactly one
     partition, the ``r``-th along at most one tiled axis on rank ``r``, none of them the whole
-    (non-empty) axis: what heat reads. heat infers its split axis from where a rank's chunk is
-    shorter than the whole, so a rank holding all of it would take the array as unsplit while
-    the others split it. Only global metadata is read: every rank raises or none does."""
+    (non-empty) axis, or the array is one partition (heat's replicated form): what heat reads.
+    heat infers its split axis from where a rank's chunk is shorter than the whole, so a rank
+    holding all of it would take the array as unsplit while the others split it. Only global
+    metadata is read: every rank raises or none does."""
+    if _replicated(array):
+        return
     size = array.comm.size
     tiled = [axis for axis, n in enumerate(array.tiling) if n > 1]
     axis = tiled[0] if tiled else 0
@@ -98,13 +108,19 @@ def _check_heat_layout(array: Any) -> None:
 
 def _check_heat_memory(array: Any) -> None:
     """Raises `dlpart.ProtocolError` on every rank (one collective call) when a rank holds a
-    partition heat cannot take over: a view with a negative stride. heat holds each rank's chunk
-    as a torch tensor, and torch has no negative strides, so heat would raise on that rank alone
-    while the others went on to their next collective call and waited there."""
+    partition heat cannot take over: a view with a negative stride, or, for heat's replicated
+    form, no copy of the one partition. heat holds each rank's chunk as a torch tensor, and
+    torch has no negative strides, so heat would raise on that rank alone while the others went
+    on to their next collective call and waited there."""
     from .. import _core
     from ..mpi import _agreed
 
     failed = None
+    if _replicated(array) and not array.locals:
+        failed = ProtocolError(
+            f"heat reads one partition over {array.comm.size} ranks as replicated (split=None), "
+            f"a copy on every rank, and rank {array.comm.rank} holds none; pass split= to "
+            f"repartition into heat's layout")
     for pos in array.locals:
         t = array.partitions[pos].tensor
         if t is not None and any(s < 0 for s in t.strides):

@@ -5,7 +5,7 @@ the ranks, in both directions, checked against numpy built on every rank from th
   an unbalanced `is_split` array) read by `dlpart.mpi.from_partitioned(x.__partitioned__,
   comm)` (int ranks as locations), repartitioned across the ranks to the other axis, assembled
   on rank 0: equal to numpy and to `x.numpy()`; now and then an unsplit (`split=None`) one,
-  which every rank holds whole.
+  which every rank holds whole, and which goes back into heat unsplit.
 - dlpart -> heat: `dlpart.mpi.from_local` row or column blocks of random uneven sizes (one rank
   may hold none), through `dlpart.adapters.heat.to_heat` into `ht.from_partitioned`: heat's
   local chunk is this rank's memory, `numpy()` and (after `split=` put the data in heat's
@@ -54,6 +54,19 @@ def replicated_heat_to_dlpart(ref):
     local = np.from_dlpack(a.partitions[a.locals[0]].tensor)
     assert local.ctypes.data == x.larray.data_ptr() or local.size == 0, "zero-copy from heat"
     np.testing.assert_array_equal(np.from_dlpack(a.assemble(root=None)), ref)
+    # and back into heat, unsplit again, over every rank's own copy
+    back = ht.from_partitioned(to_heat(a))
+    assert back.split is None and back.shape == ref.shape, (back.split, back.shape)
+    assert back.larray.data_ptr() == x.larray.data_ptr() or ref.size == 0, "zero-copy to heat"
+    np.testing.assert_array_equal(back.numpy(), ref)
+    # One partition that only rank 0 holds is not heat's replicated form: every rank refuses.
+    alone = dlpart.mpi.from_local({(0, 0): ref} if rank == 0 else {}, comm)
+    try:
+        to_heat(alone)
+    except dlpart.ProtocolError as e:
+        assert size == 1 or "as replicated (split=None), a copy on every rank" in str(e), str(e)
+    else:
+        assert size == 1, "to_heat accepted one partition held by rank 0 alone"
 
 
 def heat_to_dlpart(rng, ref, split):
