@@ -258,7 +258,8 @@ class PartitionedArray:
         which has no read-only tensors, as a copy. ``locations``: ``'draft2'``
         (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
         kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
-        (MPI ranks, as heat reads them; ``rank`` is this process's, for the data held here).
+        (MPI ranks, as heat reads them; ``rank`` is this process's, written for the data held here
+        when its locations name a host rather than a rank).
         """
         getter = get
         if self._get is not None and self._core.pending(None):

@@ -1072,10 +1072,12 @@ impl PyPartitioned {
                 device: t.device(),
                 rank,
             });
-            let locations: Vec<&Location> = if p.locations.is_empty() {
-                here.iter().collect()
-            } else {
-                p.locations.iter().collect()
+            let rankless = p.locations.iter().any(|l| l.rank.is_none());
+            let locations: Vec<&Location> = match &here {
+                // As ranks, data held here is on this rank, whatever host its locations name.
+                Some(h) if matches!(form, LocationForm::Rank) && rankless => vec![h],
+                _ if p.locations.is_empty() => here.iter().collect(),
+                _ => p.locations.iter().collect(),
             };
             let out = PyList::empty(py);
             for l in locations {

@@ -93,6 +93,25 @@ def test_heat_form_refuses_a_partition_without_a_rank():
         heat.to_heat(pa).__partitioned__
 
 
+def test_heat_form_writes_this_rank_for_data_held_here_whatever_host_it_names():
+    """A draft-2 location names a host and pid, not a rank: data held here is on this rank; a
+    partition held elsewhere is refused, naming its location."""
+    x = np.arange(8.0)
+    far = ("192.0.2.7", 99, "kDLCPU")  # a documentation address: never this host
+    d = {"shape": (8,), "partition_tiling": (2,),
+         "partitions": {(0,): {"start": (0,), "shape": (4,), "data": x[:4], "location": [far]},
+                        (1,): {"start": (4,), "shape": (4,), "data": x[4:], "location": [far]}}}
+    out = heat.to_heat(dlpart.from_partitioned(d)).__partitioned__
+    assert [out["partitions"][(i,)]["location"] for i in range(2)] == [[0], [0]]
+    np.testing.assert_array_equal(np.concatenate([out["partitions"][(i,)]["data"]
+                                                  for i in range(2)]), x)
+    d["partitions"][(1,)]["data"] = None
+    with pytest.raises(dlpart.ProtocolError,
+                       match=r"partition \(1,\) is not held here and its location .*192\.0\.2\.7.* "
+                             r"is not an MPI rank"):
+        heat.to_heat(dlpart.from_partitioned(d)).__partitioned__
+
+
 def test_jax_input_goes_back_out_as_jax():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

@@ -47,15 +47,18 @@ class HeatPartitioned:
 
     @property
     def __partitioned__(self) -> PartitionedDict:
+        # Data held here is written on this rank; any other partition needs its rank.
+        for pos, p in self.array.partitions.items():
+            if p.tensor is None and (not p.locations or any(l.rank is None for l in p.locations)):
+                where = (f"its location {p.locations[0]} is not an MPI rank" if p.locations
+                         else "its location is empty")
+                raise ProtocolError(
+                    f"heat reads each partition's rank as int(location[0]): partition {pos} "
+                    f"is not held here and {where}, so it names no rank")
         d = self.array.to_partitioned(framework=self.framework, locations="rank", rank=self.rank)
         if "locals" not in d:
             d["locals"] = [pos for pos, p in self.array.partitions.items()
                            if p.tensor is not None]
-        for pos, p in d["partitions"].items():
-            if not p["location"]:
-                raise ProtocolError(
-                    f"heat reads each partition's rank as int(location[0]): partition {pos} "
-                    f"is not held here and its location is empty, so it names no rank")
         return d
 
 
