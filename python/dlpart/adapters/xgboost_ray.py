@@ -8,6 +8,10 @@ xgboost_ray hands each training actor the whole dict. With Ray running, the part
 therefore put into Ray's object store once (at the first ``__partitioned__``), and the dict
 holds their ObjectRefs: each actor fetches only its shards, from the node that holds them.
 Without Ray, or with ``store=False``, the data are numpy arrays over the partitions' memory.
+
+Use ``RayDMatrix``'s default distributed loading: its central loading (``distributed=False``)
+asserts that the object it was given is a dict, which no object with ``__partitioned__`` is, so
+it fails for every producer (xgboost_ray 0.1.19).
 """
 
 import sys
