@@ -397,7 +397,9 @@ class SpmdArray(PartitionedArray):
         """``self[.., indices, ..] = values`` along ``axis`` across the ranks (collective; every
         rank passes the same indices and the whole ``values``): each rank writes the indices
         in its own partitions, so nothing travels. Checked and agreed on every rank first: an
-        error anywhere writes nothing anywhere."""
+        error anywhere writes nothing anywhere. The ranks compare the indices and the values'
+        shape and dtype, not the values' contents (that would cost a pass over them): each
+        rank writes from its own ``values``."""
         from ._functions import _indices
 
         v, idx, ax = _checked(self.comm, lambda: (_as_tensor(values), _as_tensor(_indices(indices)),

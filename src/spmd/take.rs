@@ -296,7 +296,8 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// call; every rank passes the same indices and the same `values`, held whole on every rank):
 /// each rank writes the indices that fall in its own partitions, so nothing travels. Checked
 /// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
-/// anywhere.
+/// anywhere. The ranks compare the indices and the values' shape and dtype, not the values'
+/// contents (that would cost a pass over them): each rank writes from its own `values`.
 pub fn scatter(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
