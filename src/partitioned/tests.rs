@@ -337,23 +337,29 @@ fn gather_memory_grows_with_the_indices_not_the_axis() {
     );
 }
 
-#[test]
-fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
-    let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
-    let other = Tensor::from_slice(&[-7.0f32; 2], &[2]).unwrap();
-    // SAFETY: every element of the view is one of `other`'s two elements (a zero stride
-    // over rows), kept alive by its owner.
-    let p1 = unsafe {
+/// A 2x2 view of `base`'s memory with `strides` (in elements) on `device`.
+///
+/// # Safety
+/// Every element the strides reach lies in `base`'s memory.
+unsafe fn view_2x2(base: &Tensor, strides: [isize; 2], device: Device) -> Tensor {
+    // SAFETY: the caller's promise that the view stays in `base`'s memory, which `base`'s
+    // owner, cloned into the view, keeps alive.
+    unsafe {
         Tensor::from_raw_parts(
-            other.data_ptr(),
+            base.data_ptr(),
             vec![2, 2],
-            vec![0, 1],
-            DType::Float32,
-            Device::CPU,
+            strides.to_vec(),
+            base.dtype(),
+            device,
             false,
-            other.owner().clone(),
+            base.owner().clone(),
         )
-    };
+    }
+}
+
+/// The error of scattering rows 0 and 3 of float32 values into a 4x2 array of two row blocks,
+/// `p0` over rows 0..2 and `p1` over rows 2..4.
+fn scatter_rows_0_and_3(p0: &Tensor, p1: Tensor, transfer: bool) -> Error {
     let pa = PartitionedArray::new(
         Grid::even(&[4, 2], &[2, 1]).unwrap(),
         vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
@@ -363,7 +369,16 @@ fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
     .unwrap();
     let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
     let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-    let e = pa.scatter(&values, &idx, 0, false).unwrap_err();
+    pa.scatter(&values, &idx, 0, transfer).unwrap_err()
+}
+
+#[test]
+fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
+    let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    let other = Tensor::from_slice(&[-7.0f32; 2], &[2]).unwrap();
+    // SAFETY: a zero stride over rows reaches `other`'s two elements only.
+    let p1 = unsafe { view_2x2(&other, [0, 1], Device::CPU) };
+    let e = scatter_rows_0_and_3(&p0, p1, false);
     assert!(matches!(e, Error::Buffer { .. }), "{e}");
     assert!(e.to_string().contains("partition (1, 0)"), "{e}");
     assert_eq!(
@@ -378,25 +393,15 @@ fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
     let (src, _) = global(&[4, 2]);
     let out = Tensor::zeros(&[2, 2], DType::Int32).unwrap();
     // SAFETY: as above, over `out`'s first row.
-    let repeated = unsafe {
-        Tensor::from_raw_parts(
-            out.data_ptr(),
-            vec![2, 2],
-            vec![0, 1],
-            DType::Int32,
-            Device::CPU,
-            false,
-            out.owner().clone(),
-        )
-    };
-    let e = crate::ops::gather(&src, &idx, 0, Some(&repeated)).unwrap_err();
+    let repeated = unsafe { view_2x2(&out, [0, 1], Device::CPU) };
+    let rows = Tensor::from_slice(&[1i64, 0], &[2]).unwrap();
+    let e = crate::ops::gather(&src, &rows, 0, Some(&repeated)).unwrap_err();
     assert!(
         e.to_string()
             .contains("refers to some element more than once"),
         "{e}"
     );
     let vals = Tensor::from_slice(&[1i32, 2, 3, 4], &[2, 2]).unwrap();
-    let rows = Tensor::from_slice(&[1i64, 0], &[2]).unwrap();
     let e = crate::ops::scatter(&vals, &rows, &repeated, 0).unwrap_err();
     assert!(
         e.to_string()
@@ -414,29 +419,10 @@ fn scatter_checks_every_target_device_before_writing() {
         Device::new(DeviceType::OpenCl, 0).unwrap(),
         Device::new(DeviceType::Cpu, 1).unwrap(),
     ] {
-        // SAFETY: `other`'s four elements, in C order, kept alive by its owner; the tensor
-        // is only ever checked here (no backend reads or writes `device`).
-        let p1 = unsafe {
-            Tensor::from_raw_parts(
-                other.data_ptr(),
-                vec![2, 2],
-                vec![2, 1],
-                DType::Float32,
-                device,
-                false,
-                other.owner().clone(),
-            )
-        };
-        let pa = PartitionedArray::new(
-            Grid::even(&[4, 2], &[2, 1]).unwrap(),
-            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
-            vec![vec![], vec![]],
-            None,
-        )
-        .unwrap();
-        let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
-        let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-        let e = pa.scatter(&values, &idx, 0, true).unwrap_err().to_string();
+        // SAFETY: `other`'s four elements, in C order; the tensor is only ever checked here
+        // (no backend reads or writes `device`).
+        let p1 = unsafe { view_2x2(&other, [2, 1], device) };
+        let e = scatter_rows_0_and_3(&p0, p1, true).to_string();
         assert!(e.contains(&device.to_string()), "{device}: {e}");
         assert_eq!(
             p0.to_array::<f32>().unwrap().as_slice(),
