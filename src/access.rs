@@ -66,10 +66,13 @@ pub(crate) fn span(t: &Tensor) -> Option<(usize, usize)> {
 }
 
 /// Claims the spans of `reads` for reading and of `writes` for writing (see the module docs).
-pub(crate) fn tensors(reads: &[&Tensor], writes: &[&Tensor]) -> Result<Claim> {
+pub(crate) fn tensors<'a>(
+    reads: impl IntoIterator<Item = &'a Tensor>,
+    writes: impl IntoIterator<Item = &'a Tensor>,
+) -> Result<Claim> {
     ranges(
-        reads.iter().filter_map(|t| span(t)),
-        writes.iter().filter_map(|t| span(t)),
+        reads.into_iter().filter_map(span),
+        writes.into_iter().filter_map(span),
     )
 }
 

@@ -342,8 +342,9 @@ pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
 
 /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
 /// on `src`'s device unless given; an `out` that is read-only or refers to some element more
-/// than once (a zero stride) is refused before anything is written. To copy the same indices between the same tensors again and
-/// again, [`PreparedGather`](crate::PreparedGather) checks all this once.
+/// than once (a zero stride) is refused before anything is written. To copy the same indices
+/// between the same tensors again and again, [`PreparedGather`](crate::PreparedGather) checks
+/// all this once.
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
     let backend = backend_for(src.device())?;

@@ -414,15 +414,14 @@ impl Tensor {
             }
         }
         // An empty box touches no memory: its other axes may be long enough to overflow.
-        let data = match shape.contains(&0) {
-            true => self.data,
-            false => {
-                let offset: isize = (0..self.ndim())
-                    .map(|d| start[d] as isize * self.strides[d])
-                    .sum();
-                self.data
-                    .wrapping_offset(offset * self.dtype.itemsize() as isize)
-            }
+        let data = if shape.contains(&0) {
+            self.data
+        } else {
+            let offset: isize = (0..self.ndim())
+                .map(|d| start[d] as isize * self.strides[d])
+                .sum();
+            self.data
+                .wrapping_offset(offset * self.dtype.itemsize() as isize)
         };
         let mut t = self.clone();
         t.data = data;
@@ -441,7 +440,7 @@ impl Tensor {
     /// 1 (foreign producers may hand out any byte).
     pub fn as_array<T: Element>(&self) -> Result<HostView<'_, T>> {
         self.check_host_element::<T>("as_array")?;
-        let claim = crate::access::tensors(&[self], &[])?;
+        let claim = crate::access::tensors([self], [])?;
         // Every element sits a whole number of `T`s away from `data`, so one check covers all.
         if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
             return Err(Error::buffer(format!(
@@ -513,7 +512,7 @@ impl Tensor {
             return Ok(self.as_array::<T>()?.as_standard_layout().into_owned());
         }
         // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
-        let _claim = crate::access::tensors(&[self], &[])?;
+        let _claim = crate::access::tensors([self], [])?;
         let values = ndarray::indices(&self.shape[..])
             .into_iter()
             .map(|index| {

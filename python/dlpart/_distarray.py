@@ -104,13 +104,11 @@ def _runs(dim: dict, axis: int, extent: int) -> Tuple[List[Run], int, int, int]:
         if len(indices) and (indices.min() < 0 or indices.max() >= size):
             raise ProtocolError(f"{where}: indices outside [0, {size}) (dlpart reads global "
                                 f"indices of the array, without wrapping)")
-        runs = []
-        for i, g in enumerate(indices.tolist()):
-            if runs and runs[-1][0] + runs[-1][2] == g:
-                s, l, n = runs[-1]
-                runs[-1] = (s, l, n + 1)
-            else:
-                runs.append((g, i, 1))
+        # A run ends wherever the next index is not one more than this one.
+        cuts = (np.flatnonzero(np.diff(indices) != 1) + 1).tolist()
+        firsts = [0, *cuts] if len(indices) else []
+        ends = [*cuts, len(indices)]
+        runs = [(int(indices[i]), i, end - i) for i, end in zip(firsts, ends)]
         return runs, size, grid, rank
     raise ProtocolError(f"__distarray__ dim_data[{axis}]['dist_type'] = {kind!r}: dlpart reads "
                         f"'b', 'c' and 'u'")

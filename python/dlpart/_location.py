@@ -44,13 +44,18 @@ class Location(NamedTuple):
         return f"Location({', '.join(parts)})"
 
 
+def ray_running() -> bool:
+    """Whether this process has started (or joined) Ray: never imports it."""
+    ray = sys.modules.get("ray")
+    return ray is not None and getattr(ray, "is_initialized", lambda: False)()
+
+
 def this_host() -> str:
     """This node's address, as other nodes reach it: Ray's node address when Ray runs here, else
     the address of a network interface that is not loopback, else ``127.0.0.1``."""
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    if ray_running():
         try:
-            return ray.util.get_node_ip_address()
+            return sys.modules["ray"].util.get_node_ip_address()
         except Exception:  # noqa: BLE001 - any failure falls back to the interfaces
             pass
     return _interface_address()

@@ -278,12 +278,10 @@ impl PartitionedArray {
             .collect();
         for &f in &written {
             let t = targets[f];
-            if t.readonly() {
-                return Err(Error::ReadOnly {
-                    what: format!("partition {}", tuple_string(&self.grid.position(f))),
-                });
-            }
             let what = format!("partition {}", tuple_string(&self.grid.position(f)));
+            if t.readonly() {
+                return Err(Error::ReadOnly { what });
+            }
             ops::check_distinct(t, &what)?;
             check_crossing("scatter", values.device(), t.device(), transfer)?;
             // Every error a write below can raise before its kernel runs, raised here: a
@@ -354,10 +352,12 @@ impl Groups {
     fn new(grid: &Grid, axis: usize, idx: &[i64]) -> Self {
         let splits = &grid.splits()[axis];
         let slabs = splits.len() - 1;
-        // The last slab holding index i: empty slabs share their start with the next one.
         let slab_of: Vec<usize> = idx
             .iter()
-            .map(|&i| splits.partition_point(|&b| b <= i as usize) - 1)
+            .map(|&i| {
+                grid.locate_axis(axis, i as usize)
+                    .expect("indices are in range")
+            })
             .collect();
         let mut at: Vec<Vec<i64>> = vec![Vec::new(); slabs];
         let mut local: Vec<Vec<i64>> = vec![Vec::new(); slabs];

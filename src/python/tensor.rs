@@ -370,7 +370,7 @@ impl PyTensor {
         } else {
             copy_tensor(t)?
         };
-        let _claim = crate::access::tensors(&[&c], &[]).map_err(to_py)?;
+        let _claim = crate::access::tensors([&c], []).map_err(to_py)?;
         // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow,
         // which nothing in this process writes meanwhile (claimed above).
         let bytes = unsafe { std::slice::from_raw_parts(c.data_ptr(), c.nbytes()) };

@@ -187,8 +187,9 @@ def test_handles_handed_on_unfetched_resolve_through_the_producers_get():
 
     lazy = dlpart.from_partitioned({
         "shape": (7, 5), "partition_tiling": (2, 1), "get": get,
-        "partitions": {(0, 0): {"start": (0, 0), "shape": (4, 5), "data": Handle(0), "location": []},
-                       (1, 0): {"start": (4, 0), "shape": (3, 5), "data": Handle(1), "location": []}}})
+        "partitions": {
+            (0, 0): {"start": (0, 0), "shape": (4, 5), "data": Handle(0), "location": []},
+            (1, 0): {"start": (4, 0), "shape": (3, 5), "data": Handle(1), "location": []}}})
     d = lazy.__partitioned__
     assert isinstance(d["partitions"][(1, 0)]["data"], Handle)
     np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), ref)

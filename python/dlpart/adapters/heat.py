@@ -10,10 +10,10 @@ keeps a rank as a rank.
 
 Over MPI, heat also needs one partition per rank, rank ``r`` holding the ``r``-th slab along one
 split axis (or one partition with a copy on every rank: heat's replicated ``split=None``, as
-`dlpart.mpi.from_partitioned` reads it from heat), and memory a torch tensor can hold. `to_heat` checks a `dlpart.mpi.SpmdArray` for
-both (collective: every rank reaches the same verdict, so none is left waiting after heat
-raised on another), and with ``split=k`` first repartitions it into heat's own balanced chunks
-along axis ``k`` (one ``Alltoallv``).
+`dlpart.mpi.from_partitioned` reads it from heat), and memory a torch tensor can hold.
+`to_heat` checks a `dlpart.mpi.SpmdArray` for both (collective: every rank reaches the same
+verdict, so none is left waiting after heat raised on another), and with ``split=k`` first
+repartitions it into heat's own balanced chunks along axis ``k`` (one ``Alltoallv``).
 """
 
 import sys
@@ -49,8 +49,9 @@ class HeatPartitioned:
     def __partitioned__(self) -> PartitionedDict:
         # Data held here is written on this rank; any other partition needs its rank.
         for pos, p in self.array.partitions.items():
-            if p.tensor is None and (not p.locations or any(l.rank is None for l in p.locations)):
-                where = (f"its location {p.locations[0]} is not an MPI rank" if p.locations
+            rankless = [loc for loc in p.locations if loc.rank is None]
+            if p.tensor is None and (rankless or not p.locations):
+                where = (f"its location {rankless[0]} is not an MPI rank" if rankless
                          else "its location is empty")
                 raise ProtocolError(
                     f"heat reads each partition's rank as int(location[0]): partition {pos} "

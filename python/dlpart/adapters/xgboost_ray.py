@@ -14,11 +14,11 @@ asserts that the object it was given is a dict, which no object with ``__partiti
 it fails for every producer (xgboost_ray 0.1.19).
 """
 
-import sys
 from typing import Any, Optional, Tuple
 
 from .. import PartitionedArray
 from .. import from_partitioned as _import
+from .._location import ray_running
 from .._types import PartitionedDict
 
 __all__ = ["Partitioned", "partitioned"]
@@ -37,7 +37,7 @@ class Partitioned:
     @property
     def __partitioned__(self) -> PartitionedDict:
         array = self.array
-        if _ray_running() if self.store is None else self.store:
+        if ray_running() if self.store is None else self.store:
             if self._stored is None:
                 from . import ray as dray
 
@@ -48,11 +48,6 @@ class Partitioned:
     @property
     def shape(self) -> Tuple[int, ...]:
         return self.array.shape
-
-
-def _ray_running() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
 
 
 def partitioned(obj: Any, framework: Optional[str] = "numpy",

@@ -75,7 +75,7 @@ pub(super) fn gather(
     };
     let row = src.shape()[axis + 1..].iter().product::<usize>() * src.dtype().itemsize();
     let len = src.shape()[axis];
-    let claim = crate::access::tensors(&[src, indices], &[])?;
+    let claim = crate::access::tensors([src, indices], [])?;
     if row == 0 {
         // Nothing to copy, but the indices are still checked.
         // SAFETY: `indices` is a host-accessible, contiguous, aligned int64 tensor of `n`

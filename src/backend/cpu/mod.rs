@@ -416,13 +416,13 @@ impl Backend for CpuBackend {
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
-        let _claim = access::tensors(&[indices], &[])?;
+        let _claim = access::tensors([indices], [])?;
         normalise::normalise_indices(indices, axis, len)
     }
 
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"gather", src, out)?;
-        let _claim = access::tensors(&[src, indices], &[out])?;
+        let _claim = access::tensors([src, indices], [out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
         // are checked by the kernel before any access they govern.
@@ -447,7 +447,7 @@ impl Backend for CpuBackend {
 
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"scatter", values, out)?;
-        let _claim = access::tensors(&[values, indices], &[out])?;
+        let _claim = access::tensors([values, indices], [out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: as for `gather`.
         unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }

@@ -147,10 +147,7 @@ impl Segments<'_> {
             )?,
             None => {
                 // What MPI reads and writes, claimed while it does (see `crate::access`).
-                let _claim = crate::access::tensors(
-                    &send.iter().collect::<Vec<_>>(),
-                    &recv.iter().collect::<Vec<_>>(),
-                )?;
+                let _claim = crate::access::tensors(&send, &recv)?;
                 let recv_bytes: &mut [u8] = match &recv {
                     // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer
                     // allocated by `prepare`, or this rank's own target (writable, checked

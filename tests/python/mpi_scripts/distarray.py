@@ -47,7 +47,8 @@ def block(rng, n, procs, coord):
         else np.sort(rng.integers(0, n + 1, size=procs - 1))
     points = [0, *cuts.tolist(), n]
     lens = np.diff(points)
-    widths = [0] + [int(rng.integers(0, min(lens[k - 1], lens[k]) + 1)) for k in range(1, procs)] + [0]
+    widths = [0, *(int(rng.integers(0, min(lens[k - 1], lens[k]) + 1)) for k in range(1, procs)),
+              0]
     bounds = [int(rng.integers(0, 3)) if lens[0] > 2 else 0,
               int(rng.integers(0, 3)) if lens[-1] > 2 else 0]
     lo, hi = points[coord] - widths[coord], points[coord + 1] + widths[coord + 1]
