@@ -176,6 +176,16 @@ pub enum Error {
         invariant: Option<u8>,
     },
 
+    /// A Distributed Array Protocol (`__distarray__`) dict that dlpart cannot read, or an
+    /// array it cannot describe in it.
+    #[error("__distarray__{at}: {found}")]
+    DistArray {
+        /// Where: `" dim_data[0] ('b')"` for one axis's dictionary, empty for the whole dict.
+        at: String,
+        /// The values found, and what was expected.
+        found: String,
+    },
+
     /// Several protocol violations, reported together.
     #[error("{} protocol violations:\n{}", errors.len(), join_lines(errors))]
     ProtocolMany {
@@ -352,7 +362,9 @@ impl Error {
             | Error::UnsupportedDType { .. }
             | Error::UnsupportedDevice { .. }
             | Error::ReadOnly { .. } => "BufferError",
-            Error::Protocol { .. } | Error::ProtocolMany { .. } => "ProtocolError",
+            Error::Protocol { .. } | Error::ProtocolMany { .. } | Error::DistArray { .. } => {
+                "ProtocolError"
+            }
             Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => "DeviceError",
             Error::IndexOutOfRange { .. } => "IndexError",
             Error::OutOfMemory { .. } => "MemoryError",

@@ -25,6 +25,7 @@
 //! | planning | [`layout`], [`plan`] | target `Layout`s (a cut and a placement); `Plan`: the box copies between two grids |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
 //! | operations | [`ops`], [`prepared`] | repartition, gather, scatter on tensors: validate, then copy; gathers and scatters validated once and run again and again |
+//! | protocols | [`distarray`] | the Distributed Array Protocol (`__distarray__`): buffers and dimension dictionaries in and out |
 //! | ranks | [`spmd`] | SPMD arrays over a `Communicator` (MPI, threads): agreed grids, exchanges between ranks |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
 //!
@@ -58,6 +59,7 @@
 mod access;
 pub mod backend;
 pub mod device;
+pub mod distarray;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
@@ -90,6 +92,11 @@ pub use tensor::{HostView, Tensor};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's Rust code blocks, run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideDoctests;
 
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]

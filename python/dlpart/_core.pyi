@@ -10,9 +10,11 @@ __all__ = [
     "get_num_threads", "reload_log_levels", "_note_host_devices", "_MpiComm",
     "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
     "_spmd_assemble", "_spmd_fail", "_spmd_check", "_spmd_gather", "_spmd_scatter",
+    "_spmd_from_distarray", "_distarray_import", "_distarray_describe", "DISTARRAY_VERSION",
 ]
 
 __version__: str
+DISTARRAY_VERSION: str
 
 class ProtocolError(ValueError): ...
 class DeviceError(ValueError): ...
@@ -189,6 +191,10 @@ def _spmd_from_local(
     comm: _MpiComm, parts: List[Tuple[Optional[List[int]], Tensor]], axis: Optional[int] = None,
     shape: Optional[List[int]] = None, error: Optional[ErrorTuple] = None,
 ) -> _PartitionedArray: ...
+def _spmd_from_distarray(
+    comm: _MpiComm, buffer: Optional[Tensor] = None, dims: Any = None,
+    error: Optional[ErrorTuple] = None,
+) -> _PartitionedArray: ...
 def _spmd_with_ranks(
     comm: _MpiComm, pa: Optional[_PartitionedArray] = None, error: Optional[ErrorTuple] = None
 ) -> _PartitionedArray: ...
@@ -221,3 +227,8 @@ class _testing:
     def deleter_calls() -> int: ...
     @staticmethod
     def live_exports() -> int: ...
+
+def _distarray_import(buffer: Tensor, dims: Any) -> _PartitionedArray: ...
+def _distarray_describe(
+    pa: _PartitionedArray, rank: int, nprocs: int
+) -> Tuple[Tensor, Tuple[dict, ...]]: ...

@@ -230,25 +230,18 @@ def from_local(parts: Any, comm: Any, *, axis: Optional[int] = None,
     for the other ranks' partitions and draft-2 locations ``(ip, pid, device)``: the same
     dict on every rank but for ``data`` and ``locals``.
     """
-    return _from_local(parts, _comm(comm), axis, shape, None)
-
-
-def _from_local(parts: Any, c: Any, axis: Optional[int], shape: Optional[Sequence[int]],
-                failed: Optional[BaseException]) -> "SpmdArray":
-    """`from_local`, or, with ``failed``, this rank's error raised on every rank in its place."""
+    c = _comm(comm)
     items: list = []
-    first = None
-    ax = dims = None
-    if failed is None:
-        try:
-            items, first = _local_items(parts, axis)
-            if axis is not None:
-                ax = _index(axis, "axis")
-                if ax < 0:
-                    raise ValueError(f"axis={axis}: give a non-negative axis")
-            dims = _opt_list(shape, "shape")
-        except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
-            failed, items, first, ax, dims = e, [], None, None, None
+    first = failed = ax = dims = None
+    try:
+        items, first = _local_items(parts, axis)
+        if axis is not None:
+            ax = _index(axis, "axis")
+            if ax < 0:
+                raise ValueError(f"axis={axis}: give a non-negative axis")
+        dims = _opt_list(shape, "shape")
+    except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+        failed, items, first, ax, dims = e, [], None, None, None
     core = _agreed(failed, lambda error: _core._spmd_from_local(c, items, ax, dims, error))
     return SpmdArray._spmd(core, c, None, _framework_of(first) if first is not None else None)
 
@@ -263,12 +256,13 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     from . import _distarray
 
     c = _comm(comm)
-    placed = shape = failed = None
+    buffer = dims = failed = None
     try:
-        placed, shape = _distarray.parts(obj, c.rank, c.size)
+        buffer, dims = _distarray.read(obj)
     except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
         failed = e
-    return _from_local(placed, c, None, shape, failed)
+    core = _agreed(failed, lambda error: _core._spmd_from_distarray(c, buffer, dims, error))
+    return SpmdArray._spmd(core, c, None, "numpy")
 
 
 def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
@@ -309,8 +303,7 @@ class SpmdArray(PartitionedArray):
         rank reads the same global layout, so all raise or none does."""
         from . import _distarray
 
-        owners = [[rank for _, _, _, rank in locs] for *_, locs in self._core.entries()]
-        return _distarray.describe(self, self.comm.rank, self.comm.size, owners)
+        return _distarray.describe(self, self.comm.rank, self.comm.size)
 
     def _rank_devices(self) -> List[str]:
         """The device of each rank's first partition (the host for a rank without one)."""

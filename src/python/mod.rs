@@ -5,6 +5,7 @@
 
 mod capsule;
 mod device;
+mod distarray;
 mod dlpack_call;
 mod errors;
 mod location;
@@ -62,6 +63,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::_tensor_from_bytes, m)?)?;
     partitioned::register(m)?;
     spmd::register(m)?;
+    distarray::register(m)?;
     ops::register(m)?;
     prepared::register(m)?;
     m.add_function(wrap_pyfunction!(reload_log_levels, m)?)?;

@@ -293,7 +293,7 @@ fn traffic<'py>(py: Python<'py>, t: &Traffic) -> PyResult<Bound<'py, PyTuple>> {
     (t.sent.clone(), t.received.clone(), t.local).into_pyobject(py)
 }
 
-fn failure(error: Option<(String, String)>) -> Option<Error> {
+pub(super) fn failure(error: Option<(String, String)>) -> Option<Error> {
     error.map(|(kind, message)| Error::Collective {
         rank: 0,
         kind,

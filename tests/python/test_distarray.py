@@ -69,6 +69,14 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
     (dap(np.zeros((2, 2)), dim("b", 2, start=0, stop=2)), "1 entries for a 2-d buffer"),
     (dap(np.zeros(4), {**dim("b", 4, start=0, stop=4), "proc_grid_size": 2}),
      r"process grid of \(2,\) for 1 process"),
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 0, 1])), "global index 0 is held twice"),
+    (dap(np.zeros(3), dim("u", 4, indices=[0, 1, 3])), r"global indices 2\.\.3 are held by no"),
+    (dap(np.zeros(3), dim("u", 3, indices=np.array([0, -1, 2]))), "holds -1, a negative index"),
+    (dap(np.zeros(3), dim("u", 3, indices=np.array([0.0, 1.0, 2.0]))), "not a sequence of int"),
+    (dap(np.zeros(4), dim("b", -4, start=0, stop=4)), "'size' = -4 is negative"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, padding=3)), "padding 3 is not a pair"),
+    (dap(np.zeros(4), [1, 2]), r"dim_data\[0\] is a list, not a dict"),
+    ({"__version__": "0.10.0", "buffer": np.zeros(4), "dim_data": 4}, "dim_data is a int"),
 ])
 def test_dicts_that_break_the_protocol_name_what_is_wrong(d, match):
     with pytest.raises(dlpart.ProtocolError, match=match):

@@ -1,0 +1,267 @@
+//! The Distributed Array Protocol's dimension dictionaries as [`DimData`], and the
+//! [`crate::distarray`] functions for `dlpart.from_distarray`, `dlpart.mpi.from_distarray` and
+//! `__distarray__`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
+
+use crate::device::Device;
+use crate::distarray::{self, DimData, Distribution};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::spmd::Communicator;
+
+use super::errors::to_py;
+use super::partitioned::{wrap, PyPartitioned};
+use super::spmd::{failure, MpiComm};
+use super::tensor::{import, is_producer, PyTensor};
+
+fn dap_error(at: String, found: String) -> Error {
+    Error::DistArray { at, found }
+}
+
+fn repr(v: &Bound<'_, PyAny>) -> String {
+    v.repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A non-negative integer (Python's or numpy's, never a bool) from `value`, named `what`.
+fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
+    let n = if value.is_instance_of::<PyBool>() {
+        None
+    } else {
+        value.extract::<i64>().ok()
+    };
+    let n = n.ok_or_else(|| {
+        dap_error(
+            at.into(),
+            format!("{what} = {} is not an integer", repr(value)),
+        )
+    })?;
+    usize::try_from(n).map_err(|_| dap_error(at.into(), format!("{what} = {n} is negative")))
+}
+
+/// One dimension dictionary; `axis` for messages.
+fn dim_data(dim: &Bound<'_, PyAny>, axis: usize) -> Result<DimData> {
+    let dim = dim.cast::<PyDict>().map_err(|_| {
+        let kind = dim
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        dap_error(
+            String::new(),
+            format!("dim_data[{axis}] is a {kind}, not a dict"),
+        )
+    })?;
+    let get = |key: &str| dim.get_item(key).ok().flatten().filter(|v| !v.is_none());
+    let kind = get("dist_type");
+    let at = format!(
+        " dim_data[{axis}] ({})",
+        kind.as_ref().map_or("None".into(), repr)
+    );
+    let int = |key: &str, default: Option<usize>| match get(key) {
+        Some(v) => count(&v, &format!("'{key}'"), &at),
+        None => default.ok_or_else(|| dap_error(at.clone(), format!("no '{key}'"))),
+    };
+    let kind: Option<String> = kind.as_ref().and_then(|k| k.extract().ok());
+    let distribution = match kind.as_deref() {
+        Some("b") => {
+            let padding = match get("padding") {
+                None => [0, 0],
+                Some(p) => {
+                    let pair: Option<Vec<Bound<'_, PyAny>>> = p.extract().ok();
+                    match pair.as_deref() {
+                        Some([l, r]) => [count(l, "padding", &at)?, count(r, "padding", &at)?],
+                        _ => {
+                            return Err(dap_error(
+                                at,
+                                format!("padding {} is not a pair of integers", repr(&p)),
+                            ))
+                        }
+                    }
+                }
+            };
+            Distribution::Block {
+                start: int("start", None)?,
+                stop: int("stop", None)?,
+                padding,
+            }
+        }
+        Some("c") => Distribution::Cyclic {
+            start: int("start", None)?,
+            block_size: int("block_size", Some(1))?,
+        },
+        Some("u") => {
+            let indices = match get("indices") {
+                None => Vec::new(),
+                Some(v) => indices(&v, &at)?,
+            };
+            Distribution::Unstructured(indices)
+        }
+        _ => {
+            return Err(dap_error(
+                format!(" dim_data[{axis}]"),
+                format!(
+                    "dist_type {}: dlpart reads 'b', 'c' and 'u'",
+                    get("dist_type").as_ref().map_or("None".into(), repr)
+                ),
+            ))
+        }
+    };
+    Ok(DimData {
+        size: int("size", None)?,
+        proc_grid_size: int("proc_grid_size", Some(1))?,
+        proc_grid_rank: int("proc_grid_rank", Some(0))?,
+        distribution,
+    })
+}
+
+/// An unstructured axis's global indices: a host int64 array (numpy's default) read through
+/// DLPack, any other sequence of integers element by element.
+fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
+    let negative = |i: i64| {
+        usize::try_from(i)
+            .map_err(|_| dap_error(at.into(), format!("'indices' holds {i}, a negative index")))
+    };
+    let int64 = is_producer(v)
+        .ok()
+        .filter(|&p| p)
+        .and_then(|_| import(v, None, None).ok())
+        .filter(|t| {
+            let t = &t.inner;
+            t.dtype() == DType::Int64 && t.ndim() == 1 && t.device() == Device::CPU
+        });
+    if let Some(t) = int64 {
+        return t
+            .inner
+            .as_array::<i64>()?
+            .iter()
+            .map(|&i| negative(i))
+            .collect();
+    }
+    v.extract::<Vec<i64>>()
+        .map_err(|_| dap_error(at.into(), "'indices' is not a sequence of integers".into()))?
+        .into_iter()
+        .map(negative)
+        .collect()
+}
+
+/// The dict's `dim_data`: a tuple (or list) of dimension dictionaries.
+fn dims_arg(dims: &Bound<'_, PyAny>) -> Result<Vec<DimData>> {
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = dims.cast::<PyTuple>() {
+        t.iter().collect()
+    } else if let Ok(l) = dims.cast::<PyList>() {
+        l.iter().collect()
+    } else {
+        let kind = dims
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        return Err(dap_error(
+            String::new(),
+            format!("dim_data is a {kind}, not a tuple"),
+        ));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(a, d)| dim_data(d, a))
+        .collect()
+}
+
+fn dim_dict<'py>(py: Python<'py>, d: &DimData) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("dist_type", d.distribution.dist_type().to_string())?;
+    out.set_item("size", d.size)?;
+    out.set_item("proc_grid_size", d.proc_grid_size)?;
+    out.set_item("proc_grid_rank", d.proc_grid_rank)?;
+    match &d.distribution {
+        Distribution::Block {
+            start,
+            stop,
+            padding,
+        } => {
+            out.set_item("start", start)?;
+            out.set_item("stop", stop)?;
+            out.set_item("padding", (padding[0], padding[1]))?;
+        }
+        Distribution::Cyclic { start, block_size } => {
+            out.set_item("start", start)?;
+            out.set_item("block_size", block_size)?;
+        }
+        Distribution::Unstructured(indices) => out.set_item("indices", indices.clone())?,
+    }
+    Ok(out)
+}
+
+/// See `dlpart.from_distarray`: the array of this one process's buffer.
+#[pyfunction]
+fn _distarray_import(
+    py: Python<'_>,
+    buffer: PyRef<'_, PyTensor>,
+    dims: &Bound<'_, PyAny>,
+) -> PyResult<PyPartitioned> {
+    let dims = dims_arg(dims).map_err(to_py)?;
+    let buffer = buffer.inner.clone();
+    py.detach(|| distarray::import(&buffer, &dims))
+        .map(wrap)
+        .map_err(to_py)
+}
+
+/// See `dlpart.mpi.from_distarray`: this rank's buffer and dimension dictionaries, or its
+/// `error` as `(exception class name, message)`.
+#[pyfunction]
+#[pyo3(signature = (comm, buffer=None, dims=None, error=None))]
+fn _spmd_from_distarray(
+    py: Python<'_>,
+    comm: &MpiComm,
+    buffer: Option<PyRef<'_, PyTensor>>,
+    dims: Option<&Bound<'_, PyAny>>,
+    error: Option<(String, String)>,
+) -> PyResult<PyPartitioned> {
+    let local = match (failure(error), buffer, dims) {
+        (Some(e), _, _) => Err(e),
+        (None, Some(b), Some(d)) => dims_arg(d).and_then(|d| {
+            distarray::local_parts(
+                &b.inner,
+                &d,
+                Communicator::rank(comm),
+                Communicator::size(comm),
+            )
+        }),
+        _ => Err(Error::buffer(
+            "no buffer, dimension dictionaries or error given",
+        )),
+    };
+    py.detach(|| distarray::spmd_from_parts(comm, local))
+        .map(wrap)
+        .map_err(to_py)
+}
+
+/// See `__distarray__`: this process's buffer (the memory of its partition) and dimension
+/// dictionaries.
+#[pyfunction]
+fn _distarray_describe<'py>(
+    py: Python<'py>,
+    pa: PyRef<'_, PyPartitioned>,
+    rank: usize,
+    nprocs: usize,
+) -> PyResult<(PyTensor, Bound<'py, PyTuple>)> {
+    let (buffer, dims) = distarray::describe(&pa.inner, rank, nprocs).map_err(to_py)?;
+    let dicts = dims
+        .iter()
+        .map(|d| dim_dict(py, d))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((PyTensor::new(buffer), PyTuple::new(py, dicts)?))
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_distarray_import, m)?)?;
+    m.add_function(wrap_pyfunction!(_spmd_from_distarray, m)?)?;
+    m.add_function(wrap_pyfunction!(_distarray_describe, m)?)?;
+    m.add("DISTARRAY_VERSION", distarray::VERSION)?;
+    Ok(())
+}
