@@ -139,6 +139,19 @@ impl DimData {
         }
     }
 
+    /// An undistributed axis of length `len`: one block over all of it, on a process grid of
+    /// one (what the protocol's empty dimension dictionary, `{}`, stands for).
+    pub fn undistributed(len: usize) -> Self {
+        DimData::new(
+            len,
+            Distribution::Block {
+                start: 0,
+                stop: len,
+                padding: [0, 0],
+            },
+        )
+    }
+
     /// The same on a process grid of `procs` processes along the axis, at coordinate `coord`.
     pub fn on_grid(mut self, procs: usize, coord: usize) -> Self {
         self.proc_grid_size = procs;

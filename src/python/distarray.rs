@@ -42,8 +42,9 @@ fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
     usize::try_from(n).map_err(|_| dap_error(at.into(), format!("{what} = {n} is negative")))
 }
 
-/// One dimension dictionary; `axis` for messages.
-fn dim_data(dim: &Bound<'_, PyAny>, axis: usize) -> Result<DimData> {
+/// One dimension dictionary, of an axis along which the buffer holds `extent` (the empty
+/// dictionary's length); `axis` for messages.
+fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimData> {
     let dim = dim.cast::<PyDict>().map_err(|_| {
         let kind = dim
             .get_type()
@@ -55,6 +56,9 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize) -> Result<DimData> {
             format!("dim_data[{axis}] is a {kind}, not a dict"),
         )
     })?;
+    if dim.is_empty() {
+        return Ok(DimData::undistributed(extent));
+    }
     let get = |key: &str| dim.get_item(key).ok().flatten().filter(|v| !v.is_none());
     let kind = get("dist_type");
     let at = format!(
@@ -148,8 +152,9 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// The dict's `dim_data`: a tuple (or list) of dimension dictionaries.
-fn dims_arg(dims: &Bound<'_, PyAny>) -> Result<Vec<DimData>> {
+/// The dict's `dim_data`: a tuple (or list) of dimension dictionaries, for a buffer of shape
+/// `extents`.
+fn dims_arg(dims: &Bound<'_, PyAny>, extents: &[usize]) -> Result<Vec<DimData>> {
     let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = dims.cast::<PyTuple>() {
         t.iter().collect()
     } else if let Ok(l) = dims.cast::<PyList>() {
@@ -168,7 +173,7 @@ fn dims_arg(dims: &Bound<'_, PyAny>) -> Result<Vec<DimData>> {
     items
         .iter()
         .enumerate()
-        .map(|(a, d)| dim_data(d, a))
+        .map(|(a, d)| dim_data(d, a, extents.get(a).copied().unwrap_or(0)))
         .collect()
 }
 
@@ -204,7 +209,7 @@ fn _distarray_import(
     buffer: PyRef<'_, PyTensor>,
     dims: &Bound<'_, PyAny>,
 ) -> PyResult<PyPartitioned> {
-    let dims = dims_arg(dims).map_err(to_py)?;
+    let dims = dims_arg(dims, buffer.inner.shape()).map_err(to_py)?;
     let buffer = buffer.inner.clone();
     py.detach(|| distarray::import(&buffer, &dims))
         .map(wrap)
@@ -224,7 +229,7 @@ fn _spmd_from_distarray(
 ) -> PyResult<PyPartitioned> {
     let local = match (failure(error), buffer, dims) {
         (Some(e), _, _) => Err(e),
-        (None, Some(b), Some(d)) => dims_arg(d).and_then(|d| {
+        (None, Some(b), Some(d)) => dims_arg(d, b.inner.shape()).and_then(|d| {
             distarray::local_parts(
                 &b.inner,
                 &d,

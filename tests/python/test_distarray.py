@@ -43,6 +43,20 @@ def test_cyclic_on_one_process_is_the_whole_axis():
     np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
 
 
+def test_an_empty_dimension_dictionary_is_an_undistributed_axis():
+    # The protocol's alias (section 1.6.3): {} is one block over the buffer's whole axis.
+    x = np.arange(12.0).reshape(3, 4)
+    pa = dlpart.from_distarray(dap(x, {}, dim("c", 4, start=0, block_size=2)))
+    assert pa.shape == (3, 4) and pa.tiling == (1, 2)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
+
+
+def test_a_zero_dimensional_array_is_one_partition():
+    pa = dlpart.from_distarray(dap(np.array(5.0)))
+    assert pa.shape == () and len(pa.partitions) == 1
+    assert float(np.from_dlpack(pa.assemble())) == 5.0
+
+
 def test_a_one_partition_array_describes_itself_and_reads_back():
     y = np.arange(12.0).reshape(3, 4)
     pa = dlpart.partition(y, (1, 1))
