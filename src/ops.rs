@@ -328,6 +328,20 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
     Ok(())
 }
 
+/// `values`, or a copy of it on its device when it shares memory with one of `targets`: the
+/// values a scatter writes into several targets, one after the other, must not change under
+/// it as the earlier targets are written.
+pub(crate) fn apart_from<'a>(
+    values: &Tensor,
+    mut targets: impl Iterator<Item = &'a Tensor>,
+) -> Result<Tensor> {
+    if targets.any(|t| crate::overlap::shares_memory(values, t)) {
+        to_device(values, values.device())
+    } else {
+        Ok(values.clone())
+    }
+}
+
 /// Refuses a target `what` whose elements overlap each other (a zero stride, or strides that
 /// interleave): the threads that write its elements would race.
 pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {

@@ -389,7 +389,8 @@ class PartitionedArray:
                 transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
-        unless every index is in range."""
+        unless every index is in range. ``values`` may view this array's own memory: they are
+        read as they were before the call, as numpy's fancy assignment does."""
         from ._functions import _indices
 
         self.fetch()

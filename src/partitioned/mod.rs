@@ -527,4 +527,4 @@ fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

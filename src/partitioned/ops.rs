@@ -246,7 +246,8 @@ impl PartitionedArray {
     /// `self[.., indices[k], ..] = values[.., k, ..]` along `axis`, like numpy's fancy
     /// assignment, with global indices (the last of duplicate indices wins). Each index is
     /// written by the partition that holds it, on its device; `values` on another device needs
-    /// `transfer`. Nothing is written unless every check passes.
+    /// `transfer`. Nothing is written unless every check passes. `values` may view this
+    /// array's own memory: they are read as they were before the call (copied aside first).
     pub fn scatter(
         &self,
         values: &Tensor,
@@ -294,6 +295,9 @@ impl PartitionedArray {
         if !written.is_empty() {
             backend_for(values.device())?;
         }
+        // Each partition picks its rows of `values` when its turn comes: values that view
+        // this array's own memory are read before any partition is written.
+        let values = &ops::apart_from(values, written.iter().map(|&f| targets[f]))?;
         for f in written {
             let t = targets[f];
             let r = self.grid.region_at(f);

@@ -341,7 +341,7 @@ fn gather_memory_grows_with_the_indices_not_the_axis() {
 ///
 /// # Safety
 /// Every element the strides reach lies in `base`'s memory.
-unsafe fn view_2x2(base: &Tensor, strides: [isize; 2], device: Device) -> Tensor {
+pub(crate) unsafe fn view_2x2(base: &Tensor, strides: [isize; 2], device: Device) -> Tensor {
     // SAFETY: the caller's promise that the view stays in `base`'s memory, which `base`'s
     // owner, cloned into the view, keeps alive.
     unsafe {
@@ -430,4 +430,21 @@ fn scatter_checks_every_target_device_before_writing() {
             "{device}"
         );
     }
+}
+
+#[test]
+fn scatter_reads_values_that_view_the_array_before_writing_it() {
+    // x = rows 0..4 of 2 in two row blocks, viewing one buffer; x[[1, 2]] = x[0:2] must write
+    // the old rows 0 and 1, as numpy's fancy assignment does, though writing row 1 (first
+    // block) changes the values that row 2 (second block) is read from.
+    let base = ndarray::Array2::from_shape_fn((4, 2), |(i, j)| (10 * i + j) as f32);
+    let whole = Tensor::from(base.clone());
+    let pa = PartitionedArray::partition(&whole, &Layout::tiling(&[2, 1])).unwrap();
+    let values = whole.view(&[0, 0], &[2, 2]).unwrap();
+    let idx = Tensor::from_slice(&[1i64, 2], &[2]).unwrap();
+    pa.scatter(&values, &idx, 0, false).unwrap();
+    let mut expected = base.clone();
+    expected.row_mut(1).assign(&base.row(0));
+    expected.row_mut(2).assign(&base.row(1));
+    assert_eq!(whole.as_array::<f32>().unwrap(), expected.into_dyn());
 }

@@ -333,11 +333,11 @@ pub fn scatter(
                     "partition {f} is rank {me}'s but holds no data here"
                 ))
             })?;
+            let what = format!("partition {}", tuple_string(&pa.grid().position(f)));
             if t.readonly() {
-                return Err(Error::ReadOnly {
-                    what: format!("partition {}", tuple_string(&pa.grid().position(f))),
-                });
+                return Err(Error::ReadOnly { what });
             }
+            ops::check_distinct(t, &what)?;
             if t.device() != values.device() {
                 return Err(Error::DeviceMismatch {
                     op: "scatter".into(),
@@ -362,6 +362,11 @@ pub fn scatter(
     // the ranks confirm the outcome, as gathers do, so that none returns success while
     // another fails (the partitions then hold what the ranks had written by then).
     let written = (|| {
+        // Values that view this rank's partitions are read before any of them is written.
+        let held = writes
+            .iter()
+            .map(|&(f, _)| pa.data()[f].tensor().expect("checked"));
+        let values = &ops::apart_from(values, held)?;
         for (f, s) in writes {
             let t = pa.data()[f].tensor().expect("checked");
             let r = pa.grid().region_at(f);

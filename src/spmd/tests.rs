@@ -681,3 +681,64 @@ fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
         out[0].1
     );
 }
+
+/// Each of 2 ranks holds rows `4r..4r + 4` of a 8x2 array as two row blocks viewing one
+/// buffer; the scatter writes rows 1 and 2 from values that view rows 0 and 1 of rank 0's
+/// buffer, and must write their old contents (numpy's fancy assignment), though writing row 1
+/// changes what row 2 is read from. A written partition that repeats an element (stride 0) is
+/// refused on every rank before anything is written.
+#[test]
+fn scatter_reads_values_that_view_the_partitions_before_writing_them() {
+    let a = reference(&[8, 2]);
+    let out = ThreadComm::run(2, |comm| {
+        let me = comm.rank();
+        let buffer = Tensor::from(block(&a, &[4 * me, 0], &[4, 2]));
+        let halves = |t: &Tensor| {
+            vec![
+                (vec![4 * me, 0], t.view(&[0, 0], &[2, 2]).unwrap()),
+                (vec![4 * me + 2, 0], t.view(&[2, 0], &[2, 2]).unwrap()),
+            ]
+        };
+        let pa = from_local(comm, Ok(LocalParts::Placed(halves(&buffer))), None).unwrap();
+        let values = buffer.view(&[0, 0], &[2, 2]).unwrap();
+        let idx = Tensor::from_slice(&[1i64, 2], &[2]).unwrap();
+        scatter(comm, &pa, &values, &idx, 0).unwrap();
+        // Rows 1 and 6 into an array whose second block on rank 1 repeats an element.
+        let fresh = Tensor::from(block(&a, &[4 * me, 0], &[4, 2]));
+        let mut parts = halves(&fresh);
+        if me == 1 {
+            // SAFETY: stride 0 along rows stays within the buffer's first row.
+            parts[1].1 =
+                unsafe { crate::partitioned::tests::view_2x2(&fresh, [0, 1], crate::Device::CPU) };
+        }
+        let pb = from_local(comm, Ok(LocalParts::Placed(parts)), None).unwrap();
+        let rows_1_and_6 = Tensor::from_slice(&[1i64, 6], &[2]).unwrap();
+        let e = scatter(comm, &pb, &values, &rows_1_and_6, 0).unwrap_err();
+        let untouched = fresh.to_array::<f32>().unwrap();
+        (buffer.to_array::<f32>().unwrap(), e.to_string(), untouched)
+    });
+    let mut expected = block(&a, &[0, 0], &[4, 2]);
+    let old = expected.clone();
+    for (row, from) in [(1, 0), (2, 1)] {
+        for j in 0..2 {
+            expected[[row, j]] = old[[from, j]];
+        }
+    }
+    assert_eq!(out[0].0, expected);
+    assert_eq!(
+        out[1].0,
+        block(&a, &[4, 0], &[4, 2]),
+        "rank 1 holds no index"
+    );
+    for (rank, (_, e, untouched)) in out.iter().enumerate() {
+        assert!(
+            e.starts_with("rank 1: ") && e.contains("more than once"),
+            "{e}"
+        );
+        assert_eq!(
+            untouched,
+            &block(&a, &[4 * rank, 0], &[4, 2]),
+            "nothing written"
+        );
+    }
+}

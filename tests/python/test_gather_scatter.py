@@ -262,3 +262,22 @@ def test_faces_of_a_strided_cube_match_numpy_take(axis):
     out = np.full(out_shape, np.nan, np.float32)
     dlpart.gather(x, idx, axis=axis, out=out)
     np.testing.assert_array_equal(out, np.take(x, idx, axis=axis))
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(rows=st.integers(1, 12), cols=st.integers(1, 3), tiles=st.integers(1, 4),
+       data=st.data())
+def test_partitioned_scatter_of_values_that_view_its_own_memory(rows, cols, tiles, data):
+    """``pa.scatter(values, idx)`` where ``values`` is a view of the memory ``pa``'s partitions
+    view: every partition must read the values as they were before any was written, as numpy's
+    fancy assignment does (it copies overlapping values first)."""
+    x = np.arange(float(rows * cols)).reshape(rows, cols)
+    k = data.draw(st.integers(1, rows))
+    lo = data.draw(st.integers(0, rows - k))
+    values = x[lo:lo + k][::data.draw(st.sampled_from([1, -1]))]
+    idx = np.array(data.draw(st.lists(st.integers(-rows, rows - 1), min_size=k, max_size=k)))
+    expect = x.copy()
+    expect[idx] = values.copy()
+    pa = dlpart.partition(x, (tiles, 1))  # views of x
+    pa.scatter(values, idx, axis=0)
+    assert same(x, expect)
