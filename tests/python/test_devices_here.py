@@ -77,3 +77,30 @@ def test_a_cuda_index_past_the_last_gpu_is_a_device_error(where):
         _places(missing)[where]()
     msg = str(info.value)
     assert f"kDLCUDA:{count}" in msg and f"{count} CUDA device(s)" in msg, msg
+
+
+def test_data_imported_from_an_emulated_host_device_can_be_copied_where_it_is():
+    """A tensor a producer labels ``kDLCPU:7`` (JAX's emulated CPU devices do) makes that
+    device present: copies of it onto its own device work without any adapter having named
+    the device first. In a fresh process, so that no other test has noted it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import numpy as np
+        import dlpart
+        from dlpart._core import _testing
+        data = np.arange(6, dtype=np.float32)
+        cap = lambda: _testing.make_capsule(data.tobytes(), [6], device=(1, 7))
+        t = dlpart.from_dlpack(cap())
+        assert str(t.device) == "kDLCPU:7", t.device
+        for copy in (t.copy(), dlpart.from_dlpack(cap(), copy=True)):
+            assert str(copy.device) == "kDLCPU:7" and copy.data_ptr != t.data_ptr
+            np.testing.assert_array_equal(np.from_dlpack(copy), data)
+        np.testing.assert_array_equal(np.from_dlpack(t, copy=True), data)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
