@@ -661,12 +661,15 @@ def _numpy_has(dtype: str) -> bool:
 
 
 def _to_jax(t):
-    """A jax array over ``t``'s memory where JAX can take it (JAX asks for the legacy capsule,
-    which dlpart refuses for read-only data, as imports of JAX's own arrays are); host data JAX
-    cannot take goes through a read-only numpy view, which ``jax.device_put`` may alias or copy."""
+    """A jax array over ``t``'s memory where JAX can take it (JAX imports only C-contiguous
+    tensors, so a strided view is copied first, and asks for the legacy capsule, which dlpart
+    refuses for read-only data, as imports of JAX's own arrays are); host data JAX cannot take
+    goes through a read-only numpy view, which ``jax.device_put`` may alias or copy."""
     import jax
     import jax.numpy as jnp
 
+    if not t.is_contiguous:
+        t = t.copy()
     try:
         return jnp.from_dlpack(t)
     except BufferError:

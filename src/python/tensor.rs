@@ -170,6 +170,13 @@ impl PyTensor {
         self.inner.readonly()
     }
 
+    /// Whether the elements lie in C order without gaps (axes of length 1 may have any
+    /// stride). JAX imports only such tensors; `copy()` makes one.
+    #[getter]
+    fn is_contiguous(&self) -> bool {
+        self.inner.is_contiguous()
+    }
+
     #[getter]
     fn nbytes(&self) -> PyResult<usize> {
         // Checked here too: a tensor's byte count is validated where it enters (import, pickle),

@@ -216,3 +216,19 @@ def test_host_tensors_convert_with_numpy_asarray_without_a_copy():
     frozen.flags.writeable = False
     ro = np.asarray(dlpart.from_dlpack(frozen))
     assert not ro.flags.writeable  # read-only stays read-only
+
+
+def test_strided_partitions_go_to_jax_as_contiguous_arrays():
+    """JAX imports only C-contiguous tensors: column blocks of a C-order array (strided views)
+    go to it as copies, contiguous ones as they are; both equal numpy's blocks."""
+    pytest.importorskip("jax")
+    import jax
+
+    x = np.arange(48, dtype=np.float32).reshape(8, 6)
+    for tiling in ((1, 2), (2, 2), (2, 1)):
+        pa = dlpart.partition(x, tiling)
+        d = pa.to_partitioned(framework="jax")
+        for pos, p in d["partitions"].items():
+            assert isinstance(p["data"], jax.Array)
+            (r0, c0), (nr, nc) = p["start"], p["shape"]
+            np.testing.assert_array_equal(np.asarray(p["data"]), x[r0:r0 + nr, c0:c0 + nc])

@@ -190,19 +190,10 @@ def _sharding(pa: PartitionedArray, mesh_or_sharding) -> Sharding:
     raise TypeError(f"expected a jax Mesh or Sharding, found {type(mesh_or_sharding).__name__}")
 
 
-def _c_contiguous(t: Tensor) -> bool:
-    expected = 1
-    for n, s in zip(reversed(t.shape), reversed(t.strides)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
 def _place(t: Tensor, d) -> "jax.Array":
     """The tensor as a single-device JAX array on ``d``: zero-copy when it already lives there,
     is C-contiguous and 64-byte aligned (else JAX, or dlpart for strided views, copies)."""
-    if not _c_contiguous(t):
+    if not t.is_contiguous:
         t = t.copy()  # JAX imports only compact strides
     try:
         return jnp.from_dlpack(t, device=d)
