@@ -617,5 +617,11 @@ mod tests {
             ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
             vec![4, 0]
         );
+        // Non-integer indices are refused when there are none too.
+        for n in [2, 0] {
+            let floats = Tensor::zeros(&[n], DType::Float32).unwrap();
+            let e = normalise_indices(&floats, 0, 5).unwrap_err().to_string();
+            assert_eq!(e, "indices must have an integer dtype: float32");
+        }
     }
 }
