@@ -130,7 +130,8 @@ class PartitionedArray:
     by position (every position of the grid once); the grid and the data are validated.
     """
 
-    __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors", "_framework")
+    __slots__ = ("_core", "_get", "_namespace", "_partitions", "_tensors", "_framework",
+                 "_import")
 
     def __init__(self, shape: Sequence[int], splits: SplitsLike,
                  partitions: Mapping[Position, Partition], *, dtype: Optional[str] = None,
@@ -153,6 +154,8 @@ class PartitionedArray:
         self._framework: Optional[str] = framework  # the producer's, for what goes back out
         self._partitions: Optional[Dict[Position, Partition]] = None
         self._tensors: Optional[List[Tensor]] = None  # one Python object per tensor, kept
+        # `from_partitioned`'s device and copy, applied to the data of handles when fetched.
+        self._import: Tuple[Optional[DeviceLike], Optional[bool]] = (None, None)
         return self
 
     @classmethod
@@ -279,16 +282,22 @@ class PartitionedArray:
         handles = [h for _, h in pending]
         with _blamed("get", [self._position(flat) for flat, _ in pending]):
             raw = getter(handles)
-        if not isinstance(raw, (list, tuple)) or len(raw) != len(pending):
+        if isinstance(raw, (list, tuple)) and len(raw) != len(pending):
+            raise ProtocolError(
+                f"__partitioned__['get'] returned {len(raw)} items for {len(pending)} handles "
+                f"(positions {[self._position(flat) for flat, _ in pending]})")
+        if not isinstance(raw, (list, tuple)):
+            # A get that resolves one handle at a time.
             raw = []
             for flat, h in pending:
                 with _blamed("get", [self._position(flat)]):
                     raw.append(getter(h))
         tensors: List[Tensor] = []
+        device, copy = self._import
         try:
             for (flat, _), obj in zip(pending, raw):
-                tensors.append(_import_data(obj, self._position(flat)))
-            self._core.set_fetched([flat for flat, _ in pending], tensors)
+                tensors.append(_import_data(obj, self._position(flat), device, copy))
+            self._core.set_fetched([flat for flat, _ in pending], tensors, device is not None)
         except BaseException:
             # The traceback keeps this frame alive: let go of every tensor imported so far.
             tensors.clear()
@@ -546,16 +555,18 @@ class _blamed:
         raise kind(msg) from e
 
 
-def _import_data(obj, position) -> Tensor:
-    if isinstance(obj, Tensor):
+def _import_data(obj, position, device=None, copy=None) -> Tensor:
+    """The data ``get`` returned for the partition at ``position``, imported as
+    `from_dlpack` (``device``, ``copy``) would."""
+    if isinstance(obj, Tensor) and device is None and not copy:
         return obj
-    if not hasattr(obj, "__dlpack__"):
+    if not isinstance(obj, Tensor) and not hasattr(obj, "__dlpack__"):
         raise ProtocolError(
             f"__partitioned__['partitions'] at position {position}: 'get' returned "
             f"{type(obj).__name__}, which is not a DLPack array"
         )
     with _blamed("data", [position]):
-        return _core.from_dlpack(obj)
+        return _core.from_dlpack(obj, device=device, copy=copy)
 
 
 def _as_dict(obj) -> Mapping:
@@ -598,7 +609,8 @@ def from_partitioned(obj: Any, *, device: Optional[DeviceLike] = None,
 
     Partitions whose ``data`` is an array are imported through DLPack (zero-copy unless
     ``device``/``copy`` ask otherwise); handles stay handles until needed and are resolved only
-    through the dict's ``get`` (`PartitionedArray.fetch`). On any error every tensor taken so far
+    through the dict's ``get`` (`PartitionedArray.fetch`); ``device`` and ``copy`` apply to the
+    data ``get`` returns too. On any error every tensor taken so far
     is released.
     """
     if isinstance(obj, PartitionedArray) and device is None and not copy:
@@ -611,7 +623,9 @@ def from_partitioned(obj: Any, *, device: Optional[DeviceLike] = None,
             if hasattr(entry.get("data"), "__dlpack__"):
                 framework = _framework_of(entry["data"])
                 break
-    return PartitionedArray._wrap(core, d.get("get"), namespace, framework)
+    pa = PartitionedArray._wrap(core, d.get("get"), namespace, framework)
+    pa._import = (device, copy)
+    return pa
 
 
 def partition(x: ArrayLike, tiling: Union[int, Sequence[int], None] = None, *,

@@ -206,21 +206,9 @@ impl PartitionedArray {
                     )
                 });
             }
-            let mine = |l: &&Location| l.pid == me;
-            if locs.iter().any(|l| mine(&l))
-                && locs.iter().filter(mine).all(|l| l.device != t.device())
-            {
+            if contradicts(locs, me, t.device()) {
                 v.push("location", Some(&position()), inv::DEVICE, || {
-                    let named: Vec<String> = locs
-                        .iter()
-                        .filter(mine)
-                        .map(|l| l.device.to_string())
-                        .collect();
-                    format!(
-                        "data lives on {} but the locations in this process name {}",
-                        t.device(),
-                        named.join(", ")
-                    )
+                    contradiction(locs, me, t.device())
                 });
             }
         }
@@ -440,6 +428,20 @@ impl PartitionedArray {
     /// Puts `tensors` into the partitions `flats` (which held handles), after checking their
     /// shapes and dtypes; nothing changes on an error.
     pub fn set_fetched(&mut self, flats: &[usize], tensors: Vec<Tensor>) -> Result<()> {
+        self.set_fetched_where(flats, tensors, false)
+    }
+
+    /// [`PartitionedArray::set_fetched`]; `moved`: the tensors were put on a device the
+    /// caller named (an import's `device=`), so their partitions are located by the tensors
+    /// and lose the locations the producer gave. Otherwise fetched data must live on a device
+    /// the locations in this process name (invariant 9), as data given in the dict must.
+    pub(crate) fn set_fetched_where(
+        &mut self,
+        flats: &[usize],
+        tensors: Vec<Tensor>,
+        moved: bool,
+    ) -> Result<()> {
+        let me = Some(i64::from(std::process::id()));
         if tensors.len() != flats.len() {
             return Err(Error::shape(
                 format!("one fetched tensor for each of {} handles", flats.len()),
@@ -487,13 +489,45 @@ impl PartitionedArray {
                 }
                 Some(_) => {}
             }
+            let locs = self.locations.get(flat);
+            if !moved && contradicts(locs, me, t.device()) {
+                return Err(Error::protocol(
+                    "location",
+                    Some(&position),
+                    format!("fetched {}", contradiction(locs, me, t.device())),
+                    Some(inv::DEVICE),
+                ));
+            }
         }
         for (&flat, t) in flats.iter().zip(tensors) {
             self.data[flat] = Data::Tensor(t);
+            if moved {
+                self.locations.set_with(flat, |_| Ok::<(), ()>(())).ok();
+            }
         }
         self.dtype = dtype;
         Ok(())
     }
+}
+
+/// Whether data on `device` contradicts `locs`: some of them are in this process (pid `me`)
+/// and none of those names `device` (invariant 9).
+fn contradicts(locs: &[Location], me: Option<i64>, device: Device) -> bool {
+    let mut here = locs.iter().filter(|l| l.pid == me).peekable();
+    here.peek().is_some() && here.all(|l| l.device != device)
+}
+
+/// What [`contradicts`] found, in words.
+fn contradiction(locs: &[Location], me: Option<i64>, device: Device) -> String {
+    let named: Vec<String> = locs
+        .iter()
+        .filter(|l| l.pid == me)
+        .map(|l| l.device.to_string())
+        .collect();
+    format!(
+        "data lives on {device} but the locations in this process name {}",
+        named.join(", ")
+    )
 }
 
 fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {

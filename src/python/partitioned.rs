@@ -881,9 +881,17 @@ impl PyPartitioned {
     }
 
     /// Puts fetched `tensors` into partitions `flats`, after checking them.
-    fn set_fetched(&mut self, flats: Vec<usize>, tensors: Vec<PyTensor>) -> PyResult<()> {
+    #[pyo3(signature = (flats, tensors, moved=false))]
+    fn set_fetched(
+        &mut self,
+        flats: Vec<usize>,
+        tensors: Vec<PyTensor>,
+        moved: bool,
+    ) -> PyResult<()> {
         let tensors = tensors.into_iter().map(|t| t.inner).collect();
-        self.inner.set_fetched(&flats, tensors).map_err(to_py)
+        self.inner
+            .set_fetched_where(&flats, tensors, moved)
+            .map_err(to_py)
     }
 
     /// The target grid's split points and every target partition's device for a layout.

@@ -390,6 +390,74 @@ def test_a_get_that_raises_names_the_positions():
     assert isinstance(e.value.__cause__, RuntimeError)
 
 
+class _Ref:
+    """A handle: the key of a row block of ``x`` in a store that ``get`` reads."""
+
+    def __init__(self, k):
+        self.k = k
+
+
+def _handles_dict(x, location=None):
+    """``x`` as two row blocks held behind handles, resolved by slicing ``x`` (views)."""
+    calls = []
+
+    def get(handles):
+        calls.append(len(handles) if isinstance(handles, list) else 1)
+        one = not isinstance(handles, list)
+        out = [x[2 * h.k:2 * h.k + 2] for h in ([handles] if one else handles)]
+        return out[0] if one else out
+
+    parts = {(k, 0): {"start": (2 * k, 0), "shape": (2, x.shape[1]), "data": _Ref(k),
+                      **({"location": [location]} if location else {})} for k in range(2)}
+    return {"shape": x.shape, "partition_tiling": (2, 1), "partitions": parts, "get": get}, calls
+
+
+def test_from_partitioned_copy_and_device_apply_to_the_data_of_handles_too():
+    """``copy=True`` copies what ``get`` returns when it is fetched, as it copies data given in
+    the dict; ``device=`` puts it there, refused alike when the device is missing."""
+    x = np.arange(8.0).reshape(4, 2)
+    d, _ = _handles_dict(x)
+    pa = dlpart.from_partitioned(d, copy=True)
+    pa.scatter(np.full((1, 2), -1.0), [3], axis=0)
+    np.testing.assert_array_equal(x, np.arange(8.0).reshape(4, 2))  # x itself is untouched
+    moved = dlpart.from_partitioned(d, device="cpu").fetch()
+    assert all(not p.locations or str(p.locations[0].device) == "kDLCPU"
+               for p in moved.partitions.values())
+    inline = {**d, "partitions": {pos: {**e, "data": x[2 * pos[0]:2 * pos[0] + 2]}
+                                  for pos, e in d["partitions"].items()}}
+    with pytest.raises(Exception) as given:
+        dlpart.from_partitioned(inline, device="kDLCPU:512")
+    with pytest.raises(type(given.value), match="kDLCPU:512"):
+        dlpart.from_partitioned(d, device="kDLCPU:512").assemble()
+
+
+def test_fetched_data_must_live_where_its_locations_in_this_process_say():
+    """Rule 9 holds for data ``get`` returns as for data in the dict: a location in this
+    process naming kDLCUDA:0 for host data is refused, naming both devices."""
+    import os
+
+    from dlpart._location import this_host
+
+    x = np.arange(8.0).reshape(4, 2)
+    d, _ = _handles_dict(x, location=(this_host(), os.getpid(), "kDLCUDA:0"))
+    pa = dlpart.from_partitioned(d)
+    with pytest.raises(dlpart.ProtocolError,
+                       match=r"position \(0, 0\): fetched data lives on kDLCPU but the "
+                             r"locations in this process name kDLCUDA:0"):
+        pa.fetch()
+
+
+def test_a_get_that_returns_the_wrong_number_of_items_is_named():
+    x = np.arange(8.0).reshape(4, 2)
+    d, calls = _handles_dict(x)
+    d["get"] = lambda handles: [x[:2]]
+    with pytest.raises(dlpart.ProtocolError, match=r"'get'\] returned 1 items for 2 handles"):
+        dlpart.from_partitioned(d).fetch()
+    d, calls = _handles_dict(x)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), x)
+    assert calls == [2], "one call for both handles"
+
+
 def test_a_non_callable_get_whose_repr_raises_is_a_protocol_error():
     class Odd:
         def __repr__(self):
