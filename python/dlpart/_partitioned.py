@@ -258,7 +258,9 @@ class PartitionedArray:
         ``'dlpart'``): by default the producer's own framework for partitions that came from
         one (numpy views for numpy input), numpy for host data dlpart made itself, and
         `dlpart.Tensor` for device data dlpart made itself; read-only data goes to torch,
-        which has no read-only tensors, as a copy. ``locations``: ``'draft2'``
+        which has no read-only tensors, as a copy (and so do views with negative strides, which
+        torch cannot hold); to JAX, strided views go as C-contiguous copies, and 64-bit types
+        follow ``jax_enable_x64`` (without it JAX makes 32-bit copies). ``locations``: ``'draft2'``
         (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
         kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
         (MPI ranks, as heat reads them; ``rank`` is this process's, written for the data held here
@@ -693,12 +695,14 @@ def _to_jax(t):
 
 
 def _to_torch(t):
-    """``t`` as a torch tensor: over the same memory, or a copy of read-only data. torch has no
-    read-only tensors and ignores DLPack's read-only flag, so a view would let the consumer
-    write into memory its producer does not allow written (a JAX array, a read-only map)."""
+    """``t`` as a torch tensor: over the same memory, or a copy of read-only data and of views
+    with negative strides. torch has no read-only tensors and ignores DLPack's read-only flag,
+    so a view would let the consumer write into memory its producer does not allow written (a
+    JAX array, a read-only map); and torch aborts the process on a negative stride."""
     import torch
 
-    return torch.from_dlpack(t.copy() if t.readonly else t)
+    copy = t.readonly or any(s < 0 for s in t.strides)
+    return torch.from_dlpack(t.copy() if copy else t)
 
 
 def _converter(framework: Optional[str]):

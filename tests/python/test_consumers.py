@@ -177,6 +177,16 @@ def test_read_only_partitions_go_to_torch_as_copies():
     assert (w[4:] == -1.0).all()  # a writable one is shared
 
 
+def test_partitions_with_negative_strides_go_to_torch_as_copies():
+    """torch aborts the process on a negative stride: such views go to it copied."""
+    torch = pytest.importorskip("torch")
+    x = np.arange(12.0).reshape(3, 4)[::-1]
+    d = dlpart.partition(x, (1, 2)).to_partitioned(framework="torch")
+    for (i, j), p in d["partitions"].items():
+        assert isinstance(p["data"], torch.Tensor)
+        np.testing.assert_array_equal(p["data"].numpy(), x[:, 2 * j:2 * j + 2])
+
+
 def test_a_jax_array_imported_and_exported_again_cannot_be_written():
     """jax hands out legacy capsules (no read-only flag) of immutable buffers: dlpart imports
     them read-only and keeps the flag on every re-export."""
