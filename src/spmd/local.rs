@@ -174,10 +174,15 @@ fn build(metas: &[RankMeta], me: usize, mine: Vec<Tensor>) -> Result<Partitioned
     let first = &metas[0];
     for (rank, m) in metas.iter().enumerate() {
         if m.stacked != first.stacked || m.shape != first.shape {
-            let form = |m: &RankMeta| match (m.stacked, &m.shape) {
-                (Some(a), _) => format!("partitions stacked along axis {a}"),
-                (None, Some(s)) => format!("placed partitions in shape {}", tuple_string(s)),
-                (None, None) => "placed partitions".to_string(),
+            let form = |m: &RankMeta| {
+                let how = match m.stacked {
+                    Some(a) => format!("partitions stacked along axis {a}"),
+                    None => "placed partitions".to_string(),
+                };
+                match &m.shape {
+                    Some(s) => format!("{how} in shape {}", tuple_string(s)),
+                    None => how,
+                }
             };
             return Err(spmd_error(format!(
                 "rank 0 gives {}, rank {rank} {}",

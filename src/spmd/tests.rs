@@ -244,6 +244,23 @@ fn a_mismatch_on_one_rank_is_the_same_error_on_every_rank() {
             "rank 3 placed partitions in shape (4, 5)",
         ),
         (
+            // Rank 2 states another global shape for stacked partitions.
+            Box::new(|c| {
+                let shape: &[usize] = if c.rank() == 2 { &[4, 5] } else { &[4, 4] };
+                let t = Tensor::from(ndarray::Array2::<f32>::zeros((1, 4)));
+                from_local(
+                    c,
+                    Ok(LocalParts::Stacked {
+                        axis: 0,
+                        parts: vec![t],
+                    }),
+                    Some(shape),
+                )
+            }),
+            "rank 0 gives partitions stacked along axis 0 in shape (4, 4), rank 2 partitions \
+             stacked along axis 0 in shape (4, 5)",
+        ),
+        (
             // Rank 1 failed before it could give anything.
             Box::new(|c| {
                 let parts = match c.rank() {
