@@ -120,6 +120,11 @@ pub struct Piece {
     pub shape: Vec<usize>,
 }
 
+/// `"1 process"`, `"4 processes"`.
+fn processes(n: usize) -> String {
+    format!("{n} process{}", if n == 1 { "" } else { "es" })
+}
+
 fn error(axis: Option<(usize, char)>, found: impl Into<String>) -> Error {
     let at = axis.map(|(a, kind)| format!(" dim_data[{a}] ('{kind}')"));
     Error::DistArray {
@@ -313,12 +318,12 @@ fn checked_runs(
     let grid: Vec<usize> = dims.iter().map(|d| d.proc_grid_size).collect();
     let procs = grid.iter().try_fold(1usize, |p, &g| p.checked_mul(g));
     if procs != Some(nprocs) {
-        let s = if nprocs == 1 { "" } else { "es" };
         return Err(error(
             None,
             format!(
-                "a process grid of {} for {nprocs} process{s}",
-                tuple_string(&grid)
+                "a process grid of {} for {}",
+                tuple_string(&grid),
+                processes(nprocs)
             ),
         ));
     }
@@ -336,10 +341,12 @@ fn checked_runs(
     Ok(axes)
 }
 
-/// Every combination of one run per axis, the last axis fastest (C order).
+/// Every combination of one run per axis, the last axis fastest (C order): the positions of
+/// a grid whose tiling is the number of runs per axis.
 fn combinations(axes: &[Vec<Run>]) -> Vec<Piece> {
+    let counts: Vec<usize> = axes.iter().map(Vec::len).collect();
     let mut out = Vec::new();
-    if axes.iter().any(Vec::is_empty) {
+    if counts.contains(&0) {
         return out;
     }
     let mut pick = vec![0usize; axes.len()];
@@ -350,11 +357,9 @@ fn combinations(axes: &[Vec<Run>]) -> Vec<Piece> {
             local: runs.clone().map(|r| r.local).collect(),
             shape: runs.map(|r| r.len).collect(),
         });
-        let Some(a) = (0..axes.len()).rev().find(|&a| pick[a] + 1 < axes[a].len()) else {
+        if !crate::grid::next_position(&mut pick, &counts) {
             return out;
-        };
-        pick[a] += 1;
-        pick[a + 1..].iter_mut().for_each(|k| *k = 0);
+        }
     }
 }
 
@@ -471,12 +476,12 @@ pub fn describe(
         "; repartition it to one partition per process first"
     };
     if array.len() != nprocs {
-        let s = if nprocs == 1 { "" } else { "es" };
         return Err(error(
             None,
             format!(
-                "each process has one buffer: a grid of tiling {} over {nprocs} process{s}{hint}",
-                tuple_string(&tiling)
+                "each process has one buffer: a grid of tiling {} over {}{hint}",
+                tuple_string(&tiling),
+                processes(nprocs)
             ),
         ));
     }

@@ -562,7 +562,7 @@ def _import_data(obj, position, device=None, copy=None) -> Tensor:
     `from_dlpack` (``device``, ``copy``) would."""
     if isinstance(obj, Tensor) and device is None and not copy:
         return obj
-    if not isinstance(obj, Tensor) and not hasattr(obj, "__dlpack__"):
+    if not hasattr(obj, "__dlpack__"):
         raise ProtocolError(
             f"__partitioned__['partitions'] at position {position}: 'get' returned "
             f"{type(obj).__name__}, which is not a DLPack array"

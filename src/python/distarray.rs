@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::spmd::Communicator;
 
 use super::errors::to_py;
-use super::partitioned::{wrap, PyPartitioned};
+use super::partitioned::{type_name, wrap, PyPartitioned};
 use super::spmd::{failure, MpiComm};
 use super::tensor::{import, is_producer, PyTensor};
 
@@ -46,14 +46,9 @@ fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
 /// dictionary's length); `axis` for messages.
 fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimData> {
     let dim = dim.cast::<PyDict>().map_err(|_| {
-        let kind = dim
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         dap_error(
             String::new(),
-            format!("dim_data[{axis}] is a {kind}, not a dict"),
+            format!("dim_data[{axis}] is a {}, not a dict", type_name(dim)),
         )
     })?;
     if dim.is_empty() {
@@ -129,21 +124,14 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
         usize::try_from(i)
             .map_err(|_| dap_error(at.into(), format!("'indices' holds {i}, a negative index")))
     };
-    let int64 = is_producer(v)
-        .ok()
-        .filter(|&p| p)
-        .and_then(|_| import(v, None, None).ok())
-        .filter(|t| {
-            let t = &t.inner;
-            t.dtype() == DType::Int64 && t.ndim() == 1 && t.device() == Device::CPU
-        });
+    let imported = match is_producer(v) {
+        Ok(true) => import(v, None, None).ok().map(|t| t.inner),
+        _ => None,
+    };
+    let int64 = imported
+        .filter(|t| t.dtype() == DType::Int64 && t.ndim() == 1 && t.device() == Device::CPU);
     if let Some(t) = int64 {
-        return t
-            .inner
-            .as_array::<i64>()?
-            .iter()
-            .map(|&i| negative(i))
-            .collect();
+        return t.as_array::<i64>()?.iter().map(|&i| negative(i)).collect();
     }
     v.extract::<Vec<i64>>()
         .map_err(|_| dap_error(at.into(), "'indices' is not a sequence of integers".into()))?
@@ -160,14 +148,9 @@ fn dims_arg(dims: &Bound<'_, PyAny>, extents: &[usize]) -> Result<Vec<DimData>> 
     } else if let Ok(l) = dims.cast::<PyList>() {
         l.iter().collect()
     } else {
-        let kind = dims
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         return Err(dap_error(
             String::new(),
-            format!("dim_data is a {kind}, not a tuple"),
+            format!("dim_data is a {}, not a tuple", type_name(dims)),
         ));
     };
     items

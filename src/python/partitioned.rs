@@ -41,7 +41,7 @@ pub(super) fn wrap(inner: PartitionedArray) -> PyPartitioned {
     PyPartitioned { inner, order: None }
 }
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map(|n| n.to_string())
