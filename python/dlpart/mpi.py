@@ -344,7 +344,8 @@ class SpmdArray(PartitionedArray):
 
     def repartition_into(self, out: PartitionedArray, *, transfer: bool = False) -> PartitionedArray:
         """Copies this array into the SPMD array ``out``'s partitions (collective); nothing is
-        written on any rank unless every rank's checks pass. Returns ``out``, whose
+        written on any rank unless every rank's checks pass; a replicated ``out`` (heat's
+        ``split=None``) is refused. Returns ``out``, whose
         ``traffic`` then holds this exchange's byte counts."""
         def target():
             if not isinstance(out, PartitionedArray):
@@ -389,7 +390,8 @@ class SpmdArray(PartitionedArray):
     def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *, transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` across the ranks (collective; every
         rank passes the same indices and the whole ``values``): each rank writes the indices
-        in its own partitions, so nothing travels. Checked and agreed on every rank first: an
+        in the partitions it holds (its copy too, in a replicated array such as heat's
+        ``split=None``), so nothing travels. Checked and agreed on every rank first: an
         error anywhere writes nothing anywhere. The ranks compare the indices and the values'
         shape and dtype, not the values' contents (that would cost a pass over them): each
         rank writes from its own ``values``."""

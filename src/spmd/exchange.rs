@@ -247,7 +247,8 @@ pub(super) fn spmd_array(
 
 /// Copies the SPMD array `pa` into the SPMD array `out`'s partitions (a collective call; `out`
 /// gives the target grid and owners), reusing the caller's buffers. Nothing is written on any
-/// rank unless every rank's checks pass.
+/// rank unless every rank's checks pass. A replicated target (a rank holding a copy of a
+/// partition another rank owns) is refused.
 pub fn repartition_into(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -278,10 +279,20 @@ pub(super) fn repartition_into_with(
         let dtype = dtype_of(pa)?;
         let mut targets: Vec<Option<Tensor>> = vec![None; out.len()];
         for (j, slot) in targets.iter_mut().enumerate() {
+            let position = || tuple_string(&out.grid().position(j));
             if target.owners[j] != me {
+                if out.data()[j].tensor().is_some() {
+                    return Err(Error::buffer(format!(
+                        "target partition {} is rank {}'s, and rank {me} holds a copy of it \
+                         (a replicated array, as heat's split=None): repartition_into writes \
+                         one copy of each partition, so the copies would part ways; \
+                         assemble(root=None) gives every rank the whole array",
+                        position(),
+                        target.owners[j]
+                    )));
+                }
                 continue;
             }
-            let position = || tuple_string(&out.grid().position(j));
             let t = out.data()[j].tensor().ok_or_else(|| {
                 Error::buffer(format!(
                     "target partition {} is rank {me}'s but holds no data here",

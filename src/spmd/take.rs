@@ -294,7 +294,8 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 
 /// `pa[.., indices[k], ..] = values[.., k, ..]` along `axis` across the ranks (a collective
 /// call; every rank passes the same indices and the same `values`, held whole on every rank):
-/// each rank writes the indices that fall in its own partitions, so nothing travels. Checked
+/// each rank writes the indices that fall in the partitions it holds (its own, and its copies
+/// of a replicated array's), so nothing travels. Checked
 /// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
 /// anywhere. The ranks compare the indices and the values' shape and dtype, not the values'
 /// contents (that would cost a pass over them): each rank writes from its own `values`.
@@ -323,7 +324,10 @@ pub fn scatter(
         }
         let slabs = Slabs::new(pa.grid(), axis, &idx);
         let mut writes = Vec::new();
-        for f in (0..pa.len()).filter(|&f| src_owners[f] == me) {
+        // This rank's partitions, and the copies it holds of other ranks' (a replicated
+        // array, as heat's split=None): every copy is written, or they would part ways.
+        let held = |f: usize| src_owners[f] == me || pa.data()[f].tensor().is_some();
+        for f in (0..pa.len()).filter(|&f| held(f)) {
             let s = pa.grid().position(f)[axis];
             if slabs.at[s].is_empty() {
                 continue;

@@ -759,3 +759,45 @@ fn scatter_reads_values_that_view_the_partitions_before_writing_them() {
         );
     }
 }
+
+/// heat's replicated form over 3 ranks: one 4x3 partition located at rank 2, each rank
+/// holding its own copy (`locals` lists it everywhere).
+fn replicated(a: &ArrayD<f32>) -> crate::Result<PartitionedArray> {
+    let grid = Grid::from_splits(a.shape(), vec![vec![0, 4], vec![0, 3]])?;
+    PartitionedArray::new(
+        grid,
+        vec![Data::Tensor(Tensor::from(a.clone()))],
+        vec![vec![Location::rank(2, Device::CPU)]],
+        Some(vec![vec![0, 0]]),
+    )
+}
+
+/// A scatter into a replicated array writes every rank's copy; repartition_into refuses a
+/// replicated target on every rank, writing nothing, as it writes only the owner's copy.
+#[test]
+fn scatter_writes_every_copy_of_a_replicated_array() {
+    let a = reference(&[4, 3]);
+    let out = ThreadComm::run(3, |comm| {
+        let pa = with_ranks(comm, replicated(&a)).unwrap();
+        let values = Tensor::from(ArrayD::from_elem(IxDyn(&[4, 2]), -1.0f32));
+        let idx = Tensor::from_slice(&[2i64, 0], &[2]).unwrap();
+        scatter(comm, &pa, &values, &idx, 1).unwrap();
+        let copy = pa.data()[0].tensor().unwrap().to_array::<f32>().unwrap();
+        let rows = Layout::splits(vec![vec![0, 1, 2, 3, 4], vec![0, 3]]);
+        let (src, _) = repartition(comm, &pa, &rows, false).unwrap();
+        let into = with_ranks(comm, replicated(&a.mapv(|x| -x))).unwrap();
+        let e = repartition_into(comm, &src, &into, false).unwrap_err();
+        let kept = into.data()[0].tensor().unwrap().to_array::<f32>().unwrap();
+        (copy, e.to_string(), kept)
+    });
+    let mut expected = a.clone();
+    for r in 0..4 {
+        expected[[r, 0]] = -1.0;
+        expected[[r, 2]] = -1.0;
+    }
+    for (rank, (copy, e, kept)) in out.iter().enumerate() {
+        assert_eq!(copy, &expected, "rank {rank}'s copy");
+        assert!(e.contains("rank 0 holds a copy of it"), "{e}");
+        assert_eq!(kept, &a.mapv(|x| -x), "rank {rank}: nothing written");
+    }
+}

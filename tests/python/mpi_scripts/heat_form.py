@@ -112,6 +112,20 @@ def check_replicated(ref, rng):
     lo, hi = dealt.splits[axis][mine[axis]], dealt.splits[axis][mine[axis] + 1]
     np.testing.assert_array_equal(np.from_dlpack(dealt.partitions[mine].tensor),
                                   region(ref, axis, lo, hi))
+    # A scatter writes every rank's copy; repartition_into refuses to write one copy alone.
+    if ref.shape[axis] > 0:
+        rows = rng.integers(0, ref.shape[axis], size=2)
+        vals = np.take(ref, rows, axis=axis) + 1
+        a.scatter(vals, rows, axis)
+        want = ref.copy()
+        want[(slice(None),) * axis + (rows,)] = vals
+        np.testing.assert_array_equal(local, want)
+    try:
+        dealt.repartition_into(a)
+    except BufferError as e:
+        assert "holds a copy of it" in str(e), str(e)
+    else:
+        assert size == 1, "repartition_into wrote one copy of a replicated array"
 
 
 def reversed_views_are_refused(rng, ref, split, points):
