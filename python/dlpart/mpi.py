@@ -113,6 +113,20 @@ def _comm(comm) -> _core._MpiComm:
     return _core._MpiComm(_own(comm), this_host(), cuda_aware)
 
 
+def _same_ranks(a: _core._MpiComm, b: _core._MpiComm) -> bool:
+    """Whether the communicators hold the same processes in the same order (mpi4py's
+    ``Compare`` is ``IDENT`` or ``CONGRUENT``; a local call): rank ``r`` of one is rank ``r``
+    of the other."""
+    if a is b:
+        return True
+    from mpi4py import MPI
+
+    x, y = a.comm, b.comm
+    if isinstance(x, MPI.Comm) and isinstance(y, MPI.Comm):
+        return MPI.Comm.Compare(x, y) in (MPI.IDENT, MPI.CONGRUENT)
+    return x is y
+
+
 def _error(e: BaseException):
     """``(class name, message)`` of this rank's error for the other ranks, which raise it
     again: the nearest class they can make (a built-in or one of dlpart's own), the error's
@@ -351,6 +365,11 @@ class SpmdArray(PartitionedArray):
             if not isinstance(out, PartitionedArray):
                 raise TypeError(f"repartition_into writes into a dlpart.PartitionedArray (an "
                                 f"SpmdArray), not {type(out).__name__}")
+            if isinstance(out, SpmdArray) and not _same_ranks(self.comm, out.comm):
+                raise ValueError(f"repartition_into needs out over this array's ranks, in the "
+                                 f"same order: out is over another communicator (size "
+                                 f"{out.comm.size}, rank {out.comm.rank} here; this array's: "
+                                 f"size {self.comm.size}, rank {self.comm.rank})")
             return out._core, bool(transfer)
 
         core, move = _checked(self.comm, target)

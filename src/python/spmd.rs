@@ -56,6 +56,12 @@ impl MpiComm {
     fn size(&self) -> usize {
         self.size
     }
+
+    /// The communicator wrapped (dlpart's duplicate of the caller's).
+    #[getter]
+    fn comm(&self, py: Python<'_>) -> Py<PyAny> {
+        self.comm.clone_ref(py)
+    }
 }
 
 fn mpi_error(op: &str, e: PyErr) -> Error {
