@@ -262,7 +262,8 @@ class PartitionedArray:
         torch cannot hold); to JAX, strided views go as C-contiguous copies, and 64-bit types
         follow ``jax_enable_x64`` (without it JAX makes 32-bit copies). ``locations``: ``'draft2'``
         (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
-        kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them) or ``'rank'``
+        kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them; this host's for the data held
+        here when its locations name a rank) or ``'rank'``
         (MPI ranks, as heat reads them; ``rank`` is this process's, written for the data held here
         when its locations name a host rather than a rank).
         """

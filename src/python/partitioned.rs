@@ -1081,9 +1081,12 @@ impl PyPartitioned {
                 rank,
             });
             let rankless = p.locations.iter().any(|l| l.rank.is_none());
+            let hostless = p.locations.iter().any(|l| l.host.is_none());
             let locations: Vec<&Location> = match &here {
-                // As ranks, data held here is on this rank, whatever host its locations name.
+                // As ranks, data held here is on this rank, whatever host its locations name;
+                // as addresses, on this host, whatever rank they name.
                 Some(h) if matches!(form, LocationForm::Rank) && rankless => vec![h],
+                Some(h) if matches!(form, LocationForm::Ip) && hostless => vec![h],
                 _ if p.locations.is_empty() => here.iter().collect(),
                 _ => p.locations.iter().collect(),
             };
@@ -1167,7 +1170,15 @@ impl LocationForm {
                 r.into_pyobject(py)?.into_any()
             }
             (LocationForm::Ip, Some(h), _, _) => h.into_pyobject(py)?.into_any(),
-            (LocationForm::Ip, None, _, _) => return Err(missing("host address")),
+            (LocationForm::Ip, None, _, Some(r)) => {
+                return Err(PyValueError::new_err(format!(
+                    "the location {l} of partition {} has no host address to write: it names \
+                     rank {r} alone; read the dict with dlpart.mpi.from_partitioned(obj, comm), \
+                     which learns every rank's host",
+                    tuple_string(position)
+                )))
+            }
+            (LocationForm::Ip, None, _, None) => return Err(missing("host address")),
             (LocationForm::Rank, _, _, Some(r)) => r.into_pyobject(py)?.into_any(),
             (LocationForm::Rank, _, _, None) => return Err(missing("rank")),
             (LocationForm::Draft2, None, _, None) => return Err(missing("host or rank")),

@@ -423,7 +423,8 @@ fn placed_grid(
 
 /// `pa` (the array this rank read from an SPMD producer's dict, or its error reading it) with
 /// a rank in every location that names one of the ranks' processes by host and pid, as
-/// draft-2 dicts do: one collective call, which also checks that every rank read the same
+/// draft-2 dicts do, and that process's host and pid in every location naming a rank alone, as
+/// heat's do: one collective call, which also checks that every rank read the same
 /// global grid and dtype, and fails on every rank when one failed.
 pub fn with_ranks(
     comm: &dyn Communicator,
@@ -471,7 +472,14 @@ pub fn with_ranks(
         pa = pa.with_dtype(first.parse()?)?;
     }
     pa.map_locations(|l| {
-        if l.rank.is_some() {
+        if let Some(r) = l.rank {
+            // A rank alone (heat's form) gets its process's host and pid, which every rank
+            // knows now: a dict written from the array can then name hosts (xgboost_ray).
+            let r = usize::try_from(r).ok().filter(|&r| r < peers.pids.len());
+            if let (Some(r), None, None) = (r, &l.host, l.pid) {
+                l.host = Some(peers.hosts[r].as_str().into());
+                l.pid = Some(peers.pids[r]);
+            }
             return;
         }
         let same = |r: &usize| {

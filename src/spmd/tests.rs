@@ -510,9 +510,18 @@ fn with_ranks_reads_heat_s_form_and_every_rank_refuses_what_one_rank_cannot_use(
     let out = ThreadComm::run(3, |comm| {
         let me = comm.rank();
         let pa = with_ranks(comm, heat_rows(&a, me, |r| r as i64, vec![vec![me, 0]])).unwrap();
-        (owners(&pa).unwrap(), assembled(comm, &pa))
+        let hosts: Vec<_> = (0..3)
+            .map(|f| {
+                let l = &pa.locations(f)[0];
+                (l.host.as_deref().map(str::to_owned), l.pid)
+            })
+            .collect();
+        (owners(&pa).unwrap(), assembled(comm, &pa), hosts)
     });
-    for (me, (owners, whole)) in out.iter().enumerate() {
+    let this = Some(i64::from(std::process::id()));
+    for (me, (owners, whole, hosts)) in out.iter().enumerate() {
+        // The ranks' host and pid fill in the locations that named a rank alone.
+        assert!(hosts.iter().all(|h| *h == (Some("127.0.0.1".into()), this)));
         assert_eq!(owners, &[0, 1, 2]);
         assert_eq!(whole.as_ref(), (me == 0).then_some(&a), "rank {me}");
     }

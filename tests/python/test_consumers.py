@@ -112,6 +112,26 @@ def test_heat_form_writes_this_rank_for_data_held_here_whatever_host_it_names():
         heat.to_heat(dlpart.from_partitioned(d)).__partitioned__
 
 
+def test_xgboost_ray_form_writes_this_host_for_data_held_here_whatever_rank_it_names():
+    """A dict read from heat names ranks: data held here is on this host; a partition held by
+    another rank has no address to write, and the error says where to find one."""
+    from dlpart._location import this_host
+
+    x = np.arange(8.0)
+    d = {"shape": (8,), "partition_tiling": (2,), "locals": [(0,), (1,)],
+         "partitions": {(0,): {"start": (0,), "shape": (4,), "data": x[:4], "location": [0]},
+                        (1,): {"start": (4,), "shape": (4,), "data": x[4:], "location": [1]}}}
+    out = dlpart.from_partitioned(d).to_partitioned(locations="ip")
+    assert [out["partitions"][(i,)]["location"] for i in range(2)] == [[this_host()]] * 2
+    np.testing.assert_array_equal(np.concatenate([out["partitions"][(i,)]["data"]
+                                                  for i in range(2)]), x)
+    d["partitions"][(1,)]["data"] = None
+    d["locals"] = [(0,)]
+    with pytest.raises(ValueError, match=r"partition \(1,\) has no host address to write: it "
+                                         r"names rank 1 alone; .*dlpart\.mpi\.from_partitioned"):
+        dlpart.from_partitioned(d).to_partitioned(locations="ip")
+
+
 def test_jax_input_goes_back_out_as_jax():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

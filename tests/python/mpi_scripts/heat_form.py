@@ -26,6 +26,7 @@ from _cases import heat_points, one_rank_holds_all, region, run
 
 import dlpart
 import dlpart.mpi
+from dlpart._location import this_host
 from dlpart.adapters.heat import to_heat
 
 comm = MPI.COMM_WORLD
@@ -176,6 +177,11 @@ def check_case(case, seed):
     here = np.from_dlpack(t)
     np.testing.assert_array_equal(here, mine)
     assert mine.size == 0 or here.ctypes.data == mine.ctypes.data, "zero-copy import"
+    # Every rank learnt every rank's host: xgboost_ray's form names each partition's.
+    ips = a.to_partitioned(locations="ip")["partitions"]
+    hosts = comm.allgather(this_host())
+    assert all(p["location"] == [hosts[int(d["partitions"][k]["location"][0])]]
+               for k, p in ips.items()), ips
 
     # Across the ranks: another axis (or block-cyclic), assembled on rank 0 and everywhere.
     other = (split + 1) % ndim
