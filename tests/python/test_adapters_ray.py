@@ -65,6 +65,9 @@ def test_grid_from_nesting_flat_lists_and_uneven_splits(session):
     np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), REF)
     with pytest.raises(ValueError, match=r"3 refs for a grid of tiling \(2, 2\)"):
         dr.partitioned_dict_from_refs(flat, REF.shape, tiling=(2, 2))
+    with pytest.raises(ValueError, match=r"a ref at position \(0,\) of a 2-d array of shape "
+                                         r"\(6, 8\): .*a flat list with tiling="):
+        dr.partitioned_dict_from_refs(flat, REF.shape)
 
 
 def test_pid_is_the_owner_when_it_is_this_process(session):

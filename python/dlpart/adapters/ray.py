@@ -111,6 +111,13 @@ def partitioned_dict_from_refs(refs: Any, shape: Sequence[int], *,
     """
     shape = tuple(int(n) for n in shape)
     by_pos = _positions(refs, tiling)
+    bad = next((pos for pos in by_pos if len(pos) != len(shape)), None)
+    if bad is not None:
+        raise ValueError(
+            f"a ref at position {bad} of a {len(shape)}-d array of shape {shape}: give a dict "
+            f"of {len(shape)}-d positions, lists nested {len(shape)} deep, or a flat list "
+            f"with tiling="
+        )
     if splits is not None:
         splits = split_points(list(shape), splits=[list(s) for s in splits])
     else:
