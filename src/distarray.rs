@@ -453,8 +453,9 @@ pub(crate) fn spmd_from_parts(
     parts: Result<(Placed, Vec<usize>)>,
 ) -> Result<PartitionedArray> {
     let shape = parts.as_ref().ok().map(|(_, s)| s.clone());
-    spmd::from_local(
+    spmd::from_local_in(
         comm,
+        "from_distarray",
         parts.map(|(p, _)| LocalParts::Placed(p)),
         shape.as_deref(),
     )

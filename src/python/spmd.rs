@@ -429,12 +429,18 @@ fn _spmd_fail(py: Python<'_>, comm: &MpiComm, kind: String, message: String) -> 
 }
 
 /// Every rank's verdict on a check each made alone (`error`: this rank's failure as
-/// `(exception class name, message)`, or None): the lowest failing rank's error on every rank.
+/// `(exception class name, message)`, or None) in the collective `call`: the lowest failing
+/// rank's error on every rank.
 #[pyfunction]
-#[pyo3(signature = (comm, error=None))]
-fn _spmd_check(py: Python<'_>, comm: &MpiComm, error: Option<(String, String)>) -> PyResult<()> {
+#[pyo3(signature = (comm, error=None, call="check_together"))]
+fn _spmd_check(
+    py: Python<'_>,
+    comm: &MpiComm,
+    error: Option<(String, String)>,
+    call: &str,
+) -> PyResult<()> {
     let outcome = failure(error).map_or(Ok(()), Err);
-    py.detach(|| spmd::check_together(comm, outcome))
+    py.detach(|| spmd::check_called(comm, call, outcome))
         .map_err(to_py)
 }
 

@@ -51,6 +51,52 @@ pub(crate) fn collective_error(failed: &[(usize, String, String)]) -> Option<Err
     })
 }
 
+/// dlpart's version, which heads every rank's part of a collective's all-gather: ranks
+/// running different versions are told so, rather than misreading each other's bytes.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The call a rank failing before its part of a collective names ([`fail_together`]): it joins
+/// whatever call the others make.
+const ANY_CALL: &str = "";
+
+/// A rank's part of a collective's all-gather, headed by dlpart's version and `call`, the
+/// collective this rank makes (`repartition`, `gather`, ...).
+pub(crate) fn header(call: &str) -> Writer {
+    let mut w = Writer::default();
+    w.str(VERSION).str(call);
+    w
+}
+
+/// Readers of every rank's part of an all-gather past its header, once the ranks are found to
+/// run one dlpart version and make one call (a rank failing alone joins any call): otherwise
+/// the same error on every rank, naming two ranks and what differs.
+pub(crate) fn read_headers(all: &[Vec<u8>]) -> Result<Vec<Reader<'_>>> {
+    let mut readers = Vec::with_capacity(all.len());
+    let mut heads = Vec::with_capacity(all.len());
+    for (rank, bytes) in all.iter().enumerate() {
+        let mut r = Reader::new(bytes, rank);
+        heads.push((r.str()?, r.str()?));
+        readers.push(r);
+    }
+    let differ = |found: String| Error::protocol("spmd", None, found, None);
+    let (v0, _) = &heads[0];
+    if let Some((r, (v, _))) = heads.iter().enumerate().find(|(_, (v, _))| v != v0) {
+        return Err(differ(format!(
+            "rank 0 runs dlpart {v0}, rank {r} dlpart {v}: every rank must run the same version"
+        )));
+    }
+    let mut named = heads.iter().enumerate().filter(|(_, (_, c))| c != ANY_CALL);
+    if let Some((r0, (_, c0))) = named.next() {
+        if let Some((r, (_, c))) = named.find(|(_, (_, c))| c != c0) {
+            return Err(differ(format!(
+                "rank {r0} called {c0}, rank {r} {c}: every rank must make the same \
+                 collective calls, in the same order"
+            )));
+        }
+    }
+    Ok(readers)
+}
+
 /// One all-gather of every rank's outcome so far (`Ok` with a fingerprint of what it planned,
 /// or its error), host and pid. Every rank returns the same: the peers when all succeeded with
 /// the same fingerprint; else the lowest failing rank's error, or a `ProtocolError` naming
@@ -58,11 +104,12 @@ pub(crate) fn collective_error(failed: &[(usize, String, String)]) -> Option<Err
 /// legitimately know differently (a dtype that only the ranks holding data know).
 pub(crate) fn agree(
     comm: &dyn Communicator,
+    call: &str,
     outcome: std::result::Result<u64, &Error>,
     what: &str,
     note: &str,
 ) -> Result<Peers> {
-    let mut w = Writer::default();
+    let mut w = header(call);
     write_outcome(&mut w, outcome);
     w.str(&comm.host())
         .u64(u64::from(std::process::id()))
@@ -75,11 +122,14 @@ pub(crate) fn agree(
         pids: Vec::with_capacity(all.len()),
         notes: Vec::with_capacity(all.len()),
     };
-    for (rank, bytes) in all.iter().enumerate() {
-        let mut r = Reader::new(bytes, rank);
+    for (rank, mut r) in read_headers(&all)?.into_iter().enumerate() {
         match read_outcome(&mut r)? {
             Ok(fp) => prints.push((rank, fp)),
             Err((kind, message)) => failed.push((rank, kind, message)),
+        }
+        if call == ANY_CALL {
+            // The others' parts are their call's, past the outcome; this rank failed anyway.
+            continue;
         }
         peers.hosts.push(r.str()?);
         peers.pids.push(r.u64()? as i64);
@@ -107,7 +157,7 @@ pub(crate) fn agree(
 /// they fail too instead of waiting: every collective of [`crate::spmd`] starts with the same
 /// all-gather of outcomes. Returns the error every rank then has.
 pub fn fail_together(comm: &dyn Communicator, error: Error) -> Error {
-    match agree(comm, Err(&error), "calls", "") {
+    match agree(comm, ANY_CALL, Err(&error), "calls", "") {
         Err(e) => e,
         Ok(_) => error,
     }
@@ -117,5 +167,10 @@ pub fn fail_together(comm: &dyn Communicator, error: Error) -> Error {
 /// others cannot see): `Ok` on every rank when every rank passed, else the lowest failing
 /// rank's error on every rank, so that none goes on alone into a call the others never make.
 pub fn check_together(comm: &dyn Communicator, outcome: Result<()>) -> Result<()> {
-    agree(comm, outcome.as_ref().map(|()| 0), "checks", "").map(|_| ())
+    check_called(comm, "check_together", outcome)
+}
+
+/// [`check_together`] in the collective `call` (named to the ranks making another).
+pub(crate) fn check_called(comm: &dyn Communicator, call: &str, outcome: Result<()>) -> Result<()> {
+    agree(comm, call, outcome.as_ref().map(|()| 0), "checks", "").map(|_| ())
 }

@@ -195,6 +195,7 @@ pub(super) fn repartition_target_with(
     });
     let ((stage, target), peers) = agreed(
         comm,
+        "repartition",
         stage,
         |(s, _)| s.fingerprint,
         |(s, _)| s.note(),
@@ -322,7 +323,14 @@ pub(super) fn repartition_into_with(
         }
         Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();
-    let (stage, peers) = agreed(comm, stage, |s| s.fingerprint, Stage::note, REPARTITIONS)?;
+    let (stage, peers) = agreed(
+        comm,
+        "repartition_into",
+        stage,
+        |s| s.fingerprint,
+        Stage::note,
+        REPARTITIONS,
+    )?;
     Ok(stage.run(comm, any_device(&peers))?.1)
 }
 
@@ -393,7 +401,14 @@ pub(super) fn assemble_with(
             rounds,
         )
     })();
-    let (stage, peers) = agreed(comm, stage, |s| s.fingerprint, Stage::note, REPARTITIONS)?;
+    let (stage, peers) = agreed(
+        comm,
+        "assemble",
+        stage,
+        |s| s.fingerprint,
+        Stage::note,
+        REPARTITIONS,
+    )?;
     let (mut targets, _) = stage.run(comm, any_device(&peers))?;
     Ok(targets.pop().flatten())
 }
@@ -403,6 +418,7 @@ pub(super) fn assemble_with(
 /// travels along (see [`agree`]).
 pub(super) fn agreed<T>(
     comm: &dyn Communicator,
+    call: &str,
     stage: Result<T>,
     print: impl Fn(&T) -> u64,
     note: impl Fn(&T) -> &'static str,
@@ -410,7 +426,7 @@ pub(super) fn agreed<T>(
 ) -> Result<(T, Peers)> {
     let outcome = stage.as_ref().map(print);
     let note = stage.as_ref().map_or("", note);
-    let peers = agree(comm, outcome, what, note)?;
+    let peers = agree(comm, call, outcome, what, note)?;
     Ok((stage.expect("every rank succeeded"), peers))
 }
 

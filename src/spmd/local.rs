@@ -10,7 +10,7 @@ use crate::grid::Grid;
 use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::tensor::Tensor;
 
-use super::agree::{agree, collective_error, read_outcome, write_outcome};
+use super::agree::{agree, collective_error, header, read_headers, read_outcome, write_outcome};
 use super::wire::{fingerprint, Reader, Writer};
 use super::Communicator;
 
@@ -40,8 +40,13 @@ struct RankMeta {
     pid: i64,
 }
 
-fn encode(comm: &dyn Communicator, parts: &Result<LocalParts>, shape: Option<&[usize]>) -> Vec<u8> {
-    let mut w = Writer::default();
+fn encode(
+    comm: &dyn Communicator,
+    call: &str,
+    parts: &Result<LocalParts>,
+    shape: Option<&[usize]>,
+) -> Vec<u8> {
+    let mut w = header(call);
     match parts {
         Err(e) => write_outcome(&mut w, Err(e)),
         Ok(p) => {
@@ -73,8 +78,8 @@ fn encode(comm: &dyn Communicator, parts: &Result<LocalParts>, shape: Option<&[u
     w.0
 }
 
-fn decode(bytes: &[u8], rank: usize) -> Result<std::result::Result<RankMeta, (String, String)>> {
-    let mut r = Reader::new(bytes, rank);
+fn decode(mut r: Reader<'_>) -> Result<std::result::Result<RankMeta, (String, String)>> {
+    let rank = r.rank();
     let outcome = read_outcome(&mut r)?;
     if let Err(e) = outcome {
         return Ok(Err(e));
@@ -139,12 +144,22 @@ pub fn from_local(
     parts: Result<LocalParts>,
     shape: Option<&[usize]>,
 ) -> Result<PartitionedArray> {
-    let bytes = encode(comm, &parts, shape);
+    from_local_in(comm, "from_local", parts, shape)
+}
+
+/// [`from_local`] in the collective `call` (named to the ranks making another).
+pub(crate) fn from_local_in(
+    comm: &dyn Communicator,
+    call: &str,
+    parts: Result<LocalParts>,
+    shape: Option<&[usize]>,
+) -> Result<PartitionedArray> {
+    let bytes = encode(comm, call, &parts, shape);
     let all = comm.all_gather(&bytes)?;
     let mut metas = Vec::with_capacity(all.len());
     let mut failed = Vec::new();
-    for (rank, b) in all.iter().enumerate() {
-        match decode(b, rank) {
+    for (rank, r) in read_headers(&all)?.into_iter().enumerate() {
+        match decode(r) {
             Ok(Ok(m)) => metas.push(m),
             Ok(Err((kind, message))) => failed.push((rank, kind, message)),
             Err(e) => failed.push((rank, e.kind().to_string(), e.to_string())),
@@ -455,7 +470,7 @@ pub fn with_ranks(
     });
     let dtype = pa.as_ref().ok().and_then(PartitionedArray::dtype);
     let note = dtype.map_or("", DType::name);
-    let peers = agree(comm, print, "global grids", note)?;
+    let peers = agree(comm, "from_partitioned", print, "global grids", note)?;
     let mut pa = pa.expect("every rank succeeded");
     let named: Vec<(usize, &String)> = peers
         .notes

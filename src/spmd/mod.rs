@@ -38,10 +38,13 @@ mod take;
 mod thread;
 mod wire;
 
+#[cfg(feature = "python")]
+pub(crate) use agree::check_called;
 pub use agree::{check_together, fail_together};
 #[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
 pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
+pub(crate) use local::from_local_in;
 pub use local::{from_local, from_stacked, with_ranks, LocalParts};
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;

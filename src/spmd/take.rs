@@ -196,6 +196,7 @@ pub fn gather(
     })();
     let (p, peers) = agreed(
         comm,
+        "gather",
         stage,
         |p| p.fp,
         |_| "",
@@ -357,6 +358,7 @@ pub fn scatter(
     })();
     let ((writes, slabs, _), _) = agreed(
         comm,
+        "scatter",
         stage,
         |s| s.2,
         |_| "",

@@ -810,3 +810,40 @@ fn scatter_writes_every_copy_of_a_replicated_array() {
         assert_eq!(kept, &a.mapv(|x| -x), "rank {rank}: nothing written");
     }
 }
+
+/// Ranks making different collective calls (a program's bug) all get one error naming the
+/// calls, whatever the calls read from each other's bytes; a rank failing alone joins any.
+#[test]
+fn ranks_making_different_calls_are_told_which() {
+    let a = reference(&[6, 2]);
+    let errors = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = LocalParts::Stacked {
+            axis: 0,
+            parts: vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 2]))],
+        };
+        let pa = from_local(comm, Ok(rows), None).unwrap();
+        let idx = Tensor::from_slice(&[0i64], &[1]).unwrap();
+        let e = match me {
+            0 => repartition(comm, &pa, &Layout::tiling(&[1, 2]), false).map(|_| ()),
+            1 => gather(comm, &pa, &idx, 0).map(|_| ()),
+            _ => from_local(comm, Ok(LocalParts::Placed(Vec::new())), None).map(|_| ()),
+        };
+        e.unwrap_err().to_string()
+    });
+    assert_same_error(
+        &errors,
+        "rank 0 called repartition, rank 1 gather: every rank must make the same collective \
+         calls, in the same order",
+    );
+    let errors = ThreadComm::run(2, |comm| {
+        let e = crate::Error::buffer("rank 1's own");
+        match comm.rank() {
+            0 => from_local(comm, Ok(LocalParts::Placed(Vec::new())), None)
+                .unwrap_err()
+                .to_string(),
+            _ => fail_together(comm, e).to_string(),
+        }
+    });
+    assert_same_error(&errors, "rank 1's own");
+}

@@ -59,6 +59,11 @@ impl<'a> Reader<'a> {
         Reader { bytes, rank }
     }
 
+    /// The rank whose message this is.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.bytes.len() < n {
             return Err(Error::protocol(

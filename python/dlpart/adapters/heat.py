@@ -133,7 +133,7 @@ def _check_heat_memory(array: Any) -> None:
                 f"rank's chunk as a torch tensor, which cannot have a negative stride; pass "
                 f"split= to give heat new memory, or pass from_local a copy")
             break
-    _agreed(failed, lambda error: _core._spmd_check(array.comm, error))
+    _agreed(failed, lambda error: _core._spmd_check(array.comm, error, "to_heat"))
 
 
 def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,

@@ -42,7 +42,7 @@ pub(in crate::spmd) fn confirmed<T>(
     outcome: Result<T>,
     what: &str,
 ) -> Result<T> {
-    match agree(comm, outcome.as_ref().map(|_| 0), what, "") {
+    match agree(comm, "confirm", outcome.as_ref().map(|_| 0), what, "") {
         Err(e) => Err(e),
         Ok(_) => outcome,
     }

@@ -267,6 +267,9 @@ def errors():
                             f"index {2 * size} is out of bounds")
     expect_collective_error("different indices", lambda: a.gather([rank % 2]), dlpart.ProtocolError,
                             "asked for different gathers")
+    expect_collective_error("different calls", lambda: a.repartition((2, 1)) if rank == 0 else
+                            a.gather([0]), dlpart.ProtocolError,
+                            "rank 0 called repartition, rank 1 gather: every rank must make")
     ro = np.zeros((2, 4), np.float32)
     ro.flags.writeable = rank != 3
     out = dlpart.mpi.from_local(ro, comm, axis=0)
