@@ -391,22 +391,32 @@ class PartitionedArray:
                transfer: bool = False) -> "PartitionedArray":
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
-        axes and has one slab along ``axis``."""
+        axes and has one slab along ``axis``. Of an array of handles, only the partitions
+        holding an index are fetched."""
         from ._functions import _indices
 
-        self.fetch()
-        return PartitionedArray._wrap(self._core.gather(_indices(indices), axis, transfer))
+        idx = _indices(indices)
+        self._fetch_serving(idx, axis)
+        return PartitionedArray._wrap(self._core.gather(idx, axis, transfer))
+
+    def _fetch_serving(self, indices, axis) -> None:
+        """Fetches the handles of the partitions holding ``indices`` along ``axis``, the only
+        ones a gather or scatter reads or writes (an index out of range raises first)."""
+        if self._core.pending(None):
+            self.fetch(tuple(p) for p in self._core.serving(indices, axis))
 
     def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *,
                 transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range. ``values`` may view this array's own memory: they are
-        read as they were before the call, as numpy's fancy assignment does."""
+        read as they were before the call, as numpy's fancy assignment does. Of an array of
+        handles, only the partitions holding an index are fetched."""
         from ._functions import _indices
 
-        self.fetch()
-        self._core.scatter(values, _indices(indices), axis, transfer)
+        idx = _indices(indices)
+        self._fetch_serving(idx, axis)
+        self._core.scatter(values, idx, axis, transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------
     def assemble(self, *, device: Optional[DeviceLike] = None, transfer: bool = False) -> Tensor:

@@ -378,6 +378,27 @@ impl PartitionedArray {
             .collect()
     }
 
+    /// The tensor of each partition that `wanted` (given a flat index) says an operation
+    /// reads or writes, `None` for the others: an error names the first wanted partition
+    /// that holds no data here, as [`tensors`](Self::tensors) does.
+    pub(crate) fn tensors_where(
+        &self,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Option<&Tensor>>> {
+        self.data
+            .iter()
+            .enumerate()
+            .map(|(flat, d)| match (wanted(flat), d) {
+                (false, _) => Ok(None),
+                (true, Data::Tensor(t)) => Ok(Some(t)),
+                (true, Data::Handle(_)) => Err(self.missing(flat, "a handle not fetched yet")),
+                (true, Data::Remote) => {
+                    Err(self.missing(flat, "another rank's partition in SPMD mode"))
+                }
+            })
+            .collect()
+    }
+
     fn missing(&self, flat: usize, why: &str) -> Error {
         Error::protocol(
             "partitions",

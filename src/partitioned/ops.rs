@@ -196,11 +196,15 @@ impl PartitionedArray {
     /// and has one slab of `indices.len()` along `axis`; each of its partitions lives on the
     /// device of the source partition holding its first element. Serving partitions on other
     /// devices need `transfer`. An out-of-range index is an error before anything is written.
+    ///
+    /// Only the partitions holding an index need data here ([`serving`](Self::serving)):
+    /// the others may hold handles not fetched yet.
     pub fn gather(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
         self.check_axis(axis)?;
         let idx = host_indices(indices, axis, self.shape()[axis])?;
         let groups = Groups::new(&self.grid, axis, &idx);
-        let src = self.tensors()?;
+        let src = self.tensors_where(|f| groups.serves(self.grid.position(f)[axis]))?;
+        let src = |f: usize| src[f].expect("a serving partition");
         let mut splits = self.grid.splits().to_vec();
         splits[axis] = vec![0, idx.len()];
         let out_grid = Grid::from_splits(self.shape_with(axis, idx.len()).as_slice(), splits)?;
@@ -213,12 +217,13 @@ impl PartitionedArray {
                 .flat_index(&pos)
                 .expect("a position of the source grid")
         };
+        // Without indices no partition serves: the devices come from the metadata.
         let devices: Vec<Device> = (0..out_grid.num_partitions())
-            .map(|j| src[source(j, first_slab)].device())
+            .map(|j| self.device_of(source(j, first_slab)).unwrap_or(Device::CPU))
             .collect();
         for (j, &dev) in devices.iter().enumerate() {
             for s in groups.serving() {
-                check_crossing("gather", src[source(j, s)].device(), dev, transfer)?;
+                check_crossing("gather", src(source(j, s)).device(), dev, transfer)?;
             }
         }
         let dtype = self.dtype.unwrap_or(DType::Float32);
@@ -227,7 +232,7 @@ impl PartitionedArray {
             let shape = out_grid.region_at(j).shape;
             let o = backend_for(dev)?.empty(&shape, dtype)?;
             for s in groups.serving() {
-                let part = src[source(j, s)];
+                let part = src(source(j, s));
                 if groups.is_all(s) && part.device() == dev {
                     ops::gather(part, &groups.local[s], axis, Some(&o))?;
                     continue;
@@ -248,6 +253,7 @@ impl PartitionedArray {
     /// written by the partition that holds it, on its device; `values` on another device needs
     /// `transfer`. Nothing is written unless every check passes. `values` may view this
     /// array's own memory: they are read as they were before the call (copied aside first).
+    /// Only the partitions holding an index need data here ([`serving`](Self::serving)).
     pub fn scatter(
         &self,
         values: &Tensor,
@@ -264,7 +270,6 @@ impl PartitionedArray {
                 format!("shape {}", tuple_string(values.shape())),
             ));
         }
-        let targets = self.tensors()?;
         let dtype = self.dtype.unwrap_or(values.dtype());
         if values.dtype() != dtype {
             return Err(Error::DTypeMismatch {
@@ -274,11 +279,12 @@ impl PartitionedArray {
             });
         }
         let groups = Groups::new(&self.grid, axis, &idx);
-        let written: Vec<usize> = (0..targets.len())
-            .filter(|&f| groups.at[self.grid.position(f)[axis]].numel() > 0)
-            .collect();
+        let serves = |f: usize| groups.serves(self.grid.position(f)[axis]);
+        let targets = self.tensors_where(serves)?;
+        let targets = |f: usize| targets[f].expect("a written partition");
+        let written: Vec<usize> = (0..self.len()).filter(|&f| serves(f)).collect();
         for &f in &written {
-            let t = targets[f];
+            let t = targets(f);
             let what = format!("partition {}", tuple_string(&self.grid.position(f)));
             if t.readonly() {
                 return Err(Error::ReadOnly { what });
@@ -297,9 +303,9 @@ impl PartitionedArray {
         }
         // Each partition picks its rows of `values` when its turn comes: values that view
         // this array's own memory are read before any partition is written.
-        let values = &ops::apart_from(values, written.iter().map(|&f| targets[f]))?;
+        let values = &ops::apart_from(values, written.iter().map(|&f| targets(f)))?;
         for f in written {
-            let t = targets[f];
+            let t = targets(f);
             let r = self.grid.region_at(f);
             let s = self.grid.position(f)[axis];
             let mut start = r.start.clone();
@@ -318,6 +324,25 @@ impl PartitionedArray {
             ops::scatter(&picked, &groups.local[s], t, axis)?;
         }
         Ok(())
+    }
+
+    /// The positions of the partitions a [`gather`](Self::gather) or
+    /// [`scatter`](Self::scatter) of `indices` along `axis` reads or writes (C order): those
+    /// holding at least one index. An array of handles needs only these fetched.
+    pub fn serving(&self, indices: &Tensor, axis: usize) -> Result<Vec<Vec<usize>>> {
+        self.check_axis(axis)?;
+        let idx = host_indices(indices, axis, self.shape()[axis])?;
+        let mut slabs = vec![false; self.grid.tiling()[axis]];
+        for &i in &idx {
+            slabs[self
+                .grid
+                .locate_axis(axis, i as usize)
+                .expect("indices are in range")] = true;
+        }
+        Ok((0..self.len())
+            .map(|f| self.grid.position(f))
+            .filter(|pos| slabs[pos[axis]])
+            .collect())
     }
 
     fn check_axis(&self, axis: usize) -> Result<()> {
@@ -384,7 +409,12 @@ impl Groups {
 
     /// The slabs that serve at least one index.
     fn serving(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.at.len()).filter(|&s| self.at[s].numel() > 0)
+        (0..self.at.len()).filter(|&s| self.serves(s))
+    }
+
+    /// Whether slab `s` serves at least one index.
+    fn serves(&self, s: usize) -> bool {
+        self.at[s].numel() > 0
     }
 
     /// Whether slab `s` serves every index, in order.

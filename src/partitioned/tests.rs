@@ -448,3 +448,64 @@ fn scatter_reads_values_that_view_the_array_before_writing_it() {
     expected.row_mut(2).assign(&base.row(1));
     assert_eq!(whole.as_array::<f32>().unwrap(), expected.into_dyn());
 }
+
+/// Rows [0, 4) held as handles not fetched yet, rows [4, 7) as data: a gather or scatter of
+/// rows 4 to 6 needs only the data ([`PartitionedArray::serving`] says which), one touching
+/// row 0 names the handle it lacks.
+#[test]
+fn gather_and_scatter_need_data_only_where_an_index_falls() {
+    let (t, a) = global(&[7, 2]);
+    let grid = Grid::from_splits(&[7, 2], vec![vec![0, 4, 7], vec![0, 1, 2]]).unwrap();
+    let data: Vec<Data> = (0..4)
+        .map(|f| match f < 2 {
+            true => Data::Handle(Handle::new(f)),
+            false => Data::Tensor(t.view(&[4, f - 2], &[3, 1]).unwrap()),
+        })
+        .collect();
+    let locs = vec![vec![Location::rank(0, Device::CPU)]; 4];
+    let pa = PartitionedArray::new(grid, data, locs, None)
+        .unwrap()
+        .with_dtype(DType::Int32)
+        .unwrap();
+    let rows = Tensor::from_slice(&[6i64, -3], &[2]).unwrap();
+    assert_eq!(pa.serving(&rows, 0).unwrap(), vec![vec![1, 0], vec![1, 1]]);
+    let cols = Tensor::from_slice(&[1i64], &[1]).unwrap();
+    assert_eq!(pa.serving(&cols, 1).unwrap(), vec![vec![0, 1], vec![1, 1]]);
+    let got = pa.gather(&rows, 0, false).unwrap();
+    let want = a.select(ndarray::Axis(0), &[6, 4]);
+    let got = got
+        .assemble(None, false)
+        .unwrap()
+        .to_array::<i32>()
+        .unwrap();
+    assert_eq!(got, want);
+    let none = Tensor::from_slice::<i64>(&[], &[0]).unwrap();
+    assert_eq!(pa.gather(&none, 0, false).unwrap().shape(), &[0, 2]);
+    let values = Tensor::from_slice(&[-1i32, -2], &[1, 2]).unwrap();
+    pa.scatter(
+        &values,
+        &Tensor::from_slice(&[5i64], &[1]).unwrap(),
+        0,
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        t.to_array::<i32>().unwrap().slice(s![5, ..]).to_vec(),
+        vec![-1, -2]
+    );
+    let e = pa.gather(&cols, 1, false).unwrap_err().to_string();
+    assert!(
+        e.contains("(0, 1)") && e.contains("handle not fetched"),
+        "{e}"
+    );
+    let e = pa.scatter(
+        &values,
+        &Tensor::from_slice(&[0i64], &[1]).unwrap(),
+        0,
+        false,
+    );
+    assert!(e.unwrap_err().to_string().contains("(0, 0)"));
+    assert!(pa
+        .serving(&Tensor::from_slice(&[7i64], &[1]).unwrap(), 0)
+        .is_err());
+}

@@ -1001,6 +1001,20 @@ impl PyPartitioned {
             .map_err(to_py)
     }
 
+    /// The positions of the partitions holding `indices` along `axis`: those a gather or
+    /// scatter reads or writes.
+    #[pyo3(signature = (indices, axis=0))]
+    fn serving(
+        &self,
+        py: Python<'_>,
+        indices: &Bound<'_, PyAny>,
+        axis: i64,
+    ) -> PyResult<Vec<Vec<usize>>> {
+        let idx = tensor_arg(indices)?;
+        let axis = axis_arg("gather", axis, self.inner.shape().len(), "array")?;
+        py.detach(|| self.inner.serving(&idx, axis)).map_err(to_py)
+    }
+
     /// Fancy assignment along `axis` with global indices.
     #[pyo3(signature = (values, indices, axis=0, transfer=false))]
     fn scatter(

@@ -203,6 +203,40 @@ def test_handles_handed_on_unfetched_resolve_through_the_producers_get():
     assert lazy.__partitioned__["get"] is dlpart.get  # nothing left to hand on
 
 
+def test_gather_and_scatter_fetch_only_the_partitions_holding_an_index():
+    """As the guide says, handles are resolved only for the partitions an operation needs: a
+    gather or scatter needs the slabs holding its indices (negative ones counted from the
+    end); an index out of range raises before anything is fetched."""
+    ref = np.arange(7 * 6, dtype=np.float64).reshape(7, 6)
+    blocks = [ref[:4, :3].copy(), ref[:4, 3:].copy(), ref[4:, :3].copy(), ref[4:, 3:].copy()]
+
+    def lazy():
+        get, calls = store_get(*blocks)
+        parts = {(i, j): {"start": (4 * i, 3 * j), "shape": (4 if i == 0 else 3, 3),
+                          "data": Handle(2 * i + j), "location": []}
+                 for i in range(2) for j in range(2)}
+        return dlpart.from_partitioned({"shape": (7, 6), "partition_tiling": (2, 2),
+                                        "partitions": parts, "get": get}), calls
+
+    pa, calls = lazy()
+    got = pa.gather([5, -1], 0)
+    np.testing.assert_array_equal(np.from_dlpack(got.assemble()), ref[[5, -1]])
+    assert calls == [2] and pa.partitions[(0, 0)].tensor is None
+    pa, calls = lazy()
+    np.testing.assert_array_equal(np.from_dlpack(pa.gather([4], 1).assemble()), ref[:, [4]])
+    assert calls == [2] and pa.partitions[(0, 0)].tensor is None
+    pa, calls = lazy()
+    assert pa.gather(np.array([], np.int64), 0).shape == (0, 6) and calls == []
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        pa.gather([7], 0)
+    assert calls == []
+    pa.scatter(-np.ones((7, 1)), [1], axis=1)
+    assert calls == [2] and pa.partitions[(0, 1)].tensor is None
+    want = ref.copy()
+    want[:, 1] = -1
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), want)
+
+
 def test_numpy_integers_are_ranks_and_pids_as_python_ints_are():
     # heat reads int(location[0]): a rank computed with numpy is a rank; so is a numpy pid.
     # What int() would refuse or change (a bool, a float, an int beyond int64) stays refused.
