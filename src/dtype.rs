@@ -113,6 +113,22 @@ impl DType {
         self.row().1
     }
 
+    /// Whether this integer type is signed: `Some(true)` for `int*`, `Some(false)` for
+    /// `uint*`, `None` for every other type (bool included).
+    pub fn signed_integer(self) -> Option<bool> {
+        match self.row().2 {
+            C::kDLInt => Some(true),
+            C::kDLUInt => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an integer type of indices, signed or not; else the error naming it.
+    pub(crate) fn index_signed(self) -> Result<bool> {
+        self.signed_integer()
+            .ok_or_else(|| Error::shape("indices must have an integer dtype", self.name()))
+    }
+
     /// Bytes per element.
     pub fn itemsize(self) -> usize {
         self.row().3 as usize / 8
@@ -186,6 +202,21 @@ mod tests {
         assert_eq!(DType::Complex128.itemsize(), 16);
         assert_eq!(DType::BFloat16.itemsize(), 2);
         assert_eq!(DType::Float8E4M3Fn.itemsize(), 1);
+    }
+
+    #[test]
+    fn integers_say_whether_they_are_signed_by_their_names() {
+        for d in DType::all() {
+            let want = match d.name() {
+                n if n.starts_with("int") => Some(true),
+                n if n.starts_with("uint") => Some(false),
+                _ => None,
+            };
+            assert_eq!(d.signed_integer(), want, "{d}");
+            assert_eq!(d.index_signed().ok(), want, "{d}");
+        }
+        let e = DType::Bool.index_signed().unwrap_err().to_string();
+        assert!(e.contains("integer dtype") && e.contains("bool"), "{e}");
     }
 
     #[test]

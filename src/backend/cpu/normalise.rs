@@ -239,12 +239,7 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
     }
     // Checked here, not only per index read: an empty list of floats or bools is no more a
     // list of indices than a full one (the CUDA check refuses both too).
-    if !is_index_dtype(indices.dtype()) {
-        return Err(Error::shape(
-            "indices must have an integer dtype",
-            indices.dtype().name(),
-        ));
-    }
+    indices.dtype().index_signed()?;
     let n = indices.shape()[0];
     let (lo, hi) = (-(len as i64), len as i64);
     let out_of_range = |index: i128| Error::IndexOutOfRange { index, axis, len };
@@ -291,15 +286,6 @@ pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Te
         out.push(if v < 0 { v + hi } else { v });
     }
     Ok(Tensor::from_ndarray(Array1::from_vec(out)))
-}
-
-/// Whether `read_index` reads elements of `dtype`: the integers.
-fn is_index_dtype(dtype: DType) -> bool {
-    use DType::*;
-    matches!(
-        dtype,
-        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64
-    )
 }
 
 fn read_index(t: &Tensor, offset: isize) -> Result<i128> {

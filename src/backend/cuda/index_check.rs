@@ -58,16 +58,7 @@ pub(crate) struct IndexCheck {
 
 /// The check for `n` indices of `dtype` at device address `addr`, `stride` elements apart.
 pub(crate) fn index_check(dtype: DType, addr: u64, stride: isize, n: usize) -> Result<IndexCheck> {
-    let signed = match dtype {
-        DType::Int8 | DType::Int16 | DType::Int32 | DType::Int64 => true,
-        DType::UInt8 | DType::UInt16 | DType::UInt32 | DType::UInt64 => false,
-        other => {
-            return Err(Error::shape(
-                "indices must have an integer dtype",
-                other.name(),
-            ))
-        }
-    };
+    let signed = dtype.index_signed()?;
     let word = dtype.itemsize();
     let stage = addr % word as u64 != 0;
     Ok(IndexCheck {
