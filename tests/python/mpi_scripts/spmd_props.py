@@ -367,18 +367,6 @@ def one_rank_arguments(a, a2, out, ro):
     for what, make, cls, text in cases:
         expect_collective_error(what, make, cls, text)
     assert not ro.any(), "nothing is written when one rank fails"
-    if size > 1:  # a target over COMM_SELF: rank r's partition is rank 0's there
-        mine = np.zeros((2 * size, 4), np.float32)
-        alone = dlpart.mpi.from_local(mine, MPI.COMM_SELF, axis=0)
-        expect_collective_error("a target over another communicator",
-                                lambda: a2.repartition_into(alone), ValueError,
-                                "out is over another communicator (size 1, rank 0 here")
-        assert not mine.any(), "nothing is written into a target over other ranks"
-    dup = comm.Dup()  # the same ranks in the same order: a target there is written
-    twin = np.zeros((2, 4), np.float32)
-    a2.repartition_into(dlpart.mpi.from_local(twin, dup, axis=0))
-    np.testing.assert_array_equal(twin, np.ones((2, 4), np.float32))
-    dup.Free()
     # The failed rank keeps its own error as the cause of the agreed one.
     for make, own in ((lambda: a.repartition((BadIndex(MyValueError("m")) if odd else 2, 1)),
                        MyValueError),
