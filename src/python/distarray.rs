@@ -238,7 +238,7 @@ fn _distarray_describe<'py>(
     rank: usize,
     nprocs: usize,
 ) -> PyResult<(PyTensor, Bound<'py, PyTuple>)> {
-    let (buffer, dims) = distarray::describe(&pa.inner, rank, nprocs).map_err(to_py)?;
+    let (buffer, dims) = distarray::describe(&pa.inner(), rank, nprocs).map_err(to_py)?;
     let dicts = dims
         .iter()
         .map(|d| dim_dict(py, d))

@@ -7,6 +7,8 @@
 
 use pyo3::exceptions::{PyBufferError, PyException, PyMemoryError, PyValueError};
 use pyo3::intern;
+use std::sync::{Arc, Mutex};
+
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet,
@@ -29,16 +31,39 @@ use super::tensor::{
 };
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
-#[pyclass(name = "_PartitionedArray", module = "dlpart._core")]
+///
+/// Fetching handles is the one change after construction, and it replaces the array
+/// (copy-on-write): an operation works on the array as it was when it began, so a fetch in
+/// another thread (while this one runs with the GIL released) neither waits for it nor
+/// disturbs it.
+#[pyclass(name = "_PartitionedArray", module = "dlpart._core", frozen)]
 pub struct PyPartitioned {
-    pub(crate) inner: PartitionedArray,
+    state: Mutex<Arc<PartitionedArray>>,
     /// For arrays read from a dict: each partition's place in the dict's order (by flat
     /// index), so that handles are fetched, and blamed, in the order the producer wrote them.
     order: Option<Vec<usize>>,
 }
 
+impl PyPartitioned {
+    fn new(pa: PartitionedArray, order: Option<Vec<usize>>) -> Self {
+        PyPartitioned {
+            state: Mutex::new(Arc::new(pa)),
+            order,
+        }
+    }
+
+    /// The array as it is now. The lock is held only to clone or replace the `Arc`, never
+    /// across other work, so taking it with the GIL held cannot deadlock.
+    pub(crate) fn inner(&self) -> Arc<PartitionedArray> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 pub(super) fn wrap(inner: PartitionedArray) -> PyPartitioned {
-    PyPartitioned { inner, order: None }
+    PyPartitioned::new(inner, None)
 }
 
 pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -638,10 +663,7 @@ impl PyPartitioned {
             .map(target_device_arg)
             .transpose()?;
         let (pa, ns, order) = read_dict(py, d, Import::Yes { device, copy })?;
-        let array = PyPartitioned {
-            inner: pa,
-            order: Some(order),
-        };
+        let array = PyPartitioned::new(pa, Some(order));
         Ok((array, ns))
     }
 
@@ -754,14 +776,14 @@ impl PyPartitioned {
     /// The global shape.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.inner.shape())
+        PyTuple::new(py, self.inner().shape())
     }
 
     /// Per axis, the split points.
     #[getter]
     fn splits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let axes: Vec<Bound<'py, PyTuple>> = self
-            .inner
+            .inner()
             .grid()
             .splits()
             .iter()
@@ -773,25 +795,25 @@ impl PyPartitioned {
     /// The element type's name, or None.
     #[getter]
     fn dtype(&self) -> Option<&'static str> {
-        self.inner.dtype().map(DType::name)
+        self.inner().dtype().map(DType::name)
     }
 
     /// The positions this rank owns, or None.
     #[getter]
     fn locals(&self) -> Option<Vec<Vec<usize>>> {
-        self.inner.locals().map(<[Vec<usize>]>::to_vec)
+        self.inner().locals().map(<[Vec<usize>]>::to_vec)
     }
 
     /// The distinct devices, in order of first appearance.
     #[getter]
     fn devices(&self) -> Vec<PyDevice> {
-        self.inner.devices().into_iter().map(PyDevice).collect()
+        self.inner().devices().into_iter().map(PyDevice).collect()
     }
 
     /// Whether every device in use has dlpart kernels (else the array-API route applies).
     #[getter]
     fn native(&self) -> bool {
-        self.inner
+        self.inner()
             .devices()
             .into_iter()
             .all(|d| crate::backend::backend_for(d).is_ok() || d.kind == crate::DeviceType::Cuda)
@@ -812,7 +834,7 @@ impl PyPartitioned {
             Vec<(Option<String>, Option<i64>, PyDevice, Option<i64>)>,
         )>,
     > {
-        self.inner
+        self.inner()
             .partitions()
             .map(|p| {
                 let data = match p.data {
@@ -846,7 +868,7 @@ impl PyPartitioned {
     /// Every partition's tensor in C order (an error naming a partition whose data is not here).
     fn tensors(&self) -> PyResult<Vec<PyTensor>> {
         Ok(self
-            .inner
+            .inner()
             .tensors()
             .map_err(to_py)?
             .into_iter()
@@ -861,14 +883,15 @@ impl PyPartitioned {
         py: Python<'_>,
         positions: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Vec<(usize, Py<PyAny>)>> {
-        let mut flats = self.inner.pending(positions.as_deref()).map_err(to_py)?;
+        let pa = self.inner();
+        let mut flats = pa.pending(positions.as_deref()).map_err(to_py)?;
         if let Some(order) = &self.order {
             flats.sort_by_key(|&f| order[f]);
         }
         Ok(flats
             .into_iter()
             .map(|f| {
-                let h = self.inner.data()[f]
+                let h = pa.data()[f]
                     .handle()
                     .expect("pending partitions hold handles");
                 let obj = h
@@ -880,18 +903,29 @@ impl PyPartitioned {
             .collect())
     }
 
-    /// Puts fetched `tensors` into partitions `flats`, after checking them.
+    /// Puts fetched `tensors` into partitions `flats`, after checking them, in a new array
+    /// that replaces this one's (operations under way keep the one they began with). A
+    /// partition another thread fetched meanwhile keeps that thread's data.
     #[pyo3(signature = (flats, tensors, moved=false))]
-    fn set_fetched(
-        &mut self,
-        flats: Vec<usize>,
-        tensors: Vec<PyTensor>,
-        moved: bool,
-    ) -> PyResult<()> {
-        let tensors = tensors.into_iter().map(|t| t.inner).collect();
-        self.inner
-            .set_fetched_where(&flats, tensors, moved)
-            .map_err(to_py)
+    fn set_fetched(&self, flats: Vec<usize>, tensors: Vec<PyTensor>, moved: bool) -> PyResult<()> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (flats, tensors): (Vec<usize>, Vec<_>) = flats
+            .into_iter()
+            .zip(tensors)
+            .filter(|(f, _)| !matches!(state.data().get(*f), Some(Data::Tensor(_))))
+            .map(|(f, t)| (f, t.inner))
+            .unzip();
+        if flats.is_empty() {
+            return Ok(());
+        }
+        let mut next = PartitionedArray::clone(&state);
+        next.set_fetched_where(&flats, tensors, moved)
+            .map_err(to_py)?;
+        *state = Arc::new(next);
+        Ok(())
     }
 
     /// The target grid's split points and every target partition's device for a layout.
@@ -911,9 +945,9 @@ impl PyPartitioned {
             block_cyclic,
             devices,
             process_grid,
-            self.inner.ndim(),
+            self.inner().ndim(),
         )?;
-        let src = &self.inner;
+        let src = &self.inner();
         let t = layout
             .target(src.grid(), &|i| src.device_of(i).unwrap_or(Device::CPU))
             .map_err(to_py)?;
@@ -942,9 +976,9 @@ impl PyPartitioned {
             block_cyclic,
             devices,
             process_grid,
-            self.inner.ndim(),
+            self.inner().ndim(),
         )?;
-        py.detach(|| self.inner.repartition(&layout, transfer))
+        py.detach(|| self.inner().repartition(&layout, transfer))
             .map(wrap)
             .map_err(to_py)
     }
@@ -957,8 +991,8 @@ impl PyPartitioned {
         out: PyRef<'_, Self>,
         transfer: bool,
     ) -> PyResult<()> {
-        let out = &out.inner;
-        py.detach(|| self.inner.repartition_into(out, transfer))
+        let out = out.inner();
+        py.detach(|| self.inner().repartition_into(&out, transfer))
             .map_err(to_py)
     }
 
@@ -974,7 +1008,7 @@ impl PyPartitioned {
             .filter(|d| !d.is_none())
             .map(target_device_arg)
             .transpose()?;
-        py.detach(|| self.inner.assemble(device, transfer))
+        py.detach(|| self.inner().assemble(device, transfer))
             .map(PyTensor::new)
             .map_err(to_py)
     }
@@ -982,7 +1016,9 @@ impl PyPartitioned {
     /// Every partition copied onto `device`.
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
         let device = target_device_arg(device)?;
-        py.detach(|| self.inner.to(device)).map(wrap).map_err(to_py)
+        py.detach(|| self.inner().to(device))
+            .map(wrap)
+            .map_err(to_py)
     }
 
     /// `numpy.take` along `axis` with global indices.
@@ -995,8 +1031,8 @@ impl PyPartitioned {
         transfer: bool,
     ) -> PyResult<Self> {
         let idx = tensor_arg(indices)?;
-        let axis = axis_arg("gather", axis, self.inner.shape().len(), "array")?;
-        py.detach(|| self.inner.gather(&idx, axis, transfer))
+        let axis = axis_arg("gather", axis, self.inner().shape().len(), "array")?;
+        py.detach(|| self.inner().gather(&idx, axis, transfer))
             .map(wrap)
             .map_err(to_py)
     }
@@ -1011,8 +1047,9 @@ impl PyPartitioned {
         axis: i64,
     ) -> PyResult<Vec<Vec<usize>>> {
         let idx = tensor_arg(indices)?;
-        let axis = axis_arg("gather", axis, self.inner.shape().len(), "array")?;
-        py.detach(|| self.inner.serving(&idx, axis)).map_err(to_py)
+        let axis = axis_arg("gather", axis, self.inner().shape().len(), "array")?;
+        py.detach(|| self.inner().serving(&idx, axis))
+            .map_err(to_py)
     }
 
     /// Fancy assignment along `axis` with global indices.
@@ -1026,8 +1063,8 @@ impl PyPartitioned {
         transfer: bool,
     ) -> PyResult<()> {
         let (v, idx) = (tensor_arg(values)?, tensor_arg(indices)?);
-        let axis = axis_arg("scatter", axis, self.inner.shape().len(), "array")?;
-        py.detach(|| self.inner.scatter(&v, &idx, axis, transfer))
+        let axis = axis_arg("scatter", axis, self.inner().shape().len(), "array")?;
+        py.detach(|| self.inner().scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
     }
 
@@ -1038,8 +1075,8 @@ impl PyPartitioned {
         &self,
         dst_splits: Vec<Vec<usize>>,
     ) -> PyResult<Vec<(usize, Vec<usize>, usize, Vec<usize>, Vec<usize>)>> {
-        let dst = Grid::from_splits(self.inner.shape(), dst_splits).map_err(to_py)?;
-        let plan = Plan::new(self.inner.grid(), &dst).map_err(to_py)?;
+        let dst = Grid::from_splits(self.inner().shape(), dst_splits).map_err(to_py)?;
+        let plan = Plan::new(self.inner().grid(), &dst).map_err(to_py)?;
         Ok(plan
             .ops()
             .map(|o| (o.src, o.src_start, o.dst, o.dst_start, o.shape))
@@ -1069,7 +1106,8 @@ impl PyPartitioned {
         let host: std::sync::Arc<str> = host.into();
         let parts = PyDict::new(py);
         let mut written: Option<(Location, Bound<'py, PyAny>)> = None;
-        for p in self.inner.partitions() {
+        let pa = self.inner();
+        for p in pa.partitions() {
             let entry = PyDict::new(py);
             entry.set_item(intern!(py, "start"), PyTuple::new(py, &p.start)?)?;
             entry.set_item(intern!(py, "shape"), PyTuple::new(py, &p.shape)?)?;
@@ -1123,14 +1161,11 @@ impl PyPartitioned {
             parts.set_item(PyTuple::new(py, &p.position)?, entry)?;
         }
         let d = PyDict::new(py);
-        d.set_item(intern!(py, "shape"), PyTuple::new(py, self.inner.shape())?)?;
-        d.set_item(
-            "partition_tiling",
-            PyTuple::new(py, self.inner.grid().tiling())?,
-        )?;
+        d.set_item(intern!(py, "shape"), PyTuple::new(py, pa.shape())?)?;
+        d.set_item("partition_tiling", PyTuple::new(py, pa.grid().tiling())?)?;
         d.set_item(intern!(py, "partitions"), parts)?;
         d.set_item(intern!(py, "get"), get)?;
-        if let Some(locals) = self.inner.locals() {
+        if let Some(locals) = pa.locals() {
             let l: Vec<Bound<'py, PyTuple>> = locals
                 .iter()
                 .map(|p| PyTuple::new(py, p))

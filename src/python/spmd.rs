@@ -348,7 +348,7 @@ fn _spmd_with_ranks(
 ) -> PyResult<PyPartitioned> {
     let pa = match (pa, failure(error)) {
         (_, Some(e)) => Err(e),
-        (Some(p), None) => Ok(p.inner.clone()),
+        (Some(p), None) => Ok(crate::PartitionedArray::clone(&p.inner())),
         (None, None) => Err(Error::buffer("no array and no error given")),
     };
     py.detach(|| spmd::with_ranks(comm, pa))
@@ -377,7 +377,7 @@ fn _spmd_repartition<'py>(
         block_cyclic,
         devices,
         process_grid,
-        pa.inner.ndim(),
+        pa.inner().ndim(),
     );
     // A bad layout on one rank is that rank's error, which the others learn of.
     let layout = layout.map_err(|e| Error::Collective {
@@ -389,7 +389,7 @@ fn _spmd_repartition<'py>(
             .unwrap_or_default(),
         message: e.value(py).to_string(),
     });
-    let inner = &pa.inner;
+    let inner = &pa.inner();
     let (out, t) = py
         .detach(|| {
             let target = layout.and_then(|l| spmd::SpmdTarget::resolve(&l, inner, comm.size));
@@ -409,7 +409,7 @@ fn _spmd_repartition_into<'py>(
     out: PyRef<'_, PyPartitioned>,
     transfer: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let (inner, out) = (&pa.inner, &out.inner);
+    let (inner, out) = (&pa.inner(), &out.inner());
     let t = py
         .detach(|| spmd::repartition_into(comm, inner, out, transfer))
         .map_err(to_py)?;
@@ -459,7 +459,7 @@ fn _spmd_assemble(
         .filter(|d| !d.is_none())
         .map(device_arg)
         .transpose()?;
-    let inner = &pa.inner;
+    let inner = &pa.inner();
     py.detach(|| spmd::assemble(comm, inner, root, device, transfer))
         .map(|t| t.map(PyTensor::new))
         .map_err(to_py)
@@ -474,7 +474,7 @@ fn _spmd_gather<'py>(
     indices: PyTensor,
     axis: usize,
 ) -> PyResult<(PyPartitioned, Bound<'py, PyTuple>)> {
-    let inner = &pa.inner;
+    let inner = &pa.inner();
     let (out, t) = py
         .detach(|| spmd::gather(comm, inner, &indices.inner, axis))
         .map_err(to_py)?;
@@ -491,7 +491,7 @@ fn _spmd_scatter(
     indices: PyTensor,
     axis: usize,
 ) -> PyResult<()> {
-    let inner = &pa.inner;
+    let inner = &pa.inner();
     py.detach(|| spmd::scatter(comm, inner, &values.inner, &indices.inner, axis))
         .map_err(to_py)
 }

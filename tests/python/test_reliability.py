@@ -488,3 +488,46 @@ def test_deep_nesting_is_a_protocol_error_naming_the_key(key):
         named = rf"position \(0,\).*{key}|{key}.*position \(0,\)"
         with pytest.raises(dlpart.ProtocolError, match=named):
             check(d)
+
+
+def test_fetches_in_one_thread_never_disturb_operations_running_in_another():
+    """Threads share one array of handles: one thread's fetch lands while another's assemble
+    runs with the GIL released. Each sees the array as it was when its operation began (a
+    fetch replaces it), so every call returns the data; none fails on a borrow."""
+    import threading
+    import time
+
+    x = np.arange(1000 * 400, dtype=np.float64).reshape(1000, 400)
+
+    class Ref:
+        def __init__(self, k):
+            self.k = k
+
+    def get(handles):
+        if threading.current_thread().name.startswith("slow"):
+            time.sleep(0.2)  # fetched while the fast thread is inside assemble
+        return [x[500 * h.k:500 * h.k + 500] for h in handles]
+
+    lazy = dlpart.from_partitioned({
+        "shape": x.shape, "partition_tiling": (2, 1), "get": get,
+        "partitions": {(i, 0): {"start": (500 * i, 0), "shape": (500, 400), "data": Ref(i),
+                                "location": []} for i in range(2)}})
+    errors = []
+
+    def assemble(until):
+        while True:
+            try:
+                np.testing.assert_array_equal(np.from_dlpack(lazy.assemble()), x)
+            except Exception as e:  # noqa: BLE001 - collected for the assertion below
+                errors.append(repr(e))
+            if time.monotonic() > until:
+                return
+
+    end = time.monotonic() + 0.8
+    threads = [threading.Thread(target=assemble, args=(0,), name=f"slow{i}") for i in range(4)]
+    threads.append(threading.Thread(target=assemble, args=(end,), name="fast"))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
