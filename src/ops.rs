@@ -497,10 +497,11 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
     } else {
         device
     };
-    let backend = backend_for(runner).map_err(|e| match e {
-        Error::UnsupportedDevice { .. } => refused(),
-        e => e,
-    })?;
+    // Between host memory and a device without dlpart kernels nothing can run the copy.
+    if !runner.is_host_accessible() && runner.kind != crate::DeviceType::Cuda {
+        return Err(refused());
+    }
+    let backend = backend_for(runner)?;
     backend_for(device)?;
     Ok(backend)
 }

@@ -362,10 +362,13 @@ class PartitionedArray:
         if self._core.native and _native_devices(layout["devices"]):
             return PartitionedArray._wrap(self._core.repartition(**layout, transfer=transfer))
         dst_splits, dst_devs = self._core.target(**layout)
-        out = _repartition_by_namespace(self, dst_splits, dst_devs, transfer)
-        return PartitionedArray(self.shape, dst_splits, {
+        out = _repartition_by_namespace(self, dst_splits, dst_devs, transfer, "repartition")
+        result = PartitionedArray(self.shape, dst_splits, {
             pos: Partition(pos, start, shape, (), t)
             for (pos, start, shape), t in zip(_boxes(dst_splits), out)})
+        # The new partitions live where the old ones did: the same namespace serves them.
+        result._namespace, result._framework = self._namespace, self._framework
+        return result
 
     def repartition_into(self, out: "PartitionedArray", *, transfer: bool = False) -> "PartitionedArray":
         """Copies this array into ``out``'s existing partitions (its grid is the target layout),
@@ -439,7 +442,7 @@ class PartitionedArray:
                 )
             target = tensors[0].device
         whole = [[0, n] for n in self.shape]
-        return _repartition_by_namespace(self, whole, [target], transfer)[0]
+        return _repartition_by_namespace(self, whole, [target], transfer, "assemble")[0]
 
 
 _NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
@@ -499,27 +502,30 @@ def _boxes(splits):
     return zip(positions, starts, shapes)
 
 
-def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor]:
+def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer, op) -> List[Tensor]:
     """Repartitions partitions on devices without dlpart kernels (kDLOneAPI) through the
     producer's array-API namespace, on the data's own device."""
     src = pa.tensors()
-    crossing = sorted({f"{t.device} -> {d}" for t in src for d in dst_devs if t.device != d})
+    ops = pa._core.plan_ops([list(x) for x in dst_splits])
+    # Only the boxes the plan copies cross devices, not every pair of source and target.
+    crossing = sorted({f"{src[s].device} -> {dst_devs[d]}" for s, _, d, _, _ in ops
+                       if src[s].device != dst_devs[d]})
     if crossing and not transfer:
         raise DeviceError(
-            f"repartition: the target layout moves data between devices ({', '.join(crossing)}); "
+            f"{op}: the target layout moves data between devices ({', '.join(crossing)}); "
             "pass transfer=True"
         )
     xp = pa._namespace
     if xp is None:
         raise _core.BackendUnavailableError(
-            f"repartition on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
+            f"{op} on {sorted({str(t.device) for t in src})}: no dlpart kernels for these "
             "devices and the partitions came without an array-API namespace"
         )
     if _log.isEnabledFor(logging.INFO):
         _log.info(
-            "repartition of %d partitions on %s through %s (no dlpart kernels for these devices; "
+            "%s of %d partitions on %s through %s (no dlpart kernels for these devices; "
             "the data stays on its device)",
-            len(src), ", ".join(sorted({str(t.device) for t in src})),
+            op, len(src), ", ".join(sorted({str(t.device) for t in src})),
             getattr(xp, "__name__", type(xp).__name__))
     native = [xp.from_dlpack(t) for t in src]
     by_device = {}
@@ -530,9 +536,12 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer) -> List[Tensor
     for k, (pos, start, shape) in enumerate(_boxes(dst_splits)):
         dev = by_device.get(str(dst_devs[k]))
         if dev is None:
-            raise DeviceError(f"repartition: no partition lives on {dst_devs[k]} to allocate there")
+            raise DeviceError(
+                f"{op}: no partition lives on {dst_devs[k]}. Partitions on devices without "
+                f"dlpart kernels are copied by their own library, which dlpart can ask for "
+                f"memory only on the devices they are on: move them with that library first")
         outs.append(xp.empty(tuple(shape), dtype=dtype, device=dev))
-    for s, s_start, d, d_start, shape in pa._core.plan_ops([list(x) for x in dst_splits]):
+    for s, s_start, d, d_start, shape in ops:
         dst_box = tuple(slice(a, a + n) for a, n in zip(d_start, shape))
         src_box = tuple(slice(a, a + n) for a, n in zip(s_start, shape))
         outs[d][dst_box] = native[s][src_box]

@@ -222,9 +222,15 @@ pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     let chosen = match device.kind {
         k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
         DeviceType::Cuda => cuda::CudaBackend::shared(device),
-        _ => Err(Error::UnsupportedDevice {
-            device: device.to_string(),
-            op: "native kernels".into(),
+        // dlpart has no kernels of its own for these devices: what a backend that cannot load
+        // here is to its users (the Python layer goes through the producer's array-API
+        // namespace where it can).
+        kind => Err(Error::BackendUnavailable {
+            backend: kind.name(),
+            reason: format!(
+                "dlpart has no kernels for {device}, only for host memory and CUDA devices; \
+                 copy its data with its own library"
+            ),
         }),
     };
     if first_use(device) && log::log_enabled!(log::Level::Info) {

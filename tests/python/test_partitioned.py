@@ -445,3 +445,69 @@ def test_oneapi_partitions_repartition_on_their_own_device():
     np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(whole)), ref)
     with pytest.raises(dlpart.DeviceError, match="kDLOneAPI:0 -> kDLCPU"):
         pa.repartition((3, 1), devices="kDLCPU")
+    # The result goes on through dpctl as its source did; dlpart's own kernels are not there.
+    np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(out.assemble())), ref)
+    with pytest.raises(dlpart.BackendUnavailableError, match="no kernels for kDLOneAPI:0"):
+        pa.gather([0])
+
+
+class OneApiStandIn:
+    """A kDLOneAPI array of a stand-in array library (host memory behind the pointer, which
+    dlpart never reads: it copies through the namespace below)."""
+
+    def __init__(self, a, dev):
+        self.a, self.device = a, dev
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+
+    def __getitem__(self, k):
+        return OneApiStandIn(self.a[k], self.device)
+
+    def __setitem__(self, k, v):
+        self.a[k] = v.a
+
+    def __dlpack_device__(self):
+        return (14, self.device)
+
+    def __dlpack__(self, **kw):
+        c = np.ascontiguousarray(self.a)
+        return _testing.make_capsule(c.tobytes(), list(c.shape), dtype=(2, 64, 1),
+                                     device=(14, self.device))
+
+    def __array_namespace__(self, **kw):
+        return OneApiNamespace
+
+
+class OneApiNamespace:
+    @staticmethod
+    def from_dlpack(t):  # float64, contiguous: what the stand-in exports
+        import ctypes
+
+        buf = (ctypes.c_char * t.nbytes).from_address(t.data_ptr)
+        return OneApiStandIn(np.frombuffer(buf, np.float64).reshape(t.shape).copy(), t.device.id)
+
+    @staticmethod
+    def empty(shape, dtype=None, device=None):
+        return OneApiStandIn(np.empty(shape, dtype), device)
+
+
+def test_devices_without_kernels_cross_only_where_the_plan_copies():
+    """Rows on two kDLOneAPI devices: a layout that keeps every element on its device (the
+    same rows, split into columns) needs no transfer; one that moves rows names only the
+    pairs it crosses."""
+    x = np.arange(24.0).reshape(4, 6)
+    two = dlpart.from_partitioned({"shape": (4, 6), "partition_tiling": (2, 1), "partitions": {
+        (i, 0): {"start": (2 * i, 0), "shape": (2, 6), "data": OneApiStandIn(x[2 * i:2 * i + 2].copy(), i),
+                 "location": []} for i in range(2)}})
+    cols = two.repartition((2, 3))
+    assert [cols.partitions[(i, j)].tensor.device for i in range(2) for j in range(3)] == \
+        ["kDLOneAPI:0"] * 3 + ["kDLOneAPI:1"] * 3
+    for (i, j), p in cols.partitions.items():
+        got = OneApiNamespace.from_dlpack(p.tensor).a
+        np.testing.assert_array_equal(got, x[2 * i:2 * i + 2, 2 * j:2 * j + 2])
+    with pytest.raises(dlpart.DeviceError, match=r"\(kDLOneAPI:1 -> kDLOneAPI:0\); pass transfer"):
+        two.repartition(splits=[[0, 1, 4], [0, 6]])
+    np.testing.assert_array_equal(
+        OneApiNamespace.from_dlpack(cols.repartition((1, 1), devices="kDLOneAPI:0",
+                                                     transfer=True).assemble()).a, x)
