@@ -461,7 +461,8 @@ def _opt_list(x, what: str = "tiling"):
         return None
     import operator
 
-    items = [x] if isinstance(x, int) else list(x)
+    # An integer scalar (a Python or numpy int, anything with __index__) is one entry.
+    items = [x] if hasattr(x, "__index__") else list(x)
     out = []
     for v in items:
         v = operator.index(v)
@@ -482,7 +483,7 @@ def _opt_splits(x):
 def _opt_block(x):
     if x is None:
         return x
-    if isinstance(x, int):
+    if hasattr(x, "__index__"):
         return _opt_list(x, "block_cyclic")[0]
     return _opt_list(x, "block_cyclic")
 
@@ -491,7 +492,12 @@ def _devices_arg(devices):
     """One device (a name, a `Device`, a DLPack pair) or a list of them."""
     if devices is None or isinstance(devices, (str, Device, tuple)):
         return devices
-    return list(devices)
+    try:
+        return list(devices)
+    except TypeError:
+        raise TypeError(f"devices must be a device (a name such as 'cuda:0', a dlpart.Device, a "
+                        f"DLPack (type, id) pair) or a list of them, not "
+                        f"{type(devices).__name__} {devices!r}") from None
 
 
 def _boxes(splits):

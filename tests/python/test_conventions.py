@@ -67,6 +67,11 @@ def test_int_tiling_for_1d_and_negative_entries_named():
         dlpart.partition(np.zeros((2, 2)), (-1, 1))
     with pytest.raises(ValueError, match="split points"):
         dlpart.partition(v, splits=[[0, -2, 10]])
+    # numpy integer scalars are ints, as everywhere in numpy's own API
+    assert dlpart.partition(v, np.int64(4)).splits == pa.splits
+    assert pa.repartition(block_cyclic=np.uint8(3), devices=["cpu"]).splits == ((0, 3, 6, 9, 10),)
+    with pytest.raises(TypeError, match="devices must be a device .* not int 0"):
+        pa.repartition(2, devices=0)
 
 
 def test_numpy_on_a_partitioned_array_says_to_assemble():
