@@ -133,7 +133,7 @@ class _PartitionedArray:
         shape: Sequence[int], splits: Splits,
         parts: List[Tuple[Sequence[int], Sequence[int], Sequence[int], Optional[Tensor], Any,
                           List[LocationTuple]]],
-        dtype: Optional[str] = None, locals: Optional[List[List[int]]] = None,
+        dtype: Any = None, locals: Optional[List[List[int]]] = None,
     ) -> "_PartitionedArray": ...
     @staticmethod
     def partition(

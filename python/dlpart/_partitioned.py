@@ -141,7 +141,7 @@ class PartitionedArray:
                   [_location_tuple(loc) for loc in p.locations]) for p in partitions.values()]
         core = _core._PartitionedArray.from_parts(
             [int(n) for n in shape], [list(s) for s in splits], parts,
-            None if dtype is None else str(dtype),
+            dtype,
             None if locals is None else [list(p) for p in locals])
         self._init(core, get, None)
         held = next((p._tensor for p in partitions.values() if p._tensor is not None), None)
@@ -267,6 +267,14 @@ class PartitionedArray:
         (MPI ranks, as heat reads them; ``rank`` is this process's, written for the data held here
         when its locations name a host rather than a rank).
         """
+        if rank is not None:
+            import operator
+
+            if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+                raise TypeError(f"rank must be an integer, not {type(rank).__name__} {rank!r}")
+            rank = operator.index(rank)
+            if not 0 <= rank < 1 << 63:
+                raise ValueError(f"rank {rank} is not an MPI rank (0 <= rank < 2**63)")
         getter = get
         if self._get is not None and self._core.pending(None):
             getter = _WithProducerGet(self._get)

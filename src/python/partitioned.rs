@@ -150,6 +150,31 @@ fn ints_into(
 /// `Exception` (`KeyboardInterrupt`) must stay what it is: they pass through. The DLPack
 /// failures of `data` keep their class (`BufferError`, `DeviceError`, ...); everything else is
 /// a `ProtocolError`.
+/// A stated dtype: a name (`"float32"`), or what prints as one (a numpy dtype, a torch dtype
+/// such as heat writes), or a scalar type named as one (`numpy.float32`); anything else is a
+/// `ValueError` naming it.
+fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let text = v.str()?.to_string();
+    if let Ok(dt) = text.strip_prefix("torch.").unwrap_or(&text).parse() {
+        return Ok(dt);
+    }
+    let name = v
+        .getattr("__name__")
+        .ok()
+        .and_then(|n| n.extract::<String>().ok());
+    match name.as_deref() {
+        Some("bool_") => Ok(DType::Bool),
+        Some(n) => n.parse(),
+        None => text.parse(),
+    }
+    .map_err(|_| {
+        PyValueError::new_err(format!(
+            "dtype {} is not one dlpart knows (a name such as 'float32', a numpy or torch dtype)",
+            described(v)
+        ))
+    })
+}
+
 fn in_entry(py: Python<'_>, e: PyErr, key: &str, position: &[usize]) -> PyErr {
     if !e.is_instance_of::<PyException>(py)
         || e.is_instance_of::<ProtocolError>(py)
@@ -414,7 +439,7 @@ fn read_dict<'py>(
                 let Some(dt) = dtype_value.filter(|v| !v.is_none()) else {
                     return Ok(None);
                 };
-                Ok(dt.str()?.to_string().replace("torch.", "").parse().ok())
+                stated_dtype(&dt).map(Some)
             };
             stated = dtype().map_err(|e| in_entry(py, e, "dtype", position))?;
         }
@@ -683,9 +708,10 @@ impl PyPartitioned {
             Option<Py<PyAny>>,
             Vec<(Option<String>, Option<i64>, Bound<'_, PyAny>, Option<i64>)>,
         )>,
-        dtype: Option<String>,
+        dtype: Option<Bound<'_, PyAny>>,
         locals: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Self> {
+        let dtype = dtype.map(|d| stated_dtype(&d)).transpose()?;
         let grid = Grid::from_splits(&shape, splits).map_err(to_py)?;
         let n = grid.num_partitions();
         let mut data: Vec<Option<Data>> = vec![None; n];
@@ -742,7 +768,7 @@ impl PyPartitioned {
         }
         let data = data.into_iter().map(|d| d.expect("checked")).collect();
         let mut pa = PartitionedArray::new(grid, data, locations, locals).map_err(to_py)?;
-        if let Some(dt) = dtype.and_then(|s| s.replace("torch.", "").parse().ok()) {
+        if let Some(dt) = dtype {
             pa = pa.with_dtype(dt).map_err(to_py)?;
         }
         Ok(wrap(pa))

@@ -132,6 +132,18 @@ def test_xgboost_ray_form_writes_this_host_for_data_held_here_whatever_rank_it_n
         dlpart.from_partitioned(d).to_partitioned(locations="ip")
 
 
+def test_a_rank_written_for_heat_is_a_non_negative_integer():
+    x, pa = rows()
+    far = {"shape": (4,), "partition_tiling": (1,), "partitions": {(0,): {
+        "start": (0,), "shape": (4,), "data": np.zeros(4), "location": [("192.0.2.7", 9, "kDLCPU")]}}}
+    held = dlpart.from_partitioned(far)
+    assert held.to_partitioned(locations="rank", rank=np.int64(2))["partitions"][(0,)]["location"] == [2]
+    with pytest.raises(ValueError, match="rank -1 is not an MPI rank"):
+        held.to_partitioned(locations="rank", rank=-1)
+    with pytest.raises(TypeError, match="rank must be an integer, not bool"):
+        held.to_partitioned(locations="rank", rank=True)
+
+
 def test_jax_input_goes_back_out_as_jax():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

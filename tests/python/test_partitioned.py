@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dlpart
-from dlpart import Location
+from dlpart import Location, Partition, PartitionedArray
 from dlpart._core import _testing
 
 
@@ -235,6 +235,28 @@ def test_gather_and_scatter_fetch_only_the_partitions_holding_an_index():
     want = ref.copy()
     want[:, 1] = -1
     np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), want)
+
+
+def test_stated_dtypes_are_read_in_every_form_producers_write_and_others_are_named():
+    """heat writes a torch dtype, numpy producers a dtype or a scalar type; a dtype dlpart
+    cannot read is a ProtocolError naming it, not silently dropped."""
+    import torch
+
+    def read(dt):
+        return dlpart.from_partitioned({"shape": (4,), "partition_tiling": (1,), "locals": [],
+                                        "partitions": {(0,): {"start": (0,), "shape": (4,),
+                                                              "data": None, "location": [1],
+                                                              "dtype": dt}}}).dtype
+
+    for dt, name in [(np.float32, "float32"), (np.dtype("int16"), "int16"), ("uint8", "uint8"),
+                     (torch.bfloat16, "bfloat16"), (np.bool_, "bool"), (torch.complex64, "complex64")]:
+        assert read(dt) == name, dt
+    with pytest.raises(dlpart.ProtocolError, match=r"\(0,\): \"dtype\": .*dtype 'no-such-type' is not"):
+        read("no-such-type")
+    part = Partition((0,), (0,), (4,), (), None)
+    assert PartitionedArray((4,), [[0, 4]], {(0,): part}, dtype=np.float64).dtype == "float64"
+    with pytest.raises(ValueError, match="dtype 'bogus' is not one dlpart knows"):
+        PartitionedArray((4,), [[0, 4]], {(0,): part}, dtype="bogus")
 
 
 def test_numpy_integers_are_ranks_and_pids_as_python_ints_are():
