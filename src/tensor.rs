@@ -430,7 +430,7 @@ impl Tensor {
     }
 
     /// A read-only `ndarray` view of host data of element type `T`, borrowing the tensor
-    /// (a [`HostView`], which derefs to an `ArrayViewD`).
+    /// (a [`HostView`], which derefs to an `ndarray::ArrayRef`; its `view()` is an `ArrayViewD`).
     ///
     /// Zero-copy; axes with negative strides come out inverted, so the view indexes like the
     /// tensor. The view is read-only because a tensor's memory may be shared with other
@@ -587,16 +587,39 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
     }
 }
 
-/// A read-only `ndarray` view of a tensor's host memory, from [`Tensor::as_array`]; use it
-/// as the `ArrayViewD` it derefs to. While it lives, dlpart refuses to write the memory it
-/// shows (see [`Tensor::as_array`]): drop it before writing into that tensor.
+/// A read-only `ndarray` view of a tensor's host memory, from [`Tensor::as_array`]. It
+/// derefs to the `ArrayRef` every ndarray array does (`sum`, `iter`, indexing, `shape`, ...),
+/// and [`view`](ndarray::ArrayRef::view) gives an `ArrayViewD` that borrows it. While it
+/// lives, dlpart refuses to write the memory it shows (see [`Tensor::as_array`]): drop it
+/// before writing into that tensor. Nothing it hands out outlives it, so no view of the
+/// memory remains once the claim is released:
+///
+/// ```
+/// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::from_vec(vec![1, 2, 3]));
+/// let host = t.as_array::<i32>()?;
+/// assert_eq!(host.sum(), 6);
+/// let row = host.view(); // borrows `host`
+/// assert_eq!(row[[2]], 3);
+/// # Ok::<(), dlpart::Error>(())
+/// ```
+///
+/// ```compile_fail
+/// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::zeros(3));
+/// let host = t.as_array::<i32>().unwrap();
+/// // A view that would outlive `host`'s claim on the memory: refused.
+/// let escaped: ndarray::ArrayViewD<'_, i32> = (*host).clone();
+/// drop(host);
+/// # let _ = escaped;
+/// ```
 pub struct HostView<'a, T> {
     view: ndarray::ArrayViewD<'a, T>,
     _claim: crate::access::Claim,
 }
 
-impl<'a, T> std::ops::Deref for HostView<'a, T> {
-    type Target = ndarray::ArrayViewD<'a, T>;
+impl<T> std::ops::Deref for HostView<'_, T> {
+    // Not `ArrayViewD<'a, T>`: a view is `Copy`, so one copied out of the guard would keep the
+    // memory borrowed for `'a` after the claim that keeps dlpart from writing it is released.
+    type Target = ndarray::ArrayRef<T, ndarray::IxDyn>;
 
     fn deref(&self) -> &Self::Target {
         &self.view
