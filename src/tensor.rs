@@ -716,7 +716,12 @@ impl HostBuffer {
         Ok(b)
     }
 
-    /// `nbytes` uninitialised bytes, for outputs that are overwritten entirely.
+    /// `nbytes` bytes of unspecified contents, for outputs that are overwritten entirely:
+    /// zero when fresh, a previous user's bytes when a kept buffer is reused, never
+    /// uninitialised memory (safe code may read a tensor over it before anything is written).
+    /// Fresh buffers of [`HostBuffer::HUGE`] bytes and more are mapped from the kernel, which
+    /// zeroes each page as it first touches it, a fault the copy filling the buffer would take
+    /// anyway; smaller ones are zeroed by the allocator.
     ///
     /// A size the allocator refuses, or one beyond `isize::MAX` once rounded up, is an
     /// [`Error::OutOfMemory`] naming `nbytes`: an output too large for the host is an error
@@ -736,13 +741,14 @@ impl HostBuffer {
                 return Ok(HostBuffer { ptr, layout });
             }
         }
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = if huge {
+            map_huge(layout)
+        } else {
+            // SAFETY: the layout has a non-zero size.
+            unsafe { std::alloc::alloc_zeroed(layout) }
+        };
         if ptr.is_null() {
             return Err(Error::host_oom(nbytes, "a host buffer"));
-        }
-        if huge {
-            advise_huge_pages(ptr, layout.size());
         }
         Ok(HostBuffer { ptr, layout })
     }
@@ -753,26 +759,99 @@ impl HostBuffer {
     }
 }
 
+/// Fresh zeroed memory of `layout` (a multiple of [`HostBuffer::HUGE`] in size and
+/// alignment) straight from the kernel, advised into transparent huge pages; null when it
+/// cannot be had. Released by [`unmap_huge`].
 #[cfg(all(target_os = "linux", not(miri)))]
-fn advise_huge_pages(ptr: *mut u8, size: usize) {
-    // SAFETY: `ptr .. ptr + size` is one allocation we own, aligned to 2 MiB; MADV_HUGEPAGE is
-    // advice only and leaves the contents and validity of the range unchanged. Its result is
-    // ignored: without THP the memory simply stays in small pages.
+fn map_huge(layout: std::alloc::Layout) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    let Some(span) = size.checked_add(align) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: an anonymous private mapping of `span` bytes at an address the kernel picks:
+    // no existing memory is touched. The parts before the first `align`-aligned address and
+    // after `size` bytes from it are unmapped again, leaving exactly the aligned range, which
+    // this buffer owns until `unmap_huge`. MADV_HUGEPAGE is advice only and leaves the
+    // contents and validity of the range unchanged; its result is ignored (without THP the
+    // memory stays in small pages).
     unsafe {
-        libc::madvise(ptr.cast(), size, libc::MADV_HUGEPAGE);
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if base == libc::MAP_FAILED {
+            return std::ptr::null_mut();
+        }
+        let start = (base as usize).next_multiple_of(align);
+        let head = start - base as usize;
+        if head > 0 {
+            libc::munmap(base, head);
+        }
+        let tail = span - head - size;
+        if tail > 0 {
+            libc::munmap((start + size) as *mut libc::c_void, tail);
+        }
+        libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+        start as *mut u8
     }
 }
 
+/// Releases what [`map_huge`] returned for `layout`.
+///
+/// # Safety
+/// `ptr` came from `map_huge(layout)`, is released once, and no one uses it after.
+#[cfg(all(target_os = "linux", not(miri)))]
+unsafe fn unmap_huge(ptr: *mut u8, layout: std::alloc::Layout) {
+    // SAFETY: the range is exactly the mapping `map_huge` left (the caller's contract).
+    unsafe {
+        libc::munmap(ptr.cast(), layout.size());
+    }
+}
+
+/// Elsewhere (and under Miri) huge buffers come from the allocator, zeroed.
 #[cfg(not(all(target_os = "linux", not(miri))))]
-fn advise_huge_pages(_ptr: *mut u8, _size: usize) {}
+fn map_huge(layout: std::alloc::Layout) -> *mut u8 {
+    // SAFETY: the layout has a non-zero size (a multiple of `HostBuffer::HUGE`).
+    unsafe { std::alloc::alloc_zeroed(layout) }
+}
+
+/// # Safety
+/// As for the Linux `unmap_huge`: `ptr` came from `map_huge(layout)`, released once.
+#[cfg(not(all(target_os = "linux", not(miri))))]
+unsafe fn unmap_huge(ptr: *mut u8, layout: std::alloc::Layout) {
+    // SAFETY: `map_huge` allocated `ptr` with exactly `layout` (the caller's contract).
+    unsafe { std::alloc::dealloc(ptr, layout) }
+}
+
+/// Releases a buffer `HostBuffer` allocated with `layout`, huge or not.
+///
+/// # Safety
+/// `ptr` came from `HostBuffer::uninit` with exactly `layout`, is released once, and no one
+/// uses it after.
+unsafe fn release(ptr: *mut u8, layout: std::alloc::Layout) {
+    // SAFETY: the caller's contract; huge layouts (2 MiB aligned) came from `map_huge`, the
+    // others from the allocator.
+    unsafe {
+        if layout.align() == HostBuffer::HUGE {
+            unmap_huge(ptr, layout)
+        } else {
+            std::alloc::dealloc(ptr, layout)
+        }
+    }
+}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
         if self.layout.align() == Self::HUGE && cache::keep(self.ptr, self.layout) {
             return;
         }
-        // SAFETY: `ptr` was allocated in `zeroed`/`uninit` with exactly `layout`, once.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: `ptr` was allocated in `uninit` with exactly `layout`, once, and this value
+        // owned it alone.
+        unsafe { release(self.ptr, self.layout) }
     }
 }
 
@@ -824,9 +903,9 @@ mod cache {
             while self.bytes + layout.size() > limit {
                 let (addr, l) = self.free.remove(0);
                 self.bytes -= l.size();
-                // SAFETY: a kept buffer was allocated with exactly `l` and nobody uses it; it
-                // left the list just above, so it is released once.
-                unsafe { std::alloc::dealloc(addr as *mut u8, l) };
+                // SAFETY: a kept buffer was allocated by `HostBuffer::uninit` with exactly `l`
+                // and nobody uses it; it left the list just above, so it is released once.
+                unsafe { super::release(addr as *mut u8, l) };
             }
             self.free.push((ptr as usize, layout));
             self.bytes += layout.size();
@@ -959,16 +1038,39 @@ mod tests {
         assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     }
 
+    /// A backend's new tensors have unspecified contents, but never uninitialised memory:
+    /// safe code may read them before writing (Miri checks every byte read here). A fresh
+    /// small buffer is zero; a huge one may be a kept buffer's old bytes.
+    #[test]
+    fn new_host_tensors_are_initialised_memory() {
+        let backend = crate::backend::backend_for(Device::CPU).unwrap();
+        let small = backend.empty(&[1000], DType::Float32).unwrap();
+        assert_eq!(small.as_array::<f32>().unwrap().sum(), 0.0);
+        let huge = HostBuffer::HUGE / 8 + 1;
+        let t = backend.empty(&[huge], DType::UInt64).unwrap();
+        let sum = t
+            .as_array::<u64>()
+            .unwrap()
+            .iter()
+            .fold(0u64, |a, &b| a ^ b);
+        std::hint::black_box(sum);
+        for t in backend
+            .empty_many(&[&[3, 5], &[0], &[7]], DType::Int16)
+            .unwrap()
+        {
+            assert!(t.as_array::<i16>().unwrap().iter().all(|&v| v == 0));
+        }
+    }
+
     #[test]
     fn the_cache_keeps_the_newest_buffers_under_its_limit() {
         let layout =
             std::alloc::Layout::from_size_align(HostBuffer::HUGE, HostBuffer::HUGE).unwrap();
         let other =
             std::alloc::Layout::from_size_align(2 * HostBuffer::HUGE, HostBuffer::HUGE).unwrap();
-        // SAFETY: non-zero sizes.
-        let bufs: Vec<*mut u8> = (0..3)
-            .map(|_| unsafe { std::alloc::alloc(layout) })
-            .collect();
+        // Made as `HostBuffer::uninit` makes them: the cache releases evicted ones itself.
+        let bufs: Vec<*mut u8> = (0..3).map(|_| map_huge(layout)).collect();
+        assert!(bufs.iter().all(|b| !b.is_null()));
         let mut kept = cache::Kept {
             bytes: 0,
             free: Vec::new(),
@@ -984,18 +1086,17 @@ mod tests {
             [bufs[1] as usize, bufs[2] as usize]
         );
         // Too big to keep at all: the caller releases it.
-        // SAFETY: non-zero size.
-        let big = unsafe { std::alloc::alloc(other) };
+        let big = map_huge(other);
         assert!(!kept.keep(big, other, HostBuffer::HUGE));
-        // SAFETY: allocated just above with `other`, not kept.
-        unsafe { std::alloc::dealloc(big, other) };
+        // SAFETY: made just above with `other`, not kept.
+        unsafe { release(big, other) };
         assert_eq!(kept.take(other), None);
         assert_eq!(kept.take(layout), Some(bufs[2]));
         assert_eq!(kept.take(layout), Some(bufs[1]));
         assert_eq!((kept.take(layout), kept.bytes), (None, 0));
         for b in [bufs[1], bufs[2]] {
-            // SAFETY: allocated with `layout` above and handed back by `take`, once each.
-            unsafe { std::alloc::dealloc(b, layout) };
+            // SAFETY: made with `layout` above and handed back by `take`, once each.
+            unsafe { release(b, layout) };
         }
     }
 

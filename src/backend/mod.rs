@@ -48,7 +48,8 @@ pub trait Backend: Send + Sync {
     /// The device this backend runs on.
     fn device(&self) -> Device;
 
-    /// A new contiguous tensor with unspecified contents.
+    /// A new contiguous tensor with unspecified contents (in host memory never uninitialised
+    /// bytes: zero, or what a reused buffer held).
     fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor>;
 
     /// New contiguous tensors of `shapes`, with unspecified contents: the targets of one
