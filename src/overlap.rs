@@ -31,7 +31,7 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
         return true;
     }
     let item = t.dtype().itemsize() as isize;
-    let dims = merged_dims(t.shape(), t.strides());
+    let (first, dims) = merged_dims(t.shape(), t.strides());
     let inner_contiguous = dims.last().is_some_and(|&(_, s)| s == 1);
     let (outer, run_len) = match (inner_contiguous, dims.last()) {
         (true, Some(&(n, _))) => (&dims[..dims.len() - 1], n as isize * item),
@@ -41,7 +41,7 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
     if count > budget {
         return false;
     }
-    let base = t.data_ptr() as isize;
+    let base = (t.data_ptr() as isize).wrapping_add(first * item);
     let mut index = vec![0usize; outer.len()];
     out.reserve(count);
     for _ in 0..count {
@@ -68,21 +68,38 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
     true
 }
 
-/// `(extent, stride)` of the axes of a tensor with `shape` and `strides` (in elements) that
-/// address the same elements in the same order with fewest axes: axes of extent 1 dropped,
-/// and an axis whose stride is the next axis's extent times its stride merged into it. A
-/// C-contiguous tensor becomes one axis of stride 1, so one run however many rows it has
-/// (a column block of 8,192 rows was 8,192 runs to sort on every `repartition_into`).
-fn merged_dims(shape: &[usize], strides: &[isize]) -> Vec<(usize, isize)> {
-    let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
-    for (&n, &s) in shape.iter().zip(strides).rev().filter(|(&n, _)| n != 1) {
+/// The lowest element's offset (in elements) and `(extent, stride)` of the axes, outermost
+/// first, that address the same *set* of elements as a tensor with `shape` and `strides` with
+/// fewest axes: axes of extent 1 dropped, negative strides flipped (the offset moves to the
+/// lowest element), the axes ordered by decreasing stride, and an axis whose stride is the
+/// next axis's extent times its stride merged into it. A C- or Fortran-contiguous tensor
+/// becomes one axis of stride 1, so one run however many rows it has (a column block of
+/// 8,192 rows was 8,192 runs to sort on every `repartition_into`; a Fortran-order block was
+/// one run per element, past [`MAX_RUNS`]).
+fn merged_dims(shape: &[usize], strides: &[isize]) -> (isize, Vec<(usize, isize)>) {
+    let mut first = 0isize;
+    let mut axes: Vec<(usize, isize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|(&n, _)| n != 1)
+        .map(|(&n, &s)| {
+            if s < 0 {
+                first += (n as isize - 1) * s;
+            }
+            (n, s.abs())
+        })
+        .collect();
+    // Stable: axes of equal stride (zero strides) keep their order.
+    axes.sort_by_key(|&(_, s)| std::cmp::Reverse(s));
+    let mut dims: Vec<(usize, isize)> = Vec::with_capacity(axes.len());
+    for &(n, s) in axes.iter().rev() {
         match dims.last_mut() {
             Some(inner) if s == inner.0 as isize * inner.1 => inner.0 *= n,
             _ => dims.push((n, s)),
         }
     }
     dims.reverse();
-    dims
+    (first, dims)
 }
 
 /// The runs of `tensors`, or their whole byte spans when there are too many runs.
@@ -291,15 +308,22 @@ mod tests {
 
     #[test]
     fn axes_that_continue_one_another_are_merged_into_fewer_runs() {
-        assert_eq!(merged_dims(&[4, 6], &[6, 1]), vec![(24, 1)]);
-        assert_eq!(merged_dims(&[2, 1, 3, 5], &[15, 99, 5, 1]), vec![(30, 1)]);
+        assert_eq!(merged_dims(&[4, 6], &[6, 1]), (0, vec![(24, 1)]));
+        assert_eq!(
+            merged_dims(&[2, 1, 3, 5], &[15, 99, 5, 1]),
+            (0, vec![(30, 1)])
+        );
         // A column block: rows stay apart; its rows' two axes merge.
-        assert_eq!(merged_dims(&[4, 2, 3], &[12, 3, 1]), vec![(4, 12), (6, 1)]);
-        // Transposed, reversed and repeating views keep their axes.
-        assert_eq!(merged_dims(&[3, 4], &[1, 3]), vec![(3, 1), (4, 3)]);
-        assert_eq!(merged_dims(&[3, 4], &[-4, -1]), vec![(12, -1)]);
-        assert_eq!(merged_dims(&[3, 2], &[0, 1]), vec![(3, 0), (2, 1)]);
-        assert_eq!(merged_dims(&[1, 1], &[7, 3]), vec![]);
+        assert_eq!(
+            merged_dims(&[4, 2, 3], &[12, 3, 1]),
+            (0, vec![(4, 12), (6, 1)])
+        );
+        // A transposed (Fortran-order) view covers a contiguous range, as does a reversed
+        // one from its last element; a repeating view keeps its axes.
+        assert_eq!(merged_dims(&[3, 4], &[1, 3]), (0, vec![(12, 1)]));
+        assert_eq!(merged_dims(&[3, 4], &[-4, -1]), (-11, vec![(12, 1)]));
+        assert_eq!(merged_dims(&[3, 2], &[0, 1]), (0, vec![(2, 1), (3, 0)]));
+        assert_eq!(merged_dims(&[1, 1], &[7, 3]), (0, vec![]));
 
         let a = grid(64, 32);
         let count = |t: &Tensor| {
@@ -312,6 +336,9 @@ mod tests {
         assert_eq!(count(&a.view(&[0, 8], &[40, 16]).unwrap()), 40);
         let cube = strided(&a, &[4, 8, 32], &[256, 32, 1], 0);
         assert_eq!(count(&cube), 1);
+        // A Fortran-order row block: one run per column, not one per element.
+        let fortran = strided(&a, &[16, 128], &[1, 16], 0);
+        assert_eq!(count(&fortran.view(&[0, 0], &[8, 128]).unwrap()), 128);
     }
 
     #[test]
