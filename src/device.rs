@@ -153,7 +153,11 @@ impl Device {
     }
 
     /// `kDLCUDA:<id>`.
+    ///
+    /// # Panics
+    /// When `id` is negative ([`Device::new`] returns an error instead).
     pub fn cuda(id: i32) -> Self {
+        assert!(id >= 0, "a CUDA device id is >= 0, not {id}");
         Device {
             kind: DeviceType::Cuda,
             id,
@@ -233,6 +237,12 @@ impl FromStr for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[should_panic(expected = "a CUDA device id is >= 0, not -1")]
+    fn cuda_ids_are_not_negative() {
+        Device::cuda(-1);
+    }
 
     #[test]
     fn every_type_round_trips_through_its_name_and_code() {

@@ -134,11 +134,17 @@ impl Region {
     }
 
     /// One past the last index along each axis.
+    ///
+    /// # Panics
+    /// When an end does not fit in `usize` (a box no grid makes: the fields are public).
     pub fn end(&self) -> Vec<usize> {
         self.start
             .iter()
             .zip(&self.shape)
-            .map(|(s, n)| s + n)
+            .map(|(s, n)| {
+                s.checked_add(*n)
+                    .unwrap_or_else(|| panic!("a region ending past usize::MAX: {self:?}"))
+            })
             .collect()
     }
 
@@ -160,12 +166,23 @@ impl Region {
     }
 
     /// The common part of two boxes, or `None` when it has no elements.
+    ///
+    /// # Panics
+    /// When the boxes have different numbers of axes, or one ends past `usize::MAX`.
     pub fn intersect(&self, other: &Region) -> Option<Region> {
+        assert_eq!(
+            self.ndim(),
+            other.ndim(),
+            "intersecting a {}-d region with a {}-d one",
+            self.ndim(),
+            other.ndim()
+        );
+        let (self_end, other_end) = (self.end(), other.end());
         let mut start = Vec::with_capacity(self.ndim());
         let mut shape = Vec::with_capacity(self.ndim());
         for a in 0..self.ndim() {
             let lo = self.start[a].max(other.start[a]);
-            let hi = (self.start[a] + self.shape[a]).min(other.start[a] + other.shape[a]);
+            let hi = self_end[a].min(other_end[a]);
             if hi <= lo {
                 return None;
             }
@@ -714,6 +731,17 @@ mod tests {
             shape: vec![1, 9],
         };
         assert_eq!(a.intersect(&c), None);
+        let flat = Region {
+            start: vec![0],
+            shape: vec![2],
+        };
+        let caught = std::panic::catch_unwind(|| a.intersect(&flat));
+        assert!(caught.is_err(), "regions of different ndim intersected");
+        let past = Region {
+            start: vec![usize::MAX],
+            shape: vec![2],
+        };
+        assert!(std::panic::catch_unwind(|| past.end()).is_err());
         assert!(a.contains(&[3, 5]) && !a.contains(&[3, 6]));
         assert_eq!(a.end(), vec![4, 6]);
     }

@@ -67,6 +67,23 @@ pub(crate) fn header(call: &str) -> Writer {
     w
 }
 
+/// Every rank's `bytes` (the [`Communicator::all_gather`] of a collective), checked to hold
+/// one part per rank: a communicator that returns another count is an error, not a panic
+/// or a misread.
+pub(crate) fn gathered(comm: &dyn Communicator, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let all = comm.all_gather(bytes)?;
+    if all.len() != comm.size() || all.is_empty() {
+        return Err(Error::shape(
+            format!(
+                "an all-gather of one part from each of the {} ranks",
+                comm.size()
+            ),
+            format!("{} parts", all.len()),
+        ));
+    }
+    Ok(all)
+}
+
 /// Readers of every rank's part of an all-gather past its header, once the ranks are found to
 /// run one dlpart version and make one call (a rank failing alone joins any call): otherwise
 /// the same error on every rank, naming two ranks and what differs.
@@ -114,7 +131,7 @@ pub(crate) fn agree(
     w.str(&comm.host())
         .u64(u64::from(std::process::id()))
         .str(note);
-    let all = comm.all_gather(&w.0)?;
+    let all = gathered(comm, &w.0)?;
     let mut failed = Vec::new();
     let mut prints = Vec::new();
     let mut peers = Peers {

@@ -10,7 +10,9 @@ use crate::grid::Grid;
 use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::tensor::Tensor;
 
-use super::agree::{agree, collective_error, header, read_headers, read_outcome, write_outcome};
+use super::agree::{
+    agree, collective_error, gathered, header, read_headers, read_outcome, write_outcome,
+};
 use super::wire::{fingerprint, Reader, Writer};
 use super::Communicator;
 
@@ -155,7 +157,7 @@ pub(crate) fn from_local_in(
     shape: Option<&[usize]>,
 ) -> Result<PartitionedArray> {
     let bytes = encode(comm, call, &parts, shape);
-    let all = comm.all_gather(&bytes)?;
+    let all = gathered(comm, &bytes)?;
     let mut metas = Vec::with_capacity(all.len());
     let mut failed = Vec::new();
     for (rank, r) in read_headers(&all)?.into_iter().enumerate() {

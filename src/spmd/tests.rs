@@ -847,3 +847,36 @@ fn ranks_making_different_calls_are_told_which() {
     });
     assert_same_error(&errors, "rank 1's own");
 }
+
+/// A communicator whose all-gather returns no parts: a broken transport, refused by name.
+struct Silent;
+
+impl Communicator for Silent {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        2
+    }
+
+    fn all_gather(&self, _bytes: &[u8]) -> crate::Result<Vec<Vec<u8>>> {
+        Ok(Vec::new())
+    }
+
+    fn all_to_all_v(&self, _: &[u8], _: &mut [u8], _: &Segments<'_>) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn an_all_gather_of_the_wrong_count_is_an_error_not_a_panic() {
+    let t = Tensor::from(reference(&[2, 2]));
+    let e = from_stacked(&Silent, vec![t], 0).unwrap_err().to_string();
+    assert!(
+        e.contains("each of the 2 ranks") && e.contains("0 parts"),
+        "{e}"
+    );
+    let e = check_together(&Silent, Ok(())).unwrap_err().to_string();
+    assert!(e.contains("0 parts"), "{e}");
+}
