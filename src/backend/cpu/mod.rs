@@ -422,6 +422,8 @@ impl Backend for CpuBackend {
 
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"gather", src, out)?;
+        // The kernel writes `out` from several threads: an element it holds twice would race.
+        crate::ops::check_distinct(out, "gather output")?;
         let _claim = access::tensors([src, indices], [out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
@@ -447,6 +449,7 @@ impl Backend for CpuBackend {
 
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"scatter", values, out)?;
+        crate::ops::check_distinct(out, "scatter target")?;
         let _claim = access::tensors([values, indices], [out])?;
         let idx = index_values(indices, out)?;
         // SAFETY: as for `gather`.
@@ -466,8 +469,10 @@ impl Backend for CpuBackend {
                 ),
             ));
         }
+        crate::ops::check_distinct(dst, "transfer destination")?;
         let job = BoxCopy::whole(src, dst);
-        // SAFETY: one job: there is no other job whose boxes it could meet.
+        // SAFETY: one job, whose destination holds each element once (checked above): there
+        // is no other job whose boxes it could meet.
         unsafe { self.copy_boxes_unchecked(&[job]) }
     }
 }

@@ -301,3 +301,25 @@ fn allocations_the_host_refuses_are_out_of_memory_errors() {
     };
     oom(super::super::packed(view, 4).map(drop), 1 << 62);
 }
+
+/// The backend's own gather, scatter and transfer write from several threads: a writable
+/// destination holding an element twice (a zero stride, as a DLPack import may hand over) is
+/// refused before anything is written, as `ops` refuses it.
+#[test]
+fn destinations_holding_an_element_twice_are_refused() {
+    let b = backend();
+    let keep = iota(&[1]);
+    let out = repeated(&keep, &[4]);
+    let idx = b
+        .normalise_indices(&Tensor::from_slice(&[0i64, 1, 2, 3], &[4]).unwrap(), 0, 4)
+        .unwrap();
+    let values = Tensor::from_slice(&[7i32, 8, 9, 10], &[4]).unwrap();
+    for e in [
+        b.scatter(&values, &idx, 0, &out).unwrap_err(),
+        b.gather(&values, &idx, 0, &out).unwrap_err(),
+        b.transfer(&values, &out).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("more than once"), "{e}");
+    }
+    assert_eq!(keep.to_array::<i32>().unwrap()[[0]], 0, "nothing written");
+}
