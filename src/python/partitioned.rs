@@ -1160,10 +1160,16 @@ impl PyPartitioned {
             });
             let rankless = p.locations.iter().any(|l| l.rank.is_none());
             let hostless = p.locations.iter().any(|l| l.host.is_none());
+            // Locations of this process: their `rank` may be another numbering (the JAX
+            // adapter keeps JAX device ids there), while the data is on this rank.
+            let this_process = p.locations.iter().all(|l| l.pid == Some(pid));
             let locations: Vec<&Location> = match &here {
                 // As ranks, data held here is on this rank, whatever host its locations name;
                 // as addresses, on this host, whatever rank they name.
                 Some(h) if matches!(form, LocationForm::Rank) && rankless => vec![h],
+                Some(h) if matches!(form, LocationForm::Rank) && this_process && rank.is_some() => {
+                    vec![h]
+                }
                 Some(h) if matches!(form, LocationForm::Ip) && hostless => vec![h],
                 _ if p.locations.is_empty() => here.iter().collect(),
                 _ => p.locations.iter().collect(),

@@ -69,6 +69,21 @@ def test_sharded_round_trip_is_zero_copy():
     np.testing.assert_array_equal(np.asarray(b), ref)
 
 
+def test_heat_form_writes_this_rank_not_jax_device_ids():
+    """A location's rank holds the JAX device id; heat reads int(location[0]) as an MPI rank,
+    so the shards this process holds are written on this process's rank."""
+    from dlpart.adapters.heat import to_heat
+
+    ref, a = sharded((8, 12), P("x", "y"))
+    pa = dj.to_partitioned(a)
+    assert sorted(loc.rank for p in pa.partitions.values() for loc in p.locations) == [0, 1, 2, 3]
+    d = to_heat(pa).__partitioned__
+    assert [p["location"] for p in d["partitions"].values()] == [[0]] * 4
+    assert sorted(d["locals"]) == sorted(pa.partitions)
+    assert [p["location"] for p in pa.to_partitioned(locations="rank", rank=3)[
+        "partitions"].values()] == [[3]] * 4
+
+
 @pytest.mark.parametrize("spec", [P("x", None), P(None, "y"), P()])
 def test_replicas_become_one_partition_with_several_locations(spec):
     ref, a = sharded((4, 6), spec, dtype=np.int32)
