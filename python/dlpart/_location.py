@@ -23,14 +23,18 @@ class Location(NamedTuple):
     rank: Optional[int] = None
 
     def to_tuple(self) -> Tuple[str, int, str]:
-        """The draft-2 form ``(ip, pid, device)``.
+        """The draft-2 form ``(ip, pid, device)``; ``-1`` stands for an unknown pid.
 
-        A location known only by its MPI rank is written ``('rank:<r>', -1, device)``, so the
-        rank is not lost.
+        A location without a host (one known only by its MPI rank, as heat writes them) has no
+        such form: `ValueError`. ``PartitionedArray.to_partitioned(locations='rank')`` writes
+        ranks, and `dlpart.mpi.from_partitioned` learns every rank's host.
         """
-        host = self.host if self.host is not None else f"rank:{self.rank}"
+        if self.host is None:
+            what = f"rank {self.rank}" if self.rank is not None else "no rank either"
+            raise ValueError(f"{self!r} has no host for the draft-2 form (ip, pid, device): it "
+                             f"names {what}")
         pid = self.pid if self.pid is not None else -1
-        return (host, pid, str(self.device))
+        return (self.host, pid, str(self.device))
 
     @staticmethod
     def here(device: "DeviceLike") -> "Location":

@@ -382,6 +382,9 @@ class PartitionedArray:
         """Copies this array into ``out``'s existing partitions (its grid is the target layout),
         reusing the caller's buffers. ``out`` must have the same shape and dtype and writable
         partitions; nothing is written unless every check passes. Returns ``out``."""
+        if not isinstance(out, PartitionedArray):
+            raise TypeError(f"repartition_into writes into a dlpart.PartitionedArray, not "
+                            f"{type(out).__name__} (partition it first: dlpart.partition(out, ...))")
         if tuple(out.shape) != self.shape:
             raise ValueError(f"repartition_into: out has shape {out.shape}, this array {self.shape}")
         self.fetch()
@@ -695,6 +698,9 @@ def _to_numpy(t):
 
     if t.device.kind not in ("kDLCPU", "kDLCUDAHost", "kDLCUDAManaged", "kDLROCMHost"):
         raise DeviceError(f"numpy cannot hold data on {t.device}: name the device's framework")
+    if not _numpy_has(t.dtype):
+        raise TypeError(f"numpy has no {t.dtype} type: hand the tensor to torch or jax (which "
+                        f"have one), or convert it to float32 there first")
     return np.from_dlpack(t)
 
 

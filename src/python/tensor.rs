@@ -330,6 +330,9 @@ impl PyTensor {
                 t.device()
             )));
         }
+        if let Some(name) = numpy_lacks(t.dtype()) {
+            return Err(PyTypeError::new_err(name));
+        }
         let numpy = py.import(intern!(py, "numpy"))?;
         let view = numpy.call_method1(intern!(py, "from_dlpack"), (slf,))?;
         if dtype.is_none() && copy != Some(true) {
@@ -460,6 +463,18 @@ pub fn _tensor_from_bytes(
     Ok(PyTensor::new(t))
 }
 
+/// Why numpy cannot hold elements of `dtype` (it has no bfloat16 or float8 types), or
+/// `None` when it can.
+pub(crate) fn numpy_lacks(dtype: crate::DType) -> Option<String> {
+    let name = dtype.name();
+    (name == "bfloat16" || name.starts_with("float8_")).then(|| {
+        format!(
+            "numpy has no {name} type: hand the tensor to torch or jax (which have one), or \
+             convert it to float32 there first"
+        )
+    })
+}
+
 /// `axis` of the `ndim`-d array `what` (`"source"`, `"output"`, `"array"`) for `func`:
 /// negative ones count from the end, as in numpy; one outside `[-ndim, ndim)` is a
 /// `ValueError` saying so (pyo3 would raise a bare `OverflowError` below zero).
@@ -467,6 +482,9 @@ pub(crate) fn axis_arg(func: &str, axis: i64, ndim: usize, what: &str) -> PyResu
     let a = if axis < 0 { axis + ndim as i64 } else { axis };
     match usize::try_from(a) {
         Ok(a) if a < ndim => Ok(a),
+        _ if ndim == 0 => Err(PyValueError::new_err(format!(
+            "{func}: the {what} is 0-d, so it has no axis {axis} (nor any other)"
+        ))),
         _ => Err(PyValueError::new_err(format!(
             "{func}: axis {axis} is out of range for the {ndim}-d {what} (negative axes count \
              from the end, down to -{ndim})"

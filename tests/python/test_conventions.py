@@ -78,3 +78,18 @@ def test_numpy_on_a_partitioned_array_says_to_assemble():
     pa = dlpart.partition(np.arange(6.0), 2)
     with pytest.raises(TypeError, match=r"assemble\(\)"):
         np.asarray(pa)
+
+
+def test_what_numpy_cannot_hold_and_what_has_no_axis_are_named():
+    torch = pytest.importorskip("torch")
+    t = dlpart.from_dlpack(torch.arange(3, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="numpy has no bfloat16 type"):
+        np.asarray(t)
+    pa = dlpart.partition(torch.zeros(4, dtype=torch.bfloat16), 2)
+    with pytest.raises(TypeError, match="numpy has no bfloat16 type"):
+        pa.to_partitioned(framework="numpy")
+    assert torch.equal(torch.from_dlpack(t), torch.arange(3, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="the source is 0-d, so it has no axis 0"):
+        dlpart.gather(np.array(1.0), [0])
+    with pytest.raises(TypeError, match="writes into a dlpart.PartitionedArray, not ndarray"):
+        dlpart.partition(np.zeros((3, 4)), (2, 1)).repartition_into(np.zeros((3, 4)))

@@ -533,3 +533,15 @@ def test_devices_without_kernels_cross_only_where_the_plan_copies():
     np.testing.assert_array_equal(
         OneApiNamespace.from_dlpack(cols.repartition((1, 1), devices="kDLOneAPI:0",
                                                      transfer=True).assemble()).a, x)
+
+
+def test_location_tuples_are_draft_2_and_read_back_the_same():
+    cpu = dlpart.Device("kDLCPU")
+    here = Location("10.0.0.5", 42, cpu)
+    d = {"shape": (2,), "partition_tiling": (1,), "locals": [],
+         "partitions": {(0,): {"start": (0,), "shape": (2,), "data": None,
+                               "location": [here.to_tuple()]}}}
+    assert here.to_tuple() == ("10.0.0.5", 42, "kDLCPU")
+    assert dlpart.from_partitioned(d).partitions[(0,)].locations == (here,)
+    with pytest.raises(ValueError, match="has no host for the draft-2 form .* names rank 3"):
+        Location(None, None, cpu, rank=3).to_tuple()
