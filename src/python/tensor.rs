@@ -325,8 +325,13 @@ impl PyTensor {
         let py = slf.py();
         let t = &slf.get().inner;
         if !t.device().is_host_accessible() {
+            // dlpart moves CUDA data itself; other devices' data only their own library moves.
+            let how = match t.device().kind {
+                crate::DeviceType::Cuda => "call .to('cpu') first",
+                _ => "copy it to host memory with its own library first",
+            };
             return Err(PyBufferError::new_err(format!(
-                "numpy holds host memory only: this tensor is on {}; call .to('cpu') first",
+                "numpy holds host memory only: this tensor is on {}; {how}",
                 t.device()
             )));
         }

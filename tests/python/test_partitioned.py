@@ -533,6 +533,8 @@ def test_devices_without_kernels_cross_only_where_the_plan_copies():
     np.testing.assert_array_equal(
         OneApiNamespace.from_dlpack(cols.repartition((1, 1), devices="kDLOneAPI:0",
                                                      transfer=True).assemble()).a, x)
+    with pytest.raises(BufferError, match="kDLOneAPI:0; copy it to host memory with its own"):
+        np.asarray(cols.partitions[(0, 0)].tensor)
 
 
 def test_location_tuples_are_draft_2_and_read_back_the_same():
