@@ -472,8 +472,12 @@ def _opt_list(x, what: str = "tiling"):
         return None
     import operator
 
-    # An integer scalar (a Python or numpy int, anything with __index__) is one entry.
-    items = [x] if hasattr(x, "__index__") else list(x)
+    # An integer scalar (a Python or numpy int) is one entry; arrays have __index__ too, but
+    # operator.index refuses all but 0-d ones.
+    try:
+        items = [operator.index(x)]
+    except TypeError:
+        items = list(x)
     out = []
     for v in items:
         v = operator.index(v)
@@ -494,9 +498,13 @@ def _opt_splits(x):
 def _opt_block(x):
     if x is None:
         return x
-    if hasattr(x, "__index__"):
-        return _opt_list(x, "block_cyclic")[0]
-    return _opt_list(x, "block_cyclic")
+    import operator
+
+    try:
+        operator.index(x)
+    except TypeError:
+        return _opt_list(x, "block_cyclic")
+    return _opt_list(x, "block_cyclic")[0]
 
 
 def _devices_arg(devices):

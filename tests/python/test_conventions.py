@@ -70,6 +70,12 @@ def test_int_tiling_for_1d_and_negative_entries_named():
     # numpy integer scalars are ints, as everywhere in numpy's own API
     assert dlpart.partition(v, np.int64(4)).splits == pa.splits
     assert pa.repartition(block_cyclic=np.uint8(3), devices=["cpu"]).splits == ((0, 3, 6, 9, 10),)
+    # and so are numpy arrays of ints, as lists
+    grid = dlpart.partition(np.zeros((6, 4)), np.array([2, 2]))
+    assert grid.splits == ((0, 3, 6), (0, 2, 4))
+    assert dlpart.partition(np.zeros((6, 4)), splits=[np.array([0, 1, 6]), np.array([0, 4])]).splits \
+        == ((0, 1, 6), (0, 4))
+    assert grid.repartition(block_cyclic=np.array([2, 2]), devices=["cpu"]).tiling == (3, 2)
     with pytest.raises(TypeError, match="devices must be a device .* not int 0"):
         pa.repartition(2, devices=0)
 
