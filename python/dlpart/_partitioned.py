@@ -308,7 +308,9 @@ class PartitionedArray:
         try:
             for (flat, _), obj in zip(pending, raw):
                 tensors.append(_import_data(obj, self._position(flat), device, copy))
-            self._core.set_fetched([flat for flat, _ in pending], tensors, device is not None)
+            # The tensors in place: another thread's, where it fetched a partition first.
+            tensors = self._core.set_fetched([flat for flat, _ in pending], tensors,
+                                             device is not None)
         except BaseException:
             # The traceback keeps this frame alive: let go of every tensor imported so far.
             tensors.clear()
@@ -410,14 +412,19 @@ class PartitionedArray:
         from ._functions import _indices
 
         idx = _indices(indices)
-        self._fetch_serving(idx, axis)
+        self._fetch_serving(idx, axis, "gather")
         return PartitionedArray._wrap(self._core.gather(idx, axis, transfer))
 
-    def _fetch_serving(self, indices, axis) -> None:
+    def _fetch_serving(self, indices, axis, op: str) -> None:
         """Fetches the handles of the partitions holding ``indices`` along ``axis``, the only
         ones a gather or scatter reads or writes (an index out of range raises first)."""
         if self._core.pending(None):
-            self.fetch(tuple(p) for p in self._core.serving(indices, axis))
+            serving = [tuple(p) for p in self._core.serving(indices, axis, op)]
+            if not serving and self._core.dtype is None:
+                # No index, but the result's dtype comes from some partition's data.
+                first_flat = self._core.pending(None)[0][0]
+                serving = [self._position(first_flat)]
+            self.fetch(serving)
 
     def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *,
                 transfer: bool = False) -> None:
@@ -429,7 +436,7 @@ class PartitionedArray:
         from ._functions import _indices
 
         idx = _indices(indices)
-        self._fetch_serving(idx, axis)
+        self._fetch_serving(idx, axis, "scatter")
         self._core.scatter(values, idx, axis, transfer)
 
     # -- unmaking ----------------------------------------------------------------------------------

@@ -931,27 +931,45 @@ impl PyPartitioned {
 
     /// Puts fetched `tensors` into partitions `flats`, after checking them, in a new array
     /// that replaces this one's (operations under way keep the one they began with). A
-    /// partition another thread fetched meanwhile keeps that thread's data.
+    /// partition another thread fetched meanwhile keeps that thread's data. Returns the
+    /// tensor each of `flats` now holds, for the Python `Partition` objects.
     #[pyo3(signature = (flats, tensors, moved=false))]
-    fn set_fetched(&self, flats: Vec<usize>, tensors: Vec<PyTensor>, moved: bool) -> PyResult<()> {
+    fn set_fetched(
+        &self,
+        flats: Vec<usize>,
+        tensors: Vec<PyTensor>,
+        moved: bool,
+    ) -> PyResult<Vec<PyTensor>> {
         let mut state = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (flats, tensors): (Vec<usize>, Vec<_>) = flats
-            .into_iter()
-            .zip(tensors)
-            .filter(|(f, _)| !matches!(state.data().get(*f), Some(Data::Tensor(_))))
-            .map(|(f, t)| (f, t.inner))
+        let (new, data): (Vec<usize>, Vec<_>) = flats
+            .iter()
+            .zip(&tensors)
+            .filter(|(f, _)| !matches!(state.data().get(**f), Some(Data::Tensor(_))))
+            .map(|(&f, t)| (f, t.inner.clone()))
             .unzip();
-        if flats.is_empty() {
-            return Ok(());
+        // What is replaced or left out is dropped after the lock is released: its last
+        // reference may run a producer's deleter, which must not find the lock held.
+        let mut old = None;
+        if !new.is_empty() {
+            let mut next = PartitionedArray::clone(&state);
+            next.set_fetched_where(&new, data, moved).map_err(to_py)?;
+            old = Some(std::mem::replace(&mut *state, Arc::new(next)));
         }
-        let mut next = PartitionedArray::clone(&state);
-        next.set_fetched_where(&flats, tensors, moved)
-            .map_err(to_py)?;
-        *state = Arc::new(next);
-        Ok(())
+        let held = flats
+            .iter()
+            .map(|&f| match state.data().get(f) {
+                Some(Data::Tensor(t)) => Ok(PyTensor::new(t.clone())),
+                _ => Err(PyValueError::new_err(format!(
+                    "partition {f} holds no data"
+                ))),
+            })
+            .collect();
+        drop(state);
+        drop((old, tensors));
+        held
     }
 
     /// The target grid's split points and every target partition's device for a layout.
@@ -1065,15 +1083,17 @@ impl PyPartitioned {
 
     /// The positions of the partitions holding `indices` along `axis`: those a gather or
     /// scatter reads or writes.
-    #[pyo3(signature = (indices, axis=0))]
+    /// `op` names the operation in errors.
+    #[pyo3(signature = (indices, axis=0, op="gather"))]
     fn serving(
         &self,
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
         axis: i64,
+        op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
         let idx = tensor_arg(indices)?;
-        let axis = axis_arg("gather", axis, self.inner().shape().len(), "array")?;
+        let axis = axis_arg(op, axis, self.inner().shape().len(), "array")?;
         py.detach(|| self.inner().serving(&idx, axis))
             .map_err(to_py)
     }

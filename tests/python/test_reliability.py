@@ -531,3 +531,38 @@ def test_fetches_in_one_thread_never_disturb_operations_running_in_another():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_two_threads_fetching_one_partition_agree_on_its_data():
+    """A get that returns copies, called by two threads for the same handles: the array keeps
+    the first data set, and the Partition objects handed out show that same data."""
+    import threading
+    import time
+
+    a = np.arange(12, dtype=np.int32).reshape(4, 3)
+    calls = []
+
+    class H:
+        def __init__(self, i):
+            self.i = i
+
+    def get(handles):
+        calls.append(1)
+        time.sleep(0.3 if len(calls) == 1 else 0.02)  # the first caller lands last
+        return [a[2 * h.i:2 * h.i + 2].copy() for h in handles]
+
+    pa = dlpart.from_partitioned({
+        "shape": (4, 3), "partition_tiling": (2, 1), "get": get,
+        "partitions": {(i, 0): {"start": (2 * i, 0), "shape": (2, 3), "data": H(i),
+                                "location": []} for i in range(2)}})
+    parts = pa.partitions  # Partition objects handed out before the fetches
+    threads = [threading.Thread(target=pa.fetch) for _ in range(2)]
+    threads[0].start()
+    time.sleep(0.1)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 2
+    np.from_dlpack(parts[(0, 0)].tensor)[...] = -7
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble())[:2], -7)
+    assert parts[(1, 0)].tensor.data_ptr == pa.partitions[(1, 0)].tensor.data_ptr
