@@ -33,7 +33,7 @@
 
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
-use crate::partitioned::{Data, PartitionedArray};
+use crate::partitioned::PartitionedArray;
 use crate::spmd::{self, Communicator, LocalParts};
 use crate::tensor::Tensor;
 use crate::DeviceType;
@@ -127,10 +127,7 @@ fn processes(n: usize) -> String {
 
 fn error(axis: Option<(usize, char)>, found: impl Into<String>) -> Error {
     let at = axis.map(|(a, kind)| format!(" dim_data[{a}] ('{kind}')"));
-    Error::DistArray {
-        at: at.unwrap_or_default(),
-        found: found.into(),
-    }
+    Error::dist_array(at.unwrap_or_default(), found)
 }
 
 impl DimData {
@@ -427,12 +424,16 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
     }
     let shape: Vec<usize> = dims.iter().map(|d| d.size).collect();
     let grid = Grid::from_splits(&shape, splits)?;
-    let data = combinations(&axes)
+    // Views of the buffer cut at the grid's own slabs: exactly its boxes, in its dtype.
+    let tensors = combinations(&axes)
         .into_iter()
-        .map(|p| Ok(Data::Tensor(buffer.view(&p.local, &p.shape)?)))
+        .map(|p| buffer.view(&p.local, &p.shape))
         .collect::<Result<Vec<_>>>()?;
-    let n = grid.num_partitions();
-    PartitionedArray::new(grid, data, vec![Vec::new(); n], None)
+    Ok(PartitionedArray::from_tensors_unchecked(
+        grid,
+        tensors,
+        buffer.dtype(),
+    ))
 }
 
 /// The SPMD array of a DAP array spread over the ranks of `comm`, a collective call: each

@@ -312,6 +312,14 @@ fn join_lines(errors: &[Error]) -> String {
 }
 
 impl Error {
+    /// Shorthand for [`Error::DistArray`].
+    pub fn dist_array(at: impl Into<String>, found: impl Into<String>) -> Self {
+        Error::DistArray {
+            at: at.into(),
+            found: found.into(),
+        }
+    }
+
     /// Shorthand for [`Error::Buffer`].
     pub fn buffer(reason: impl Into<String>) -> Self {
         Error::Buffer {

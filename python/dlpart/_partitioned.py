@@ -268,11 +268,10 @@ class PartitionedArray:
         when its locations name a host rather than a rank).
         """
         if rank is not None:
-            import operator
-
-            if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+            r = None if isinstance(rank, bool) else _int_scalar(rank)
+            if r is None:
                 raise TypeError(f"rank must be an integer, not {type(rank).__name__} {rank!r}")
-            rank = operator.index(rank)
+            rank = r
             if not 0 <= rank < 1 << 63:
                 raise ValueError(f"rank {rank} is not an MPI rank (0 <= rank < 2**63)")
         getter = get
@@ -479,12 +478,8 @@ def _opt_list(x, what: str = "tiling"):
         return None
     import operator
 
-    # An integer scalar (a Python or numpy int) is one entry; arrays have __index__ too, but
-    # operator.index refuses all but 0-d ones.
-    try:
-        items = [operator.index(x)]
-    except TypeError:
-        items = list(x)
+    v = _int_scalar(x)
+    items = [v] if v is not None else list(x)
     out = []
     for v in items:
         v = operator.index(v)
@@ -502,16 +497,22 @@ def _opt_splits(x):
     return None if x is None else [_opt_list(s, "split points") for s in x]
 
 
-def _opt_block(x):
-    if x is None:
-        return x
+def _int_scalar(x) -> Optional[int]:
+    """``x`` as an int when it is an integer scalar (a Python or numpy int), else None.
+    Arrays have ``__index__`` too, but `operator.index` refuses all but 0-d ones."""
     import operator
 
     try:
-        operator.index(x)
+        return operator.index(x)
     except TypeError:
-        return _opt_list(x, "block_cyclic")
-    return _opt_list(x, "block_cyclic")[0]
+        return None
+
+
+def _opt_block(x):
+    if x is None:
+        return x
+    items = _opt_list(x, "block_cyclic")
+    return items[0] if _int_scalar(x) is not None else items
 
 
 def _devices_arg(devices):
@@ -709,14 +710,9 @@ def _framework_of(x) -> Optional[str]:
 
 
 def _to_numpy(t):
-    import numpy as np
-
     if t.device.kind not in ("kDLCPU", "kDLCUDAHost", "kDLCUDAManaged", "kDLROCMHost"):
         raise DeviceError(f"numpy cannot hold data on {t.device}: name the device's framework")
-    if not _numpy_has(t.dtype):
-        raise TypeError(f"numpy has no {t.dtype} type: hand the tensor to torch or jax (which "
-                        f"have one), or convert it to float32 there first")
-    return np.from_dlpack(t)
+    return t.__array__()  # a view; a dtype numpy lacks is a TypeError saying so
 
 
 def _host_numpy_else_tensor(t):

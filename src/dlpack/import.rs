@@ -201,9 +201,10 @@ impl ForeignTensor {
         // may be written: it is imported read-only, as numpy does (jax hands out legacy capsules
         // of immutable buffers). A caller who needs to write asks for a copy.
         let readonly = self.version().is_none() || self.flags() & FLAG_READ_ONLY != 0;
-        if device.kind == crate::device::DeviceType::Cpu {
+        if device.kind == crate::device::DeviceType::Cpu && device.id > 0 {
             // A producer's host device `kDLCPU:k` (a framework's emulated one) is in use here:
-            // copies onto it, where the data already is, must find it present.
+            // copies onto it, where the data already is, must find it present. (`kDLCPU:0`
+            // always is: most imports skip the shared atomic.)
             crate::backend::note_host_devices(device.id.saturating_add(1));
         }
         // SAFETY: the producer guarantees that every in-bounds element of the described tensor

@@ -367,15 +367,11 @@ impl PartitionedArray {
     /// Every partition's tensor in C order; an error naming the first partition whose data is
     /// not here (a handle not fetched, or another rank's partition).
     pub fn tensors(&self) -> Result<Vec<&Tensor>> {
-        self.data
-            .iter()
-            .enumerate()
-            .map(|(flat, d)| match d {
-                Data::Tensor(t) => Ok(t),
-                Data::Handle(_) => Err(self.missing(flat, "a handle not fetched yet")),
-                Data::Remote => Err(self.missing(flat, "another rank's partition in SPMD mode")),
-            })
-            .collect()
+        Ok(self
+            .tensors_where(|_| true)?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// The tensor of each partition that `wanted` (given a flat index) says an operation

@@ -203,7 +203,7 @@ impl PartitionedArray {
         self.check_axis(axis)?;
         let idx = host_indices(indices, axis, self.shape()[axis])?;
         let groups = Groups::new(&self.grid, axis, &idx);
-        let src = self.tensors_where(|f| groups.serves(self.grid.position(f)[axis]))?;
+        let src = self.tensors_where(|f| groups.serves_partition(&self.grid, f))?;
         let src = |f: usize| src[f].expect("a serving partition");
         let mut splits = self.grid.splits().to_vec();
         splits[axis] = vec![0, idx.len()];
@@ -279,7 +279,7 @@ impl PartitionedArray {
             });
         }
         let groups = Groups::new(&self.grid, axis, &idx);
-        let serves = |f: usize| groups.serves(self.grid.position(f)[axis]);
+        let serves = |f: usize| groups.serves_partition(&self.grid, f);
         let targets = self.tensors_where(serves)?;
         let targets = |f: usize| targets[f].expect("a written partition");
         let written: Vec<usize> = (0..self.len()).filter(|&f| serves(f)).collect();
@@ -332,16 +332,10 @@ impl PartitionedArray {
     pub fn serving(&self, indices: &Tensor, axis: usize) -> Result<Vec<Vec<usize>>> {
         self.check_axis(axis)?;
         let idx = host_indices(indices, axis, self.shape()[axis])?;
-        let mut slabs = vec![false; self.grid.tiling()[axis]];
-        for &i in &idx {
-            slabs[self
-                .grid
-                .locate_axis(axis, i as usize)
-                .expect("indices are in range")] = true;
-        }
+        let groups = Groups::new(&self.grid, axis, &idx);
         Ok((0..self.len())
+            .filter(|&f| groups.serves_partition(&self.grid, f))
             .map(|f| self.grid.position(f))
-            .filter(|pos| slabs[pos[axis]])
             .collect())
     }
 
@@ -372,6 +366,8 @@ struct Groups {
     slab_of: Vec<usize>,
     /// The number of indices.
     n: usize,
+    /// The axis the indices run along.
+    axis: usize,
 }
 
 impl Groups {
@@ -404,6 +400,7 @@ impl Groups {
             local: local.into_iter().map(tensor).collect(),
             slab_of,
             n: idx.len(),
+            axis,
         }
     }
 
@@ -415,6 +412,12 @@ impl Groups {
     /// Whether slab `s` serves at least one index.
     fn serves(&self, s: usize) -> bool {
         self.at[s].numel() > 0
+    }
+
+    /// Whether partition `flat` of `grid` (the grid the groups were made over) lies in a slab
+    /// that serves an index.
+    fn serves_partition(&self, grid: &Grid, flat: usize) -> bool {
+        self.serves(grid.position(flat)[self.axis])
     }
 
     /// Whether slab `s` serves every index, in order.

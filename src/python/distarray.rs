@@ -12,19 +12,9 @@ use crate::error::{Error, Result};
 use crate::spmd::Communicator;
 
 use super::errors::to_py;
-use super::partitioned::{type_name, wrap, PyPartitioned};
+use super::partitioned::{described, type_name, wrap, PyPartitioned};
 use super::spmd::{failure, MpiComm};
 use super::tensor::{import, is_producer, PyTensor};
-
-fn dap_error(at: String, found: String) -> Error {
-    Error::DistArray { at, found }
-}
-
-fn repr(v: &Bound<'_, PyAny>) -> String {
-    v.repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "?".into())
-}
 
 /// A non-negative integer (Python's or numpy's, never a bool) from `value`, named `what`.
 fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
@@ -34,19 +24,19 @@ fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
         value.extract::<i64>().ok()
     };
     let n = n.ok_or_else(|| {
-        dap_error(
-            at.into(),
-            format!("{what} = {} is not an integer", repr(value)),
+        Error::dist_array(
+            at,
+            format!("{what} = {} is not an integer", described(value)),
         )
     })?;
-    usize::try_from(n).map_err(|_| dap_error(at.into(), format!("{what} = {n} is negative")))
+    usize::try_from(n).map_err(|_| Error::dist_array(at, format!("{what} = {n} is negative")))
 }
 
 /// One dimension dictionary, of an axis along which the buffer holds `extent` (the empty
 /// dictionary's length); `axis` for messages.
 fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimData> {
     let dim = dim.cast::<PyDict>().map_err(|_| {
-        dap_error(
+        Error::dist_array(
             String::new(),
             format!("dim_data[{axis}] is a {}, not a dict", type_name(dim)),
         )
@@ -56,13 +46,11 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
     }
     let get = |key: &str| dim.get_item(key).ok().flatten().filter(|v| !v.is_none());
     let kind = get("dist_type");
-    let at = format!(
-        " dim_data[{axis}] ({})",
-        kind.as_ref().map_or("None".into(), repr)
-    );
+    let kind_text = kind.as_ref().map_or("None".into(), described);
+    let at = format!(" dim_data[{axis}] ({kind_text})");
     let int = |key: &str, default: Option<usize>| match get(key) {
         Some(v) => count(&v, &format!("'{key}'"), &at),
-        None => default.ok_or_else(|| dap_error(at.clone(), format!("no '{key}'"))),
+        None => default.ok_or_else(|| Error::dist_array(at.as_str(), format!("no '{key}'"))),
     };
     let kind: Option<String> = kind.as_ref().and_then(|k| k.extract().ok());
     let distribution = match kind.as_deref() {
@@ -74,9 +62,9 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
                     match pair.as_deref() {
                         Some([l, r]) => [count(l, "padding", &at)?, count(r, "padding", &at)?],
                         _ => {
-                            return Err(dap_error(
+                            return Err(Error::dist_array(
                                 at,
-                                format!("padding {} is not a pair of integers", repr(&p)),
+                                format!("padding {} is not a pair of integers", described(&p)),
                             ))
                         }
                     }
@@ -100,12 +88,9 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
             Distribution::Unstructured(indices)
         }
         _ => {
-            return Err(dap_error(
+            return Err(Error::dist_array(
                 format!(" dim_data[{axis}]"),
-                format!(
-                    "dist_type {}: dlpart reads 'b', 'c' and 'u'",
-                    get("dist_type").as_ref().map_or("None".into(), repr)
-                ),
+                format!("dist_type {kind_text}: dlpart reads 'b', 'c' and 'u'"),
             ))
         }
     };
@@ -122,7 +107,7 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
 fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
     let negative = |i: i64| {
         usize::try_from(i)
-            .map_err(|_| dap_error(at.into(), format!("'indices' holds {i}, a negative index")))
+            .map_err(|_| Error::dist_array(at, format!("'indices' holds {i}, a negative index")))
     };
     let imported = match is_producer(v) {
         Ok(true) => import(v, None, None).ok().map(|t| t.inner),
@@ -134,7 +119,7 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
         return t.as_array::<i64>()?.iter().map(|&i| negative(i)).collect();
     }
     v.extract::<Vec<i64>>()
-        .map_err(|_| dap_error(at.into(), "'indices' is not a sequence of integers".into()))?
+        .map_err(|_| Error::dist_array(at, "'indices' is not a sequence of integers"))?
         .into_iter()
         .map(negative)
         .collect()
@@ -148,7 +133,7 @@ fn dims_arg(dims: &Bound<'_, PyAny>, extents: &[usize]) -> Result<Vec<DimData>> 
     } else if let Ok(l) = dims.cast::<PyList>() {
         l.iter().collect()
     } else {
-        return Err(dap_error(
+        return Err(Error::dist_array(
             String::new(),
             format!("dim_data is a {}, not a tuple", type_name(dims)),
         ));

@@ -5,10 +5,10 @@
 //! handles resolved through the dict's `get`, the array-API namespace route for devices
 //! without dlpart kernels, and the `Partition` objects made when `.partitions` is asked for.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
 use pyo3::exceptions::{PyBufferError, PyException, PyMemoryError, PyValueError};
 use pyo3::intern;
-use std::sync::{Arc, Mutex};
-
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet,
@@ -52,13 +52,15 @@ impl PyPartitioned {
         }
     }
 
-    /// The array as it is now. The lock is held only to clone or replace the `Arc`, never
-    /// across other work, so taking it with the GIL held cannot deadlock.
+    /// The array's slot. The lock is held only to clone or replace the `Arc`, never across
+    /// other work, so taking it with the GIL held cannot deadlock.
+    fn slot(&self) -> MutexGuard<'_, Arc<PartitionedArray>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The array as it is now: a method takes it once and works on that snapshot.
     pub(crate) fn inner(&self) -> Arc<PartitionedArray> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.slot().clone()
     }
 }
 
@@ -75,7 +77,7 @@ pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// `obj`'s repr for an error message; a user object whose `repr()` raises is named by its
 /// type instead, so that its exception never escapes in place of the protocol error.
-fn described(obj: &Bound<'_, PyAny>) -> String {
+pub(super) fn described(obj: &Bound<'_, PyAny>) -> String {
     obj.repr().map_or_else(
         |_| format!("a {} whose repr() raised", type_name(obj)),
         |r| r.to_string(),
@@ -143,13 +145,6 @@ fn ints_into(
     Ok(())
 }
 
-/// `e`, raised while `key` of the entry at `position` was read (by a producer's `__dlpack__`, a
-/// `__hash__`, a `__str__`, ...), as a dlpart error that names both, with `e` as its cause.
-///
-/// A `ProtocolError` names them already and a `MemoryError` or a `BaseException` that is no
-/// `Exception` (`KeyboardInterrupt`) must stay what it is: they pass through. The DLPack
-/// failures of `data` keep their class (`BufferError`, `DeviceError`, ...); everything else is
-/// a `ProtocolError`.
 /// A stated dtype: a name (`"float32"`), or what prints as one (a numpy dtype, a torch dtype
 /// such as heat writes), or a scalar type named as one (`numpy.float32`); anything else is a
 /// `ValueError` naming it.
@@ -175,6 +170,13 @@ fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
     })
 }
 
+/// `e`, raised while `key` of the entry at `position` was read (by a producer's `__dlpack__`, a
+/// `__hash__`, a `__str__`, ...), as a dlpart error that names both, with `e` as its cause.
+///
+/// A `ProtocolError` names them already and a `MemoryError` or a `BaseException` that is no
+/// `Exception` (`KeyboardInterrupt`) must stay what it is: they pass through. The DLPack
+/// failures of `data` keep their class (`BufferError`, `DeviceError`, ...); everything else is
+/// a `ProtocolError`.
 fn in_entry(py: Python<'_>, e: PyErr, key: &str, position: &[usize]) -> PyErr {
     if !e.is_instance_of::<PyException>(py)
         || e.is_instance_of::<ProtocolError>(py)
@@ -940,10 +942,7 @@ impl PyPartitioned {
         tensors: Vec<PyTensor>,
         moved: bool,
     ) -> PyResult<Vec<PyTensor>> {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.slot();
         let (new, data): (Vec<usize>, Vec<_>) = flats
             .iter()
             .zip(&tensors)
@@ -983,15 +982,15 @@ impl PyPartitioned {
         devices: Option<&Bound<'_, PyAny>>,
         process_grid: Option<Vec<usize>>,
     ) -> PyResult<(Vec<Vec<usize>>, Vec<PyDevice>)> {
+        let src = self.inner();
         let layout = layout_arg(
             tiling,
             splits,
             block_cyclic,
             devices,
             process_grid,
-            self.inner().ndim(),
+            src.ndim(),
         )?;
-        let src = &self.inner();
         let t = layout
             .target(src.grid(), &|i| src.device_of(i).unwrap_or(Device::CPU))
             .map_err(to_py)?;
@@ -1014,15 +1013,16 @@ impl PyPartitioned {
         process_grid: Option<Vec<usize>>,
         transfer: bool,
     ) -> PyResult<Self> {
+        let pa = self.inner();
         let layout = layout_arg(
             tiling,
             splits,
             block_cyclic,
             devices,
             process_grid,
-            self.inner().ndim(),
+            pa.ndim(),
         )?;
-        py.detach(|| self.inner().repartition(&layout, transfer))
+        py.detach(|| pa.repartition(&layout, transfer))
             .map(wrap)
             .map_err(to_py)
     }
@@ -1074,16 +1074,15 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
-        let idx = tensor_arg(indices)?;
-        let axis = axis_arg("gather", axis, self.inner().shape().len(), "array")?;
-        py.detach(|| self.inner().gather(&idx, axis, transfer))
+        let (pa, idx) = (self.inner(), tensor_arg(indices)?);
+        let axis = axis_arg("gather", axis, pa.ndim(), "array")?;
+        py.detach(|| pa.gather(&idx, axis, transfer))
             .map(wrap)
             .map_err(to_py)
     }
 
     /// The positions of the partitions holding `indices` along `axis`: those a gather or
-    /// scatter reads or writes.
-    /// `op` names the operation in errors.
+    /// scatter (`op`, named in errors) reads or writes.
     #[pyo3(signature = (indices, axis=0, op="gather"))]
     fn serving(
         &self,
@@ -1092,10 +1091,9 @@ impl PyPartitioned {
         axis: i64,
         op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
-        let idx = tensor_arg(indices)?;
-        let axis = axis_arg(op, axis, self.inner().shape().len(), "array")?;
-        py.detach(|| self.inner().serving(&idx, axis))
-            .map_err(to_py)
+        let (pa, idx) = (self.inner(), tensor_arg(indices)?);
+        let axis = axis_arg(op, axis, pa.ndim(), "array")?;
+        py.detach(|| pa.serving(&idx, axis)).map_err(to_py)
     }
 
     /// Fancy assignment along `axis` with global indices.
@@ -1108,9 +1106,9 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<()> {
-        let (v, idx) = (tensor_arg(values)?, tensor_arg(indices)?);
-        let axis = axis_arg("scatter", axis, self.inner().shape().len(), "array")?;
-        py.detach(|| self.inner().scatter(&v, &idx, axis, transfer))
+        let (pa, v, idx) = (self.inner(), tensor_arg(values)?, tensor_arg(indices)?);
+        let axis = axis_arg("scatter", axis, pa.ndim(), "array")?;
+        py.detach(|| pa.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
     }
 
@@ -1121,8 +1119,9 @@ impl PyPartitioned {
         &self,
         dst_splits: Vec<Vec<usize>>,
     ) -> PyResult<Vec<(usize, Vec<usize>, usize, Vec<usize>, Vec<usize>)>> {
-        let dst = Grid::from_splits(self.inner().shape(), dst_splits).map_err(to_py)?;
-        let plan = Plan::new(self.inner().grid(), &dst).map_err(to_py)?;
+        let src = self.inner();
+        let dst = Grid::from_splits(src.shape(), dst_splits).map_err(to_py)?;
+        let plan = Plan::new(src.grid(), &dst).map_err(to_py)?;
         Ok(plan
             .ops()
             .map(|o| (o.src, o.src_start, o.dst, o.dst_start, o.shape))
@@ -1178,19 +1177,20 @@ impl PyPartitioned {
                 device: t.device(),
                 rank,
             });
-            let rankless = p.locations.iter().any(|l| l.rank.is_none());
-            let hostless = p.locations.iter().any(|l| l.host.is_none());
-            // Locations of this process: their `rank` may be another numbering (the JAX
-            // adapter keeps JAX device ids there), while the data is on this rank.
-            let this_process = p.locations.iter().all(|l| l.pid == Some(pid));
-            let locations: Vec<&Location> = match &here {
-                // As ranks, data held here is on this rank, whatever host its locations name;
-                // as addresses, on this host, whatever rank they name.
-                Some(h) if matches!(form, LocationForm::Rank) && rankless => vec![h],
-                Some(h) if matches!(form, LocationForm::Rank) && this_process && rank.is_some() => {
-                    vec![h]
+            // Data held here is on this rank and this host, whatever its locations name: as
+            // ranks, where they name none or are all this process's (the JAX adapter keeps JAX
+            // device ids in `rank`); as addresses, where they name no host.
+            let any = |f: fn(&Location) -> bool| p.locations.iter().any(f);
+            let write_here = match form {
+                LocationForm::Rank => {
+                    any(|l| l.rank.is_none())
+                        || (rank.is_some() && p.locations.iter().all(|l| l.pid == Some(pid)))
                 }
-                Some(h) if matches!(form, LocationForm::Ip) && hostless => vec![h],
+                LocationForm::Ip => any(|l| l.host.is_none()),
+                LocationForm::Draft2 => false,
+            };
+            let locations: Vec<&Location> = match &here {
+                Some(h) if write_here => vec![h],
                 _ if p.locations.is_empty() => here.iter().collect(),
                 _ => p.locations.iter().collect(),
             };
