@@ -114,13 +114,17 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     // targets sharing elements are refused (their copies would race), and sources sharing
     // memory with a target are copied aside first.
     let targets: Vec<&Tensor> = dst.iter().map(Borrow::borrow).collect();
-    if let Some((a, b)) = crate::overlap::shared_targets(&targets) {
-        let (pa, pb) = (tuple_string(&dg.position(a)), tuple_string(&dg.position(b)));
+    if let Some(s) = crate::overlap::shared_targets(&targets) {
+        let (pa, pb) = (dg.position(s.first), dg.position(s.second));
+        let (pa, pb) = (tuple_string(&pa), tuple_string(&pb));
         return Err(Error::Buffer {
-            reason: if a == b {
-                format!("target partition {pa} refers to some element more than once")
+            reason: if s.first == s.second {
+                format!("target partition {pa} {}", s.more_than_once())
             } else {
-                format!("target partitions {pa} and {pb} share memory: their copies would race")
+                format!(
+                    "target partitions {pa} and {pb} {}: their copies would race",
+                    s.share_memory()
+                )
             },
         });
     }
@@ -345,10 +349,10 @@ pub(crate) fn apart_from<'a>(
 /// Refuses a target `what` whose elements overlap each other (a zero stride, or strides that
 /// interleave): the threads that write its elements would race.
 pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
-    if crate::overlap::covers_an_element_twice(t) {
+    if let Some(s) = crate::overlap::covers_an_element_twice(t) {
         return Err(Error::buffer(format!(
-            "{what} {t:?} refers to some element more than once: its writes would race; \
-             pass a target whose elements are distinct"
+            "{what} {t:?} {}: its writes would race; pass a target whose elements are distinct",
+            s.more_than_once()
         )));
     }
     Ok(())

@@ -7,7 +7,9 @@
 //! contiguous; one run for a contiguous tensor). Sorted by address, runs of different
 //! tensors that intersect share memory, exactly, whatever the strides. A tensor with more
 //! runs than [`MAX_RUNS`] is judged by its whole byte span instead, which may see sharing
-//! where there is none: targets are then refused, and sources staged, both safe.
+//! where there is none, and by its strides for elements it covers twice: targets are then
+//! refused with a [`Shared`] that says the sharing is possible, not proven, and sources are
+//! staged, both safe.
 
 use crate::backend::BoxCopy;
 use crate::error::{Error, Result};
@@ -102,14 +104,17 @@ fn merged_dims(shape: &[usize], strides: &[isize]) -> (isize, Vec<(usize, isize)
     (first, dims)
 }
 
-/// The runs of `tensors`, or their whole byte spans when there are too many runs.
-fn all_runs(tensors: &[&Tensor]) -> Vec<Run> {
+/// The runs of `tensors`, or their whole byte spans when there are too many runs; and for
+/// each tensor, whether it was judged by its span.
+fn all_runs(tensors: &[&Tensor]) -> (Vec<Run>, Vec<bool>) {
     let mut out = Vec::new();
+    let mut spanned = vec![false; tensors.len()];
     let mut budget = MAX_RUNS;
     for (i, t) in tensors.iter().enumerate() {
         let before = out.len();
         if !runs_of(t, i, &mut out, budget) {
             out.truncate(before);
+            spanned[i] = true;
             let (lo, hi) = t.byte_span();
             let base = t.data_ptr() as isize;
             out.push(Run {
@@ -121,18 +126,92 @@ fn all_runs(tensors: &[&Tensor]) -> Vec<Run> {
         budget = budget.saturating_sub(out.len() - before);
     }
     out.sort_unstable_by_key(|r| (r.start, r.end));
-    out
+    (out, spanned)
 }
 
-/// The first pair of `targets` (indices, the first lower) that share memory, or a target that
-/// covers some element twice (`(j, j)`, from a zero stride); `None` when all are disjoint.
-pub(crate) fn shared_targets(targets: &[&Tensor]) -> Option<(usize, usize)> {
-    let runs = all_runs(targets);
+/// Two targets that share memory, or one (`first == second`) that covers some element twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shared {
+    /// The lower index.
+    pub first: usize,
+    pub second: usize,
+    /// Whether the sharing is certain; `false` when a tensor with more than [`MAX_RUNS`] runs
+    /// could not be told apart exactly, and is refused to be safe.
+    pub proven: bool,
+}
+
+impl Shared {
+    /// "share memory", worded for what was found.
+    pub(crate) fn share_memory(&self) -> String {
+        match self.proven {
+            true => "share memory".into(),
+            false => format!(
+                "may share memory (they interleave in more than {MAX_RUNS} address ranges, \
+                 too many to compare exactly)"
+            ),
+        }
+    }
+
+    /// "refers to some element more than once", worded for what was found.
+    pub(crate) fn more_than_once(&self) -> String {
+        match self.proven {
+            true => "refers to some element more than once".into(),
+            false => format!(
+                "may refer to some element more than once (its strides interleave, and it \
+                 has more than {MAX_RUNS} address ranges, too many to tell exactly)"
+            ),
+        }
+    }
+}
+
+/// Whether each axis of `t`, by increasing stride, steps over the whole reach of the smaller
+/// ones: then no element of `t` is another of its elements.
+fn nested(t: &Tensor) -> bool {
+    let item = t.dtype().itemsize() as u128;
+    let mut axes: Vec<(u128, u128)> = t
+        .shape()
+        .iter()
+        .zip(t.strides())
+        .filter(|(&n, _)| n > 1)
+        .map(|(&n, &s)| (s.unsigned_abs() as u128 * item, n as u128))
+        .collect();
+    axes.sort_unstable();
+    let mut reach = item; // bytes spanned by the axes so far, the element included
+    axes.iter().all(|&(step, n)| {
+        let ok = step >= reach;
+        reach += step * (n - 1);
+        ok
+    })
+}
+
+/// The first pair of `targets` that share memory, or a target that covers some element
+/// twice (a zero stride, or strides that interleave); `None` when all are disjoint.
+pub(crate) fn shared_targets(targets: &[&Tensor]) -> Option<Shared> {
+    let (runs, spanned) = all_runs(targets);
+    // A tensor judged by its span is one run, which cannot meet itself: its strides tell.
+    for (i, t) in targets.iter().enumerate() {
+        if spanned[i] && !nested(t) {
+            let zero = t
+                .shape()
+                .iter()
+                .zip(t.strides())
+                .any(|(&n, &s)| n > 1 && s == 0);
+            return Some(Shared {
+                first: i,
+                second: i,
+                proven: zero,
+            });
+        }
+    }
     let mut reach: Option<Run> = None; // the run reaching furthest so far
     for r in runs {
         if let Some(prev) = reach {
             if r.start < prev.end {
-                return Some((prev.owner.min(r.owner), prev.owner.max(r.owner)));
+                return Some(Shared {
+                    first: prev.owner.min(r.owner),
+                    second: prev.owner.max(r.owner),
+                    proven: !spanned[prev.owner] && !spanned[r.owner],
+                });
             }
         }
         if reach.is_none_or(|p| r.end > p.end) {
@@ -145,8 +224,8 @@ pub(crate) fn shared_targets(targets: &[&Tensor]) -> Option<(usize, usize)> {
 /// For each of `sources`, whether it shares memory with any of `targets` (which are disjoint
 /// from each other: see [`shared_targets`]).
 pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<bool> {
-    let dst = all_runs(targets);
-    let src = all_runs(sources);
+    let (dst, _) = all_runs(targets);
+    let (src, _) = all_runs(sources);
     let mut shared = vec![false; sources.len()];
     // Disjoint and sorted by start, the target runs are sorted by end too.
     for s in src {
@@ -159,28 +238,13 @@ pub(crate) fn sources_sharing(sources: &[&Tensor], targets: &[&Tensor]) -> Vec<b
 }
 
 /// Whether some element of `t` is also another of its elements (a zero stride, or strides
-/// that interleave). Strides that nest (each axis, by increasing stride, steps over the whole
-/// reach of the smaller ones) are told apart without cutting `t` into runs.
-pub(crate) fn covers_an_element_twice(t: &Tensor) -> bool {
-    if t.numel() <= 1 {
-        return false;
+/// that interleave), as a [`Shared`] of `t` with itself. Strides that nest are told apart
+/// without cutting `t` into runs.
+pub(crate) fn covers_an_element_twice(t: &Tensor) -> Option<Shared> {
+    match t.numel() <= 1 || nested(t) {
+        true => None,
+        false => shared_targets(&[t]),
     }
-    let item = t.dtype().itemsize() as u128;
-    let mut axes: Vec<(u128, u128)> = t
-        .shape()
-        .iter()
-        .zip(t.strides())
-        .filter(|(&n, _)| n > 1)
-        .map(|(&n, &s)| (s.unsigned_abs() as u128 * item, n as u128))
-        .collect();
-    axes.sort_unstable();
-    let mut reach = item; // bytes spanned by the axes so far, the element included
-    let nested = axes.iter().all(|&(step, n)| {
-        let ok = step >= reach;
-        reach += step * (n - 1);
-        ok
-    });
-    !nested && shared_targets(&[t]).is_some()
 }
 
 /// Whether `a` shares an element with `b` (which covers none of its own twice: see
@@ -210,11 +274,15 @@ pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
         .map(|j| j.dst.view(&j.dst_start, &j.shape))
         .collect::<Result<_>>()?;
     let dst_refs: Vec<&Tensor> = dst.iter().collect();
-    if let Some((a, b)) = shared_targets(&dst_refs) {
+    if let Some(s) = shared_targets(&dst_refs) {
+        let (a, b) = (s.first, s.second);
         return Err(Error::buffer(if a == b {
-            format!("box copy {a} writes some element more than once")
+            format!("the destination of box copy {a} {}", s.more_than_once())
         } else {
-            format!("box copies {a} and {b} write the same memory: they would race")
+            format!(
+                "the destinations of box copies {a} and {b} {}: they would race",
+                s.share_memory()
+            )
         }));
     }
     let src: Vec<Tensor> = jobs
@@ -248,6 +316,14 @@ pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::dtype::DType;
+
+    /// The indices of a proven sharing, `None` for none (and a panic for an unproven one).
+    fn pair(s: Option<Shared>) -> Option<(usize, usize)> {
+        s.map(|s| {
+            assert!(s.proven, "{s:?} is proven");
+            (s.first, s.second)
+        })
+    }
 
     fn grid(rows: usize, cols: usize) -> Tensor {
         Tensor::zeros(&[rows, cols], DType::Float32).unwrap()
@@ -290,7 +366,7 @@ mod tests {
             .collect();
         let refs: Vec<&Tensor> = blocks.iter().collect();
         assert_eq!(
-            shared_targets(&refs),
+            pair(shared_targets(&refs)),
             None,
             "interleaved rows, no common element"
         );
@@ -347,12 +423,37 @@ mod tests {
         // Every other column: runs of one element, disjoint from the odd columns.
         let even = strided(&a, &[4, 4], &[8, 2], 0);
         let odd = strided(&a, &[4, 4], &[8, 2], 1);
-        assert_eq!(shared_targets(&[&even, &odd]), None);
+        assert_eq!(pair(shared_targets(&[&even, &odd])), None);
         let again = strided(&a, &[2, 2], &[8, 2], 2);
-        assert_eq!(shared_targets(&[&even, &again]), Some((0, 1)));
+        assert_eq!(pair(shared_targets(&[&even, &again])), Some((0, 1)));
         // A zero stride repeats elements: a target covering one element twice.
         let repeated = strided(&a, &[3, 2], &[0, 1], 0);
-        assert_eq!(shared_targets(&[&repeated]), Some((0, 0)));
+        assert_eq!(pair(shared_targets(&[&repeated])), Some((0, 0)));
+    }
+
+    #[test]
+    fn tensors_with_too_many_runs_are_refused_as_possibly_shared() {
+        // Past MAX_RUNS runs, a tensor is judged by its span and its strides.
+        let n = MAX_RUNS + 1;
+        let a = Tensor::zeros(&[2 * n + 2], DType::UInt8).unwrap();
+        let repeated = strided(&a, &[n, 2], &[0, 1], 0);
+        let found = covers_an_element_twice(&repeated).expect("a zero stride repeats");
+        assert!(found.proven, "a zero stride is proven to repeat elements");
+        assert!(found.more_than_once().starts_with("refers to"));
+        // Strides that interleave (1 and 2 over two axes of extent > 2): possibly repeated.
+        let interleaved = strided(&a, &[n, 3], &[2, 1], 0);
+        let found = covers_an_element_twice(&interleaved).expect("interleaving strides");
+        assert!(!found.proven);
+        assert!(found.more_than_once().starts_with("may refer"), "{found:?}");
+        // Even and odd elements share nothing, but too many runs to tell: refused, unproven.
+        let (even, odd) = (strided(&a, &[n], &[2], 0), strided(&a, &[n], &[2], 1));
+        assert_eq!(covers_an_element_twice(&even), None, "a stride of 2 nests");
+        let found = shared_targets(&[&even, &odd]).expect("spans that meet");
+        assert_eq!((found.first, found.second, found.proven), (0, 1, false));
+        assert!(found.share_memory().starts_with("may share"), "{found:?}");
+        // Spans apart are still told apart.
+        let upper = strided(&a, &[2], &[1], 2 * n as isize);
+        assert_eq!(shared_targets(&[&even, &upper]), None);
     }
 
     /// A 2x2 box copy from `src` at `s` to `dst` at `d`.
@@ -386,7 +487,7 @@ mod tests {
             let count = offsets.len();
             offsets.dedup();
             assert_eq!(
-                covers_an_element_twice(&t),
+                covers_an_element_twice(&t).is_some(),
                 offsets.len() < count,
                 "case {case}: shape {shape:?} strides {strides:?}"
             );
@@ -459,7 +560,7 @@ mod tests {
         assert!(check_jobs(&ok).is_ok());
         let twice = [job(&a, [0, 0], &b, [0, 0]), job(&a, [2, 2], &b, [1, 1])];
         let e = check_jobs(&twice).unwrap_err().to_string();
-        assert!(e.contains("0 and 1 write the same"), "{e}");
+        assert!(e.contains("box copies 0 and 1 share memory"), "{e}");
         let crossed = [job(&a, [0, 0], &b, [0, 0]), job(&b, [1, 1], &a, [2, 2])];
         let e = check_jobs(&crossed).unwrap_err().to_string();
         assert!(e.contains("reads memory another"), "{e}");

@@ -248,9 +248,10 @@ fn check_backend(backend: &dyn Backend, device: Device, op: &str) -> Result<()> 
 /// Refuses an `out` whose elements overlap each other or `other`: every run reads `other`
 /// while it writes `out`, from several threads.
 fn check_apart(other: &Tensor, out: &Tensor, what: &str) -> Result<()> {
-    if crate::overlap::covers_an_element_twice(out) {
+    if let Some(s) = crate::overlap::covers_an_element_twice(out) {
         return Err(Error::buffer(format!(
-            "out {out:?} refers to some element more than once: its copies would race"
+            "out {out:?} {}: its copies would race",
+            s.more_than_once()
         )));
     }
     if crate::overlap::shares_memory(other, out) {

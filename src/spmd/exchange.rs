@@ -315,11 +315,20 @@ pub(super) fn repartition_into_with(
             *slot = Some(t.clone());
         }
         let held: Vec<&Tensor> = targets.iter().flatten().collect();
-        if let Some((a, b)) = crate::overlap::shared_targets(&held) {
-            return Err(Error::buffer(format!(
-                "target partitions {a} and {b} of rank {me} (in the order held) share memory: \
-                 their copies would race"
-            )));
+        if let Some(s) = crate::overlap::shared_targets(&held) {
+            let (a, b) = (s.first, s.second);
+            return Err(Error::buffer(match a == b {
+                true => format!(
+                    "target partition {a} of rank {me} (in the order held) {}: its writes \
+                     would race",
+                    s.more_than_once()
+                ),
+                false => format!(
+                    "target partitions {a} and {b} of rank {me} (in the order held) {}: their \
+                     copies would race",
+                    s.share_memory()
+                ),
+            }));
         }
         Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();

@@ -77,3 +77,14 @@ def test_gather_takes_torch_indices_and_gives_torch_what_it_reads():
     assert torch.equal(got, src[idx])
     with pytest.raises(IndexError):
         dlpart.gather(src, torch.tensor([100]), axis=0)
+
+
+@pytest.mark.parametrize("rows", [1_000, 5_000_000])
+def test_an_expanded_torch_target_is_refused_however_big(rows):
+    # torch's expand gives a writable view with a zero stride; past a few million address
+    # ranges dlpart judges such a target by its strides, not by listing its elements.
+    out = torch.zeros(1, dtype=torch.uint8).expand(rows, 2)
+    src = dlpart.partition(np.ones((rows, 2), dtype=np.uint8), (1, 1))
+    with pytest.raises(BufferError, match="refers to some element more than once"):
+        src.repartition_into(dlpart.partition(out, (1, 1)))
+    assert int(out[0, 0]) == 0
