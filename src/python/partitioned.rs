@@ -146,7 +146,8 @@ fn ints_into(
 }
 
 /// A stated dtype: a name (`"float32"`), or what prints as one (a numpy dtype, a torch dtype
-/// such as heat writes), or a scalar type named as one (`numpy.float32`); anything else is a
+/// such as heat writes), or a scalar type named as one (`numpy.float32`), or what numpy
+/// reads as a dtype when numpy is installed (`"<f4"`, Python's `float`); anything else is a
 /// `ValueError` naming it.
 fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
     let text = v.str()?.to_string();
@@ -157,11 +158,22 @@ fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
         .getattr("__name__")
         .ok()
         .and_then(|n| n.extract::<String>().ok());
+    // numpy's reading, in native byte order only (a DLPack tensor is native).
+    let numpy = || -> PyResult<Option<DType>> {
+        let dt = v.py().import("numpy")?.getattr("dtype")?.call1((v,))?;
+        let name: String = dt.getattr("name")?.extract()?;
+        Ok(dt
+            .getattr("isnative")?
+            .is_truthy()?
+            .then(|| name.parse().ok())
+            .flatten())
+    };
     match name.as_deref() {
         Some("bool_") => Ok(DType::Bool),
         Some(n) => n.parse(),
         None => text.parse(),
     }
+    .or_else(|e| numpy().ok().flatten().ok_or(e))
     .map_err(|_| {
         PyValueError::new_err(format!(
             "dtype {} is not one dlpart knows (a name such as 'float32', a numpy or torch dtype)",

@@ -251,10 +251,16 @@ def test_stated_dtypes_are_read_in_every_form_producers_write_and_others_are_nam
                                                               "dtype": dt}}}).dtype
 
     for dt, name in [(np.float32, "float32"), (np.dtype("int16"), "int16"), ("uint8", "uint8"),
-                     (torch.bfloat16, "bfloat16"), (np.bool_, "bool"), (torch.complex64, "complex64")]:
+                     (torch.bfloat16, "bfloat16"), (np.bool_, "bool"), (torch.complex64, "complex64"),
+                     # what numpy reads as a dtype: array-interface codes, Python's types
+                     ("<f4", "float32"), ("u2", "uint16"), (float, "float64"), (bool, "bool"),
+                     (complex, "complex128"), (int, np.dtype(int).name)]:
         assert read(dt) == name, dt
     with pytest.raises(dlpart.ProtocolError, match=r"\(0,\): \"dtype\": .*dtype 'no-such-type' is not"):
         read("no-such-type")
+    for bad in [object, "O", ">f4", "U3"]:  # numpy reads them, but they are no DLPack dtype
+        with pytest.raises(dlpart.ProtocolError, match="is not one dlpart knows"):
+            read(bad)
     part = Partition((0,), (0,), (4,), (), None)
     assert PartitionedArray((4,), [[0, 4]], {(0,): part}, dtype=np.float64).dtype == "float64"
     with pytest.raises(ValueError, match="dtype 'bogus' is not one dlpart knows"):
