@@ -471,6 +471,12 @@ pub fn describe(
     rank: usize,
     nprocs: usize,
 ) -> Result<(Tensor, Vec<DimData>)> {
+    if rank >= nprocs {
+        return Err(error(
+            None,
+            format!("rank {rank} is not below the number of processes, {nprocs}"),
+        ));
+    }
     let tiling = array.grid().tiling();
     let hint = if nprocs == 1 {
         "; assemble() makes one"

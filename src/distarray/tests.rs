@@ -356,6 +356,12 @@ fn describing_asks_for_one_partition_per_process() {
         "__distarray__: each process has one buffer: a grid of tiling (2, 1) over 1 process; \
          assemble() makes one"
     );
+    // A rank outside the processes is an error, not an index panic.
+    let e = describe(&two, 2, 2).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "__distarray__: rank 2 is not below the number of processes, 2"
+    );
 }
 
 #[test]
