@@ -139,7 +139,7 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         .zip(&shared)
         .map(|(t, &s)| {
             if s {
-                to_device(t, t.device())
+                to_device(t, crate::backend::scratch_device(t.device()))
             } else {
                 Ok((*t).clone())
             }
@@ -340,7 +340,7 @@ pub(crate) fn apart_from<'a>(
     mut targets: impl Iterator<Item = &'a Tensor>,
 ) -> Result<Tensor> {
     if targets.any(|t| crate::overlap::shares_memory(values, t)) {
-        to_device(values, values.device())
+        to_device(values, crate::backend::scratch_device(values.device()))
     } else {
         Ok(values.clone())
     }
@@ -482,6 +482,10 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
 /// nothing check every move with this first.
 pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Backend>> {
     crate::backend::check_present(device)?;
+    // New host memory is kDLCPU, or page-locked kDLCUDAHost memory from CUDA; no other kind.
+    if device.is_host_accessible() {
+        crate::backend::cpu::host_allocator(device)?;
+    }
     if plain_copy(here, device) {
         let runner = backend_for(here)?;
         backend_for(device)?;
@@ -491,11 +495,6 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
         device: format!("{here} -> {device}"),
         op: "transfer".into(),
     };
-    // A new host tensor is always kDLCPU: pinned kDLCUDAHost memory is a producer's, or the
-    // staging buffers the SPMD exchange gets from `Backend::empty_staging` and fills itself.
-    if device.is_host_accessible() && device != Device::CPU {
-        return Err(refused());
-    }
     let runner = if device.is_host_accessible() {
         here
     } else {
@@ -511,9 +510,9 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
 }
 
 /// Whether data moves from `here` to `device` by a copy on `here`'s backend (the same device,
-/// or host memory into a new `kDLCPU` tensor) rather than by a transfer.
+/// or host memory to host memory) rather than by a transfer.
 fn plain_copy(here: Device, device: Device) -> bool {
-    here == device || (here.is_host_accessible() && device == Device::CPU)
+    here == device || (here.is_host_accessible() && device.is_host_accessible())
 }
 
 #[cfg(test)]
@@ -573,9 +572,15 @@ mod tests {
             e.contains("kDLCPU -> kDLOneAPI:0") && e.contains("transfer"),
             "{e}"
         );
+        // New pinned memory is CUDA's (where CUDA is), managed memory dlpart never makes.
         let pinned: Device = "kDLCUDAHost".parse().unwrap();
-        let e = to_device(&t, pinned).unwrap_err().to_string();
-        assert!(e.contains("kDLCPU -> kDLCUDAHost"), "{e}");
+        match to_device(&t, pinned) {
+            Ok(c) => assert_eq!(c.device(), pinned),
+            Err(e) => assert!(e.to_string().contains("new kDLCUDAHost memory"), "{e}"),
+        }
+        let managed: Device = "kDLCUDAManaged".parse().unwrap();
+        let e = to_device(&t, managed).unwrap_err().to_string();
+        assert!(e.contains("kDLCUDAManaged"), "{e}");
         let same = to_device(&t.view(&[0, 1], &[2, 2]).unwrap(), Device::CPU).unwrap();
         assert!(same.is_contiguous());
         assert_eq!(

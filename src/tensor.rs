@@ -352,6 +352,28 @@ impl Tensor {
         &self.owner
     }
 
+    /// This tensor's host memory labelled `kDLCPU` (the CPU reads and writes every
+    /// host-accessible kind alike), for dlpart's own host-to-host work; `None` for memory the
+    /// host cannot reach.
+    pub(crate) fn as_cpu(&self) -> Option<Tensor> {
+        if !self.device.is_host_accessible() {
+            return None;
+        }
+        // SAFETY: the same memory, layout, read-only flag and owner; only the label changes,
+        // between host-accessible kinds, which the CPU addresses alike.
+        Some(unsafe {
+            Tensor::from_raw_parts(
+                self.data_ptr(),
+                self.shape().to_vec(),
+                self.strides().to_vec(),
+                self.dtype(),
+                Device::CPU,
+                self.readonly(),
+                self.owner().clone(),
+            )
+        })
+    }
+
     /// Whether the elements are laid out in C order without gaps.
     pub fn is_contiguous(&self) -> bool {
         is_c_contiguous(&self.shape, &self.strides)

@@ -218,6 +218,16 @@ pub fn check_present(device: Device) -> Result<()> {
     }
 }
 
+/// The device dlpart's own scratch copies of data on `device` go on: host memory of any
+/// kind is worked on as `kDLCPU` memory (the CPU backend reads and writes every host kind),
+/// so that dlpart allocates no pinned or managed memory for its own use.
+pub(crate) fn scratch_device(device: Device) -> Device {
+    match device.is_host_accessible() && device.kind != DeviceType::Cpu {
+        true => Device::CPU,
+        false => device,
+    }
+}
+
 /// The backend for `device`.
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     let chosen = match device.kind {

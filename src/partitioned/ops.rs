@@ -294,7 +294,8 @@ impl PartitionedArray {
             // Every error a write below can raise before its kernel runs, raised here: a
             // device with no backend, or a move between devices dlpart cannot make.
             backend_for(t.device())?;
-            if t.device() != values.device() {
+            // Host memory of any kind is written from host values in place (below).
+            if t.device() != values.device() && !both_host(t.device(), values.device()) {
                 ops::transfer_runner(values.device(), t.device())?;
             }
         }
@@ -319,6 +320,10 @@ impl PartitionedArray {
                 ops::gather(&rows, &groups.at[s], axis, None)?
             };
             if picked.device() != t.device() {
+                if let (Some(p), Some(t)) = (picked.as_cpu(), t.as_cpu()) {
+                    ops::scatter(&p, &groups.local[s], &t, axis)?;
+                    continue;
+                }
                 picked = ops::to_device(&picked, t.device())?;
             }
             ops::scatter(&picked, &groups.local[s], t, axis)?;
@@ -454,4 +459,9 @@ fn distinct_devices<T: Borrow<Tensor>>(tensors: &[T]) -> Vec<Device> {
         }
     }
     out
+}
+
+/// Whether `a` and `b` are both host memory, which the CPU backend reads and writes alike.
+fn both_host(a: Device, b: Device) -> bool {
+    a.is_host_accessible() && b.is_host_accessible()
 }

@@ -229,11 +229,13 @@ fn repartition_assemble_and_to_match_ndarray() {
         out.repartition_into(&fresh, false).unwrap();
         expect_blocks(&fresh, &a);
     }
-    let host = Device::new(DeviceType::CudaHost, 0).unwrap();
+    // A framework's emulated host device (JAX's kDLCPU:1): another device, host memory.
+    crate::backend::note_host_devices(2);
+    let host = Device::new(DeviceType::Cpu, 1).unwrap();
     let e = pa
         .repartition(&Layout::tiling(&[1, 1]).on(host), false)
         .unwrap_err();
-    assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+    assert!(e.to_string().contains("kDLCPU -> kDLCPU:1"), "{e}");
     let moved = pa
         .repartition(&Layout::tiling(&[2, 1]).on(host), true)
         .unwrap();
@@ -242,9 +244,79 @@ fn repartition_assemble_and_to_match_ndarray() {
     assert_eq!(back.devices(), vec![Device::CPU]);
     expect_blocks(&back, &a);
     let e = moved.assemble(Some(Device::CPU), false).unwrap_err();
-    assert!(e.to_string().contains("kDLCUDAHost -> kDLCPU"), "{e}");
+    assert!(e.to_string().contains("kDLCPU:1 -> kDLCPU"), "{e}");
     let whole = moved.assemble(Some(Device::CPU), true).unwrap();
     assert_eq!(whole.to_array::<i32>().unwrap(), a);
+    let there = pa.assemble(Some(host), true).unwrap();
+    assert_eq!(there.device(), host);
+    assert_eq!(there.to_array::<i32>().unwrap(), a);
+    assert_eq!(pa.to(host).unwrap().devices(), vec![host]);
+}
+
+#[test]
+fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
+    let (t, a) = global(&[4, 2]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+    // Pinned memory comes from CUDA, where CUDA is; elsewhere asking for it is an error.
+    let pinned = Device::new(DeviceType::CudaHost, 0).unwrap();
+    match pa.repartition(&Layout::tiling(&[1, 1]).on(pinned), true) {
+        Ok(moved) => {
+            assert_eq!(moved.devices(), vec![pinned]);
+            let back = moved.assemble(Some(Device::CPU), true).unwrap();
+            assert_eq!(back.to_array::<i32>().unwrap(), a);
+        }
+        Err(e) => {
+            assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}");
+            assert!(e.to_string().contains("new kDLCUDAHost memory"), "{e}");
+        }
+    }
+    // Managed or ROCm host memory dlpart does not allocate: refused before any copy, by
+    // repartition and by the copies of partitions already there.
+    for kind in [DeviceType::CudaManaged, DeviceType::RocmHost] {
+        let device = Device::new(kind, 0).unwrap();
+        let e = pa
+            .repartition(&Layout::tiling(&[1, 1]).on(device), true)
+            .unwrap_err();
+        assert!(matches!(e, Error::UnsupportedDevice { .. }), "{e}");
+        assert!(e.to_string().contains(&device.to_string()), "{e}");
+        assert!(crate::ops::to_device(&t, device).is_err());
+        // SAFETY: `t`'s eight elements, in C order, relabelled as host memory of `kind`.
+        let there = unsafe { view_2x2(&t, [2, 1], device) };
+        let e = crate::ops::to_device(&there, there.device()).unwrap_err();
+        assert!(e.to_string().contains("allocating new memory"), "{e}");
+        // Read and copied to kDLCPU, as any host memory.
+        let here = crate::ops::to_device(&there, Device::CPU).unwrap();
+        assert_eq!(here.device(), Device::CPU);
+        assert_eq!(
+            here.to_array::<i32>().unwrap(),
+            there.to_array::<i32>().unwrap()
+        );
+    }
+}
+
+#[test]
+fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
+    for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {
+        let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+        let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+        // SAFETY: `other`'s four elements, in C order, labelled as host memory of `kind`.
+        let p1 = unsafe { view_2x2(&other, [2, 1], Device::new(kind, 0).unwrap()) };
+        let pa = PartitionedArray::new(
+            Grid::even(&[4, 2], &[2, 1]).unwrap(),
+            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
+            vec![vec![], vec![]],
+            None,
+        )
+        .unwrap();
+        let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+        let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
+        let e = pa.scatter(&values, &idx, 0, false).unwrap_err();
+        assert!(e.to_string().contains("transfer"), "{e}");
+        pa.scatter(&values, &idx, 0, true).unwrap();
+        let got = |t: &Tensor| t.to_array::<f32>().unwrap().into_raw_vec_and_offset().0;
+        assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0]);
+        assert_eq!(got(&other), vec![-7.0, -7.0, 3.0, 4.0]);
+    }
 }
 
 #[test]
@@ -417,7 +489,7 @@ fn scatter_checks_every_target_device_before_writing() {
     let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
     for device in [
         Device::new(DeviceType::OpenCl, 0).unwrap(),
-        Device::new(DeviceType::Cpu, 1).unwrap(),
+        Device::new(DeviceType::Metal, 0).unwrap(),
     ] {
         // SAFETY: `other`'s four elements, in C order; the tensor is only ever checked here
         // (no backend reads or writes `device`).

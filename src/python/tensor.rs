@@ -52,18 +52,17 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
                 reason: "dlpart cannot copy between these devices in this build".into(),
             }));
         }
-        let mut c = copy_tensor(&t)?;
-        if host_alias && here != Device::CPU {
-            // The copy was made by the CPU backend on host memory: tag it as kDLCPU.
-            c = retag(&c, Device::CPU);
-        }
+        let c = match host_alias {
+            true => crate::ops::to_device(&t, Device::CPU).map_err(to_py)?,
+            false => copy_tensor(&t)?,
+        };
         return Ok((c, true));
     }
     if same {
         return Ok((t, false));
     }
-    if host_alias {
-        return Ok((retag(&t, Device::CPU), false));
+    if let Some(alias) = t.as_cpu().filter(|_| host_alias) {
+        return Ok((alias, false));
     }
     let why = if copy == Some(false) {
         "copy=False forbids the copy this needs"
@@ -74,22 +73,6 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
         "cannot place a tensor on {here} onto {}: {why}",
         target.unwrap_or(here)
     )))
-}
-
-pub(crate) fn retag(t: &Tensor, device: Device) -> Tensor {
-    // SAFETY: same memory, same layout, same owner; only the device tag changes between two
-    // host-accessible device types, which the CPU reads identically.
-    unsafe {
-        Tensor::from_raw_parts(
-            t.data_ptr(),
-            t.shape().to_vec(),
-            t.strides().to_vec(),
-            t.dtype(),
-            device,
-            t.readonly(),
-            t.owner().clone(),
-        )
-    }
 }
 
 /// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for
@@ -383,7 +366,7 @@ impl PyTensor {
         let c = if t.is_contiguous() {
             t.clone()
         } else {
-            copy_tensor(t)?
+            crate::ops::to_device(t, Device::CPU).map_err(to_py)?
         };
         let _claim = crate::access::tensors([&c], []).map_err(to_py)?;
         // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow,

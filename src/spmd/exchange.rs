@@ -592,7 +592,7 @@ impl Stage {
         let shared = crate::overlap::sources_sharing(&srcs, &held);
         for (t, shared) in sources.iter_mut().flatten().zip(shared) {
             if shared {
-                *t = ops::to_device(t, t.device())?;
+                *t = ops::to_device(t, crate::backend::scratch_device(t.device()))?;
             }
         }
         let plan = Plan::new(pa.grid(), &target.grid)?;
@@ -683,7 +683,8 @@ impl Stage {
             (1, _, _) | (_, true, _) | (_, _, None) => None,
             _ if recv_total == 0 => None,
             (_, false, Some(dev)) => {
-                Some(backend_for(dev)?.empty(&[elements(&recvs) / itemsize], dtype)?)
+                let scratch = backend_for(crate::backend::scratch_device(dev))?;
+                Some(scratch.empty(&[elements(&recvs) / itemsize], dtype)?)
             }
         };
         let send_in_place = send_place.is_some();
@@ -697,10 +698,11 @@ impl Stage {
                 Some(t)
             }
             (_, Some(dev), None) if rounds > 1 => {
-                Some(backend_for(dev)?.empty(&[elements(&segments) / itemsize], dtype)?)
+                let scratch = backend_for(crate::backend::scratch_device(dev))?;
+                Some(scratch.empty(&[elements(&segments) / itemsize], dtype)?)
             }
             (_, Some(dev), None) => {
-                let backend = backend_for(dev)?;
+                let backend = backend_for(crate::backend::scratch_device(dev))?;
                 let buf = backend.empty(&[total / itemsize], dtype)?;
                 pack(&*backend, &buf, &segments, &sources, itemsize)?;
                 Some(buf)

@@ -148,10 +148,30 @@ def test_repartition_assembles_to_the_source_in_new_tensors(source, data):
     assert same(to_numpy(pa.assemble(), name), ref)
 
 
-HOST = ["kDLCPU", "kDLCUDAHost", "kDLCPU:1"]
 # kDLCPU:1 to kDLCPU:5 stand for a framework's emulated host devices (JAX's CPU devices, which
-# the JAX adapter notes the same way): distinct devices whose memory the test can read.
+# the JAX adapter notes the same way): distinct devices whose memory the test can read. New
+# pinned kDLCUDAHost memory comes from CUDA: a target only where CUDA is.
+CUDA_HERE = dlpart.backend_status("kDLCUDA:0") is None
+HOST = ["kDLCPU", "kDLCPU:1", "kDLCPU:2"] + (["kDLCUDAHost"] if CUDA_HERE else [])
 dlpart._core._note_host_devices(6)
+
+
+@pytest.mark.parametrize("device", ["kDLCUDAHost", "kDLCUDAManaged", "kDLROCMHost"])
+def test_new_memory_is_never_plain_memory_labelled_pinned_or_managed(device):
+    x = np.arange(12.0).reshape(4, 3)
+    pa = dlpart.partition(x, (2, 1))
+    if device == "kDLCUDAHost" and CUDA_HERE:
+        out = pa.repartition((1, 1), devices=[device], transfer=True)
+        assert str(out.devices[0]) == "kDLCUDAHost:0"
+        np.testing.assert_array_equal(np.from_dlpack(out.assemble(device="kDLCPU",
+                                                                  transfer=True)), x)
+        return
+    # pinned memory without CUDA, or a kind dlpart does not allocate: refused, naming it
+    expected = (dlpart.BackendUnavailableError if device == "kDLCUDAHost" else BufferError)
+    for call in (lambda: pa.repartition((1, 1), devices=[device], transfer=True),
+                 lambda: pa.to(device), lambda: pa.assemble(device=device, transfer=True)):
+        with pytest.raises(expected, match=device):
+            call()
 
 
 @settings(max_examples=200, **SETTINGS)

@@ -46,7 +46,7 @@ pub mod __bench {
 
 use crate::access;
 use crate::backend::{Backend, BoxCopy};
-use crate::device::Device;
+use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::plan::Plan;
@@ -189,6 +189,29 @@ fn box_ptr(
         .wrapping_offset(off * t.dtype().itemsize() as isize))
 }
 
+/// Where new memory for host-accessible `device` comes from: the CPU backend (`None`) for
+/// `kDLCPU`, the CUDA backend's page-locked memory for `kDLCUDAHost`; other kinds (managed,
+/// ROCm host) are refused, as plain memory would be mislabelled as them.
+pub(crate) fn host_allocator(device: Device) -> Result<Option<Arc<dyn Backend>>> {
+    match device.kind {
+        DeviceType::Cpu => Ok(None),
+        DeviceType::CudaHost => match crate::backend::backend_for(Device::cuda(0)) {
+            Ok(cuda) => Ok(Some(cuda)),
+            Err(Error::BackendUnavailable { backend, reason }) => Err(Error::BackendUnavailable {
+                backend,
+                reason: format!("new {device} memory is page-locked memory from CUDA: {reason}"),
+            }),
+            Err(e) => Err(e),
+        },
+        _ => Err(Error::UnsupportedDevice {
+            device: device.to_string(),
+            op: "allocating new memory (dlpart makes kDLCPU, kDLCUDA and pinned \
+                     kDLCUDAHost memory; move the data to one of them with transfer=True)"
+                .into(),
+        }),
+    }
+}
+
 impl CpuBackend {
     /// Checks that `src` can be read and `dst` written by this backend, with one dtype.
     fn check_pair(&self, op: &dyn fmt::Display, src: &Tensor, dst: &Tensor) -> Result<usize> {
@@ -284,7 +307,14 @@ impl Backend for CpuBackend {
         self.device
     }
 
+    /// Host memory dlpart allocates is `kDLCPU` (of this backend's id); `kDLCUDAHost` memory is
+    /// real page-locked memory from the CUDA backend; other kinds (managed, ROCm host) are
+    /// refused, as plain memory would be mislabelled as them (a consumer could hand it to
+    /// device kernels).
     fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        if let Some(pinned) = host_allocator(self.device)? {
+            return pinned.empty_staging(shape, dtype);
+        }
         let n = crate::tensor::checked_numel(shape)?;
         let nbytes = n
             .checked_mul(dtype.itemsize())
@@ -306,6 +336,12 @@ impl Backend for CpuBackend {
     /// allocator was left in. Larger tensors get buffers of their own.
     fn empty_many(&self, shapes: &[&[usize]], dtype: DType) -> Result<Vec<Tensor>> {
         const ALIGN: usize = 64;
+        if let Some(pinned) = host_allocator(self.device)? {
+            return shapes
+                .iter()
+                .map(|s| pinned.empty_staging(s, dtype))
+                .collect();
+        }
         let mut offsets = Vec::with_capacity(shapes.len());
         let mut total = 0usize;
         for shape in shapes {
