@@ -88,3 +88,17 @@ def test_an_expanded_torch_target_is_refused_however_big(rows):
     with pytest.raises(BufferError, match="refers to some element more than once"):
         src.repartition_into(dlpart.partition(out, (1, 1)))
     assert int(out[0, 0]) == 0
+
+
+def test_an_axis_of_extent_one_with_any_stride_is_gathered_and_scattered():
+    # DLPack leaves the stride of an extent-1 axis free; torch makes such tensors.
+    x = torch.as_strided(torch.arange(4, dtype=torch.float32), (1, 4), (2**62, 1))
+    want = x.numpy()[[0, 0]]
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(x, np.array([0, 0]), axis=0)),
+                                  want)
+    got = dlpart.partition(x, (1, 2)).gather(np.array([0]), axis=0).assemble()
+    np.testing.assert_array_equal(np.from_dlpack(got), x.numpy())
+    base = torch.zeros(4)
+    out = torch.as_strided(base, (1, 4), (2**62, 1))
+    dlpart.scatter(torch.arange(4.0).reshape(1, 4), np.array([0]), out, axis=0)
+    np.testing.assert_array_equal(base.numpy(), np.arange(4.0))

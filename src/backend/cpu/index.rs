@@ -235,7 +235,13 @@ unsafe fn index<const SCATTER: bool>(
         }
         _ => Inner::Strided(Box::new(inner)),
     };
-    let (ax_s, ax_d) = (src.strides[axis] * item, dst.strides[axis] * item);
+    // An axis of extent 1 takes only index 0: its stride, which DLPack leaves free (torch
+    // makes such tensors with any stride), is never stepped.
+    let step = |n: usize, stride: isize| if n > 1 { stride * item } else { 0 };
+    let (ax_s, ax_d) = (
+        step(src.shape[axis], src.strides[axis]),
+        step(dst.shape[axis], dst.strides[axis]),
+    );
     let block = match inner {
         Inner::Word(b) | Inner::Block(b) => b,
         Inner::Strided(ref p) => p.bytes,
