@@ -41,38 +41,34 @@ pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
 /// Returns the tensor and whether it is a copy.
 fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Tensor, bool)> {
     let here = t.device();
-    let same = target.is_none_or(|d| d == here);
+    let to = target.unwrap_or(here);
     // Host-accessible memory is readable as kDLCPU without a copy (e.g. kDLCUDAHost).
-    let host_alias = target == Some(Device::CPU) && here.is_host_accessible();
-    if copy == Some(true) {
-        if !(same || host_alias) {
-            return Err(to_py(crate::Error::DeviceMismatch {
-                op: "copy".into(),
-                devices: crate::error::Devices::move_(here, target.unwrap_or(here)),
-                reason: "dlpart cannot copy between these devices in this build".into(),
-            }));
-        }
-        let c = match host_alias {
-            true => crate::ops::to_device(&t, Device::CPU).map_err(to_py)?,
-            false => copy_tensor(&t)?,
-        };
-        return Ok((c, true));
-    }
-    if same {
-        return Ok((t, false));
-    }
-    if let Some(alias) = t.as_cpu().filter(|_| host_alias) {
-        return Ok((alias, false));
-    }
-    let why = if copy == Some(false) {
-        "copy=False forbids the copy this needs"
-    } else {
-        "moving data between these devices is not supported in this build"
+    let alias = match to == Device::CPU {
+        true => t.as_cpu(),
+        false => None,
     };
-    Err(PyBufferError::new_err(format!(
-        "cannot place a tensor on {here} onto {}: {why}",
-        target.unwrap_or(here)
-    )))
+    if copy != Some(true) {
+        if to == here {
+            return Ok((t, false));
+        }
+        if let Some(alias) = alias {
+            return Ok((alias, false));
+        }
+    }
+    if copy == Some(false) {
+        return Err(PyBufferError::new_err(format!(
+            "cannot place a tensor on {here} onto {to}: copy=False forbids the copy this needs"
+        )));
+    }
+    // A copy on the target device, as the array API's from_dlpack allows: what dlpart cannot
+    // place there is a BufferError (memory running out stays a MemoryError).
+    match crate::ops::to_device(&t, to) {
+        Ok(c) => Ok((c, true)),
+        Err(e @ crate::Error::OutOfMemory { .. }) => Err(to_py(e)),
+        Err(e) => Err(PyBufferError::new_err(format!(
+            "cannot place a tensor on {here} onto {to}: {e}"
+        ))),
+    }
 }
 
 /// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for

@@ -324,3 +324,20 @@ def test_many_cycles_leave_memory_flat():
     assert _testing.live_exports() == exports
     # 50,000 leaked exports would be several MiB; allow allocator noise only.
     assert rss1 - rss0 < 2048, (rss0, rss1)
+
+
+def test_a_device_dlpart_cannot_place_on_is_a_buffer_error_whatever_copy_says():
+    # The array API's from_dlpack: a device that cannot be served is a BufferError; one that
+    # can is served by a copy unless copy=False.
+    t = dlpart.from_dlpack(np.arange(3.0))
+    for copy in (None, False, True):
+        with pytest.raises(BufferError, match="kDLOpenCL:0"):
+            dlpart.from_dlpack(t, device="kDLOpenCL:0", copy=copy)
+    dlpart._core._note_host_devices(2)  # JAX's emulated host devices, as its adapter notes
+    with pytest.raises(BufferError, match="copy=False"):
+        dlpart.from_dlpack(t, device="kDLCPU:1", copy=False)
+    for copy in (None, True):
+        c = dlpart.from_dlpack(t, device="kDLCPU:1", copy=copy)
+        assert str(c.device) == "kDLCPU:1" and c.data_ptr != t.data_ptr
+        np.testing.assert_array_equal(np.frombuffer(c.__reduce__()[1][0]), np.arange(3.0))
+    assert str(t.to("kDLCPU:1").device) == "kDLCPU:1"
