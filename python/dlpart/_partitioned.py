@@ -9,6 +9,7 @@ without dlpart kernels (kDLOneAPI), and `Partition` objects, made only when aske
 
 import itertools
 import logging
+import operator
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence,
                     Tuple, Union)
 
@@ -516,8 +517,9 @@ def _opt_block(x):
 
 
 def _devices_arg(devices):
-    """One device (a name, a `Device`, a DLPack pair) or a list of them."""
-    if devices is None or isinstance(devices, (str, Device, tuple)):
+    """One device (a name, a `Device`, a DLPack pair) or a sequence of them (a tuple too,
+    unless it is a ``(type, id)`` pair of ints)."""
+    if devices is None or isinstance(devices, (str, Device)) or _is_device_pair(devices):
         return devices
     try:
         return list(devices)
@@ -525,6 +527,18 @@ def _devices_arg(devices):
         raise TypeError(f"devices must be a device (a name such as 'cuda:0', a dlpart.Device, a "
                         f"DLPack (type, id) pair) or a list of them, not "
                         f"{type(devices).__name__} {devices!r}") from None
+
+
+def _is_device_pair(value) -> bool:
+    """Whether ``value`` is a DLPack ``(type, id)`` pair of ints (IntEnums and numpy ints too)."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        return False
+    try:
+        for v in value:
+            operator.index(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _boxes(splits):

@@ -45,3 +45,17 @@ def test_cross_device_repartition_needs_transfer():
     pa = dlpart.partition(a, (2,))
     with pytest.raises(dlpart.DeviceError, match="kDLCPU -> kDLCUDA:0"):
         pa.repartition((4,), devices="kDLCUDA:0")
+
+
+def test_devices_may_be_given_as_any_sequence_and_a_pair_is_one_device():
+    dlpart._core._note_host_devices(2)  # JAX's emulated host devices, as its adapter notes
+    x = np.arange(16.0).reshape(4, 4)
+    pa = dlpart.partition(x, (2, 2))
+    for devices in (["cpu", "kDLCPU:1"], ("cpu", "kDLCPU:1"), ((1, 0), (1, 1)),
+                    np.array(["cpu", "kDLCPU:1"])):
+        out = pa.repartition((2, 1), devices=devices, transfer=True)
+        assert [str(p.device) for p in out.partitions.values()] == ["kDLCPU", "kDLCPU:1"]
+        np.testing.assert_array_equal(np.from_dlpack(out.assemble(device="cpu", transfer=True)),
+                                      x)
+    one = pa.repartition((2, 1), devices=(1, 1), transfer=True)  # a (type, id) pair
+    assert [str(p.device) for p in one.partitions.values()] == ["kDLCPU:1"] * 2
