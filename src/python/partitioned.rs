@@ -603,17 +603,20 @@ fn _validate_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (shape, tiling=None, *, splits=None))]
 fn split_points(
-    shape: Vec<usize>,
-    tiling: Option<Vec<usize>>,
+    shape: Vec<i64>,
+    tiling: Option<Vec<i64>>,
     splits: Option<Vec<Vec<usize>>>,
 ) -> PyResult<Vec<Vec<usize>>> {
+    use super::tensor::non_negative;
+    let shape = non_negative("split_points", "shape", &shape)?;
     let grid = match (tiling, splits) {
-        (Some(t), None) => Grid::even(&shape, &t),
+        (Some(t), None) => Grid::even(&shape, &non_negative("split_points", "tiling", &t)?),
         (None, Some(s)) => Grid::from_splits(&shape, s),
-        _ => {
-            return Err(PyValueError::new_err(
-                "split_points takes tiling or splits, not both",
-            ))
+        (t, _) => {
+            return Err(PyValueError::new_err(match t {
+                Some(_) => "split_points takes tiling or splits, not both",
+                None => "split_points needs tiling or splits",
+            }))
         }
     };
     Ok(grid.map_err(to_py)?.splits().to_vec())

@@ -78,3 +78,18 @@ def test_a_repartition_result_builds_its_partitions_on_first_use():
     assert [t for t in out.tensors()] == tensors
     d = out.__partitioned__
     assert d["partition_tiling"] == (2, 3) and d["partitions"][(1, 2)]["start"] == (3, 5)
+
+
+def test_split_points_cut_like_array_split_and_name_what_is_wrong():
+    assert dlpart.split_points([7, 4], [3, 2]) == [[0, 3, 5, 7], [0, 2, 4]]
+    assert [list(np.cumsum([0] + [len(p) for p in np.array_split(np.arange(7), 3)]))] == \
+        dlpart.split_points([7], [3])
+    assert dlpart.split_points([5], splits=[[0, 1, 5]]) == [[0, 1, 5]]
+    with pytest.raises(ValueError, match="needs tiling or splits"):
+        dlpart.split_points([5, 3])
+    with pytest.raises(ValueError, match="not both"):
+        dlpart.split_points([5], [1], splits=[[0, 5]])
+    with pytest.raises(ValueError, match=r"shape must hold non-negative ints, not \(-1,\)"):
+        dlpart.split_points([-1], [1])
+    with pytest.raises(ValueError, match=r"tiling must hold non-negative ints"):
+        dlpart.split_points([4], [-2])
