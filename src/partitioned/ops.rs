@@ -266,8 +266,8 @@ impl PartitionedArray {
         let want = self.shape_with(axis, idx.len());
         if values.shape() != want.as_slice() {
             return Err(Error::shape(
-                format!("scatter values of shape {}", tuple_string(&want)),
-                format!("shape {}", tuple_string(values.shape())),
+                format!("scatter values must have shape {}", tuple_string(&want)),
+                format!("values of shape {}", tuple_string(values.shape())),
             ));
         }
         let dtype = self.dtype.unwrap_or(values.dtype());

@@ -318,7 +318,7 @@ pub fn scatter(
         if values.shape() != want.as_slice() || values.dtype() != dtype {
             return Err(Error::shape(
                 format!(
-                    "scatter values of shape {} and dtype {dtype}",
+                    "scatter values must have shape {} and dtype {dtype}",
                     tuple_string(&want)
                 ),
                 format!("{values:?}"),
