@@ -281,3 +281,11 @@ def test_partitioned_scatter_of_values_that_view_its_own_memory(rows, cols, tile
     pa = dlpart.partition(x, (tiles, 1))  # views of x
     pa.scatter(values, idx, axis=0)
     assert same(x, expect)
+
+
+def test_partitioned_scatter_names_the_shape_it_wants_and_the_one_it_got():
+    pa = dlpart.partition(np.zeros((3, 2)), (2, 1))
+    with pytest.raises(ValueError, match=r"values must have shape \(0, 2\): values of shape "
+                                         r"\(1, 2\)"):
+        pa.scatter(np.zeros((1, 2)), [])
+    assert (np.from_dlpack(pa.assemble()) == 0).all()
