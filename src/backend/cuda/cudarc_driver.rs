@@ -12,7 +12,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use super::context::{driver_err, unavailable};
-use super::driver::{Driver, Kernel};
+use super::driver::{Bound, Driver, Kernel};
 use super::jobs::BLOCK;
 use super::nvrtc::{self, Image, SOURCES};
 use crate::device::Device;
@@ -38,6 +38,27 @@ pub(crate) fn device_count() -> Result<i32> {
     CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))
 }
 
+/// The context current on the calling thread; null when there is none.
+fn current_context() -> Result<sys::CUcontext> {
+    result::ctx::get_current()
+        .map(|c| c.unwrap_or(std::ptr::null_mut()))
+        .map_err(driver_err("cuCtxGetCurrent"))
+}
+
+/// Makes `ctx` current on the calling thread until the returned binding goes, which makes the
+/// context that was current before current again.
+fn bind_context(ctx: &CudaContext) -> Result<Bound> {
+    let previous = current_context()?;
+    if previous == ctx.cu_ctx() {
+        return Ok(Bound::unchanged());
+    }
+    // SAFETY: `ctx` is retained by the `CudaContext` borrowed here, so it is live.
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }.map_err(driver_err("cuCtxSetCurrent"))?;
+    // SAFETY: libcuda is loaded (it answered cuCtxGetCurrent above), and `previous` is null
+    // or the context that was current on this thread until just now.
+    Ok(unsafe { Bound::restoring(previous) })
+}
+
 /// `device` is past the last of the `count` CUDA devices of this machine.
 pub(crate) fn missing_device(device: Device, count: i32) -> Error {
     let valid = match count {
@@ -60,12 +81,19 @@ pub(crate) fn missing_device(device: Device, count: i32) -> Error {
 
 impl CudarcDriver {
     /// Retains `device`'s primary context and creates a stream on it. The caller has
-    /// checked that libcuda loads (see `context::guarded`).
+    /// checked that libcuda loads (see `context::guarded`). The context current on the
+    /// calling thread before is current again when this returns.
     pub fn new(device: Device) -> Result<CudarcDriver> {
         let count = device_count()?;
         if device.id >= count {
             return Err(missing_device(device, count));
         }
+        // cudarc makes the new context current (in `CudaContext::new` and `new_stream`):
+        // put back what was current, once everything made below (the context too, on an
+        // error) has been dropped.
+        // SAFETY: libcuda is loaded (`device_count` ran cuInit), and the context read here is
+        // the one current on this thread now.
+        let _restore = unsafe { Bound::restoring(current_context()?) };
         let ctx = CudaContext::new(device.id as usize).map_err(driver_err(format!(
             "retaining the primary context of {device}"
         )))?;
@@ -88,7 +116,11 @@ impl CudarcDriver {
         if let Some(k) = k.as_ref() {
             return Ok(k.clone());
         }
-        let (functions, notes) = load(&self.ctx)?;
+        let (functions, notes) = {
+            // Loading modules needs the context current; put back the caller's after.
+            let _ctx = self.bind()?;
+            load(&self.ctx)?
+        };
         let loaded = Arc::new(functions);
         *k = Some(loaded.clone());
         // Written after the lock: a record may wait for the GIL, whose holder may be about
@@ -210,10 +242,8 @@ impl Driver for CudarcDriver {
         self
     }
 
-    fn bind(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))
+    fn bind(&self) -> Result<Bound> {
+        bind_context(&self.ctx)
     }
 
     fn sm_count(&self) -> u32 {
@@ -229,21 +259,22 @@ impl Driver for CudarcDriver {
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         // SAFETY: the context is current; the caller owns the returned pointer.
         unsafe { result::malloc_sync(bytes.max(1)) }
             .map_err(driver_err(format!("cuMemAlloc({bytes} bytes)")))
     }
 
     unsafe fn free(&self, ptr: u64) {
-        // Errors cannot be reported from a drop; a failed free leaks the allocation.
-        let _ = self.ctx.bind_to_thread();
+        // Errors cannot be reported from a drop; a failed free leaks the allocation. The
+        // binding (when it succeeded) lives until the end of the call.
+        let _ctx = self.bind();
         // SAFETY: the caller's contract: `ptr` came from cuMemAlloc in this context, once.
         let _ = unsafe { result::free_sync(ptr) };
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         // SAFETY: the context is current; the caller owns the returned memory.
         let p = unsafe { result::malloc_host(bytes.max(1), 0) }
             .map_err(driver_err(format!("cuMemAllocHost({bytes} bytes)")))?;
@@ -251,18 +282,21 @@ impl Driver for CudarcDriver {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8) {
-        let _ = self.ctx.bind_to_thread();
+        // As in `free`: a failed bind or free leaks the memory.
+        let _ctx = self.bind();
         // SAFETY: the caller's contract: `ptr` came from cuMemAllocHost, freed once.
         let _ = unsafe { result::free_host(ptr.cast()) };
     }
 
     unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: the range lies in one allocation of this device.
         unsafe { result::memset_d8_async(dst, 0, bytes, self.cu_stream()) }
             .map_err(driver_err(format!("cuMemsetD8Async({bytes} bytes)")))
     }
 
     unsafe fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: `dst` has room for `src`; a pageable source is
         // staged before the call returns, a pinned one the caller keeps untouched.
         unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }.map_err(driver_err(
@@ -272,6 +306,7 @@ impl Driver for CudarcDriver {
 
     unsafe fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
         let n = dst.len();
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: `src` holds `n` bytes; `dst` is borrowed mutably
         // for the call, and a pinned one the caller leaves alone until it synchronises.
         unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
@@ -280,6 +315,7 @@ impl Driver for CudarcDriver {
 
     unsafe fn launch(&self, kernel: Kernel, grid: u32, params: &mut [*mut c_void]) -> Result<()> {
         let kernels = self.kernels()?;
+        let _ctx = self.bind()?;
         let f = kernels
             .get(kernel.entry())
             .expect("every kernel is listed in SOURCES");
@@ -299,6 +335,7 @@ impl Driver for CudarcDriver {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _ctx = self.bind()?;
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))
@@ -306,25 +343,27 @@ impl Driver for CudarcDriver {
 
     /// The event belongs to this device's context, made current here.
     fn event_create(&self) -> Result<u64> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(driver_err("cuEventCreate"))?;
         Ok(ev as usize as u64)
     }
 
     unsafe fn event_record(&self, ev: u64, s: u64) -> Result<()> {
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: a live event and a live stream of this context.
         unsafe { result::event::record(event(ev), stream(s)) }.map_err(driver_err("cuEventRecord"))
     }
 
     unsafe fn event_synchronize(&self, ev: u64) -> Result<()> {
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: a live event.
         unsafe { result::event::synchronize(event(ev)) }.map_err(driver_err("cuEventSynchronize"))
     }
 
     unsafe fn stream_wait_event(&self, s: u64, ev: u64) -> Result<()> {
         // `ev` may belong to another device's context (a peer's stream); `s` is ours.
-        self.bind()?;
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: a live event and a live stream of this context.
         unsafe {
             result::stream::wait_event(
@@ -337,6 +376,7 @@ impl Driver for CudarcDriver {
     }
 
     unsafe fn event_destroy(&self, ev: u64) -> Result<()> {
+        let _ctx = self.bind()?;
         // SAFETY: the caller's contract: created here, destroyed once. A pending wait on it
         // is resolved by the driver after the destroy.
         unsafe { result::event::destroy(event(ev)) }.map_err(driver_err("cuEventDestroy"))
@@ -354,7 +394,7 @@ impl Driver for CudarcDriver {
         if can == 0 {
             return Ok(false);
         }
-        self.bind()?;
+        let _ctx = self.bind()?;
         // SAFETY: our context is current; `peer`'s context is live.
         match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {

@@ -10,6 +10,8 @@
 use std::any::Any;
 use std::ffi::c_void;
 
+use cudarc::driver::sys;
+
 use super::jobs::WORDS;
 use crate::error::Result;
 
@@ -72,6 +74,54 @@ impl Kernel {
     }
 }
 
+/// A device's context made current on the calling thread by [`Driver::bind`], for as long as
+/// this value lives. When it goes, the context that was current before is current again (or
+/// none, if none was): dlpart binds the primary context, the one the CUDA runtime's
+/// `cudaSetDevice` makes current, so leaving it current would silently change the current
+/// device of torch, cupy or any other runtime user on this thread.
+///
+/// Bindings nest: an inner one (another device's, for a peer) restores the outer one. They
+/// must be dropped in the reverse order of their making, which scoped locals guarantee. Not
+/// `Send`: a current context belongs to one thread.
+#[must_use = "the context is current only while the binding lives"]
+pub(crate) struct Bound {
+    /// The context to make current again on drop (null: none); `None` when the binding
+    /// changed nothing.
+    restore: Option<sys::CUcontext>,
+}
+
+impl Bound {
+    /// A binding that changed nothing and restores nothing (the context was current already,
+    /// or there is no real driver).
+    pub fn unchanged() -> Bound {
+        Bound { restore: None }
+    }
+
+    /// A binding that makes `previous` (null: no context) current again when it goes.
+    ///
+    /// # Safety
+    /// libcuda is loaded, and `previous` is null or the context that was current on the
+    /// calling thread when the binding began (its owner keeps it alive while it is current
+    /// there).
+    pub unsafe fn restoring(previous: sys::CUcontext) -> Bound {
+        Bound {
+            restore: Some(previous),
+        }
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `restoring`'s contract: libcuda is loaded and `previous` is null (which
+            // leaves no context current) or a live context that was current on this thread
+            // (the value is `!Send`, so this is that thread). An error cannot be reported from
+            // a drop; the thread then keeps dlpart's context current, as it did before.
+            let _ = unsafe { sys::cuCtxSetCurrent(previous) };
+        }
+    }
+}
+
 /// The driver of one device, as the backend sees it.
 ///
 /// The `unsafe` methods take device addresses that the driver cannot check on a GPU: the
@@ -80,8 +130,10 @@ pub(crate) trait Driver: Send + Sync {
     /// This driver as `Any`, so that peers of the same kind can be told apart.
     fn as_any(&self) -> &dyn Any;
 
-    /// Makes the device's context current on the calling thread.
-    fn bind(&self) -> Result<()>;
+    /// Makes the device's context current on the calling thread until the returned binding
+    /// goes, which makes the context current before current again. Hold it for the whole
+    /// operation (launches, copies and the synchronisation that ends them).
+    fn bind(&self) -> Result<Bound>;
 
     /// The number of multiprocessors, which caps launch grids.
     fn sm_count(&self) -> u32;

@@ -23,7 +23,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::driver::{Driver, Kernel};
+use super::driver::{Bound, Driver, Kernel};
 use super::emulated_streams as streams;
 use super::host_kernels::{self, LaunchError, Region};
 use super::jobs::BLOCK;
@@ -233,8 +233,8 @@ impl Driver for EmulatedDriver {
         self
     }
 
-    fn bind(&self) -> Result<()> {
-        Ok(())
+    fn bind(&self) -> Result<Bound> {
+        Ok(Bound::unchanged())
     }
 
     /// Few multiprocessors: grids are capped at 16 blocks, so the kernels' grid-stride loops

@@ -115,7 +115,7 @@ impl CudaBackend {
         out: Option<&Tensor>,
     ) -> Result<Verdict> {
         self.load_kernels()?;
-        self.bind()?;
+        let _ctx = self.bind()?;
         let n = idx.shape()[0];
         // Held until the status is read, so no other call reuses the scratch before that.
         let mut scratch = self.scratch.lock().expect("scratch lock");
@@ -198,7 +198,7 @@ impl CudaBackend {
         } else {
             "scatter"
         };
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.check_device(src, "source", op)?;
         self.check_device(out, "output", op)?;
         Self::check_writable(out, "output")?;

@@ -5,7 +5,10 @@
 //! backend reports [`Error::BackendUnavailable`] instead of panicking. One [`CudaBackend`]
 //! per device is created on demand and kept for the life of the process: it retains the
 //! device's primary context (the one PyTorch, CuPy and JAX use), owns a non-blocking stream
-//! that all its work is queued on, and loads the kernels on first use.
+//! that all its work is queued on, and loads the kernels on first use. The context is made
+//! current only for the length of each call (`Driver::bind`): the context current on the
+//! calling thread before, which is the current device of those frameworks, is current again
+//! when the call returns, or when a dlpart buffer is freed.
 //!
 //! | file | what it holds |
 //! |---|---|
@@ -60,7 +63,7 @@ use crate::error::{tuple_string, Devices, Error, Result};
 use crate::tensor::{checked_numel, Tensor};
 use context::{guarded, Scratch};
 use cudarc_driver::CudarcDriver;
-use driver::{Driver, Kernel};
+use driver::{Bound, Driver, Kernel};
 use jobs::{Launch, Mode, RawCopy, MAX_JOB_NUMEL};
 
 /// Checks that `device` (`kDLCUDA:n`) exists here: [`Error::InvalidDevice`] when `n` is not
@@ -167,8 +170,10 @@ impl CudaBackend {
         guarded(f)
     }
 
-    /// Makes the context current on the calling thread (driver calls need it).
-    pub(crate) fn bind(&self) -> Result<()> {
+    /// Makes the context current on the calling thread (driver calls need it) until the
+    /// returned binding goes, which makes the caller's context current again: hold it for
+    /// the whole operation.
+    pub(crate) fn bind(&self) -> Result<Bound> {
         self.guarded(|| self.driver.bind())
     }
 
@@ -211,7 +216,7 @@ impl CudaBackend {
         self.load_kernels()?;
         // Launches go to our stream, which belongs to our context: make it current even if
         // a call on another device's backend switched contexts on this thread.
-        self.bind()?;
+        let _ctx = self.bind()?;
         let table_bytes: usize = launches
             .iter()
             .map(|l| l.jobs.len() * size_of::<jobs::CudaJob>())
@@ -276,7 +281,7 @@ impl Backend for CudaBackend {
         let bytes = n
             .checked_mul(dtype.itemsize())
             .ok_or_else(|| Error::shape("tensor too large", tuple_string(shape)))?;
-        self.bind()?;
+        let _ctx = self.bind()?;
         let (data, owner): (*mut u8, crate::tensor::Owner) = if bytes == 0 {
             (std::ptr::null_mut(), Arc::new(()))
         } else {
@@ -295,7 +300,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         let mut copies = Vec::with_capacity(jobs.len());
         for j in jobs {
             self.check_device(j.src, "source", "copy_boxes")?;
@@ -327,7 +332,7 @@ impl Backend for CudaBackend {
     /// Host indices are copied to this device, then every index is checked there (see
     /// `index.rs`); indices on another CUDA device are refused.
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.normalise_on_device(indices, axis, len)
     }
 
@@ -343,7 +348,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.driver.synchronize()
     }
 

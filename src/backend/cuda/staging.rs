@@ -157,7 +157,7 @@ impl CudaBackend {
         let (data, owner): (*mut u8, crate::tensor::Owner) = if bytes == 0 {
             (std::ptr::null_mut(), Arc::new(()))
         } else {
-            self.bind()?;
+            let _ctx = self.bind()?;
             let buf = self.guarded(|| self.staging.take(bytes))?;
             let data = buf.as_ptr();
             let owner = Staged {

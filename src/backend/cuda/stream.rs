@@ -105,7 +105,7 @@ impl CudaBackend {
 
     /// Queues on `consumer` a wait for the work queued so far on `producer`.
     fn order_streams(&self, consumer: u64, producer: u64) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.guarded(|| {
             let ev = self.driver.event_create()?;
             // SAFETY: `ev` is a fresh event of the current context; both streams are live

@@ -125,7 +125,7 @@ impl CudaBackend {
         if src.numel() == 0 {
             return Ok(());
         }
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.guarded(|| self.upload(&host_bytes(src)?, dst))
     }
 
@@ -143,7 +143,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.guarded(|| {
             if dst.is_contiguous() {
                 // SAFETY: `dst` is contiguous, writable host memory of `n` bytes, not aliased
@@ -185,11 +185,12 @@ impl CudaBackend {
             return Ok(());
         }
         if src.device() == self.device {
+            let _ctx = self.bind()?;
             self.box_copy(src, dst)?;
             return self.synchronize();
         }
         let peer = self.peer(src.device())?;
-        self.bind()?;
+        let _ctx = self.bind()?;
         self.guarded(|| {
             if self.enable_peer_access(&peer)? {
                 // Our kernel must not read `src` before the source device's queued work.
@@ -209,9 +210,11 @@ impl CudaBackend {
             }
             let mut staging = PinnedBuffer::alloc(&self.driver, src.nbytes())?;
             let bytes = &mut staging.as_mut_slice()[..src.nbytes()];
-            peer.bind()?;
-            peer.download(src, bytes)?;
-            self.bind()?;
+            {
+                // The peer's context for its download; ours again once it is done.
+                let _peer = peer.bind()?;
+                peer.download(src, bytes)?;
+            }
             self.upload(bytes, dst)
         })
     }
