@@ -100,6 +100,15 @@ impl CudarcDriver {
         let sm = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute(multiprocessor count)"))?;
+        // cudarc's event tracking orders uses of its own `CudaSlice`s across streams, and
+        // `new_stream` begins it with a cuCtxSynchronize: a wait for all work queued on the
+        // device by anyone (torch, cupy), under the backend registry's lock and perhaps with
+        // the GIL held. dlpart makes no `CudaSlice`: its memory is raw allocations ordered on
+        // its one stream, and waits between streams are its own events.
+        // SAFETY: `disable_event_tracking` only stops tracking for `CudaSlice`s made after
+        // it on this `CudaContext` value (dlpart's own, not shared with other libraries), and
+        // dlpart makes none.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
         Ok(CudarcDriver {
             ctx,
