@@ -138,3 +138,57 @@ fn a_consumer_stream_waits_for_the_work_queued_before_the_export() {
     streams::event_destroy(ev).unwrap();
     be.synchronize().unwrap();
 }
+
+/// The 16 float32 `0.0..16.0` on emulated device `be`, and a reversed view of the same memory.
+fn ramp_and_reversed(be: &CudaBackend) -> (Tensor, Tensor) {
+    let values: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let host = Tensor::from_slice(&values, &[16]).unwrap();
+    let t = be.empty(&[16], DType::Float32).unwrap();
+    be.copy_host_to_device(&host, &t).unwrap();
+    // SAFETY: element `i` of the view is element `15 - i` of `t`, inside its allocation, kept
+    // alive by its owner.
+    let reversed = unsafe {
+        Tensor::from_raw_parts(
+            t.data_ptr().wrapping_add(15 * 4),
+            vec![16],
+            vec![-1],
+            DType::Float32,
+            be.device(),
+            false,
+            t.owner().clone(),
+        )
+    };
+    (t, reversed)
+}
+
+fn on_host(be: &CudaBackend, t: &Tensor) -> Vec<f32> {
+    let out = Tensor::from_slice(&[0f32; 16], &[16]).unwrap();
+    be.copy_device_to_host(t, &out).unwrap();
+    // SAFETY: `out` holds 16 contiguous float32 on the host.
+    unsafe { std::slice::from_raw_parts(out.data_ptr() as *const f32, 16) }.to_vec()
+}
+
+#[test]
+fn a_source_overlapping_its_own_destination_is_read_before_it_is_written() {
+    let be = backend(7);
+    // Shifted by one element within one tensor: t[1..16] = t[0..15].
+    let (t, _) = ramp_and_reversed(&be);
+    be.copy_boxes(&[BoxCopy {
+        src: &t,
+        src_start: vec![0],
+        dst: &t,
+        dst_start: vec![1],
+        shape: vec![15],
+    }])
+    .unwrap();
+    let want: Vec<f32> = [0.0].into_iter().chain((0..15).map(|i| i as f32)).collect();
+    assert_eq!(on_host(&be, &t), want);
+    // Reversed in place, through the trait and through a same-device transfer.
+    let (t, reversed) = ramp_and_reversed(&be);
+    be.copy_boxes(&[BoxCopy::whole(&t, &reversed)]).unwrap();
+    let want: Vec<f32> = (0..16).rev().map(|i| i as f32).collect();
+    assert_eq!(on_host(&be, &t), want);
+    let (t, reversed) = ramp_and_reversed(&be);
+    be.copy_device_to_device(&reversed, &t).unwrap();
+    assert_eq!(on_host(&be, &t), want);
+}

@@ -271,6 +271,21 @@ impl CudaBackend {
     }
 }
 
+/// The copy of all of `src` into `dst` (same shape and item size), as the kernels take it.
+fn whole_copy(src: &Tensor, dst: &Tensor) -> RawCopy {
+    RawCopy {
+        src: src.data_ptr() as u64,
+        dst: dst.data_ptr() as u64,
+        item: src.dtype().itemsize(),
+        shape: src.shape().to_vec(),
+        src_strides: src.strides().to_vec(),
+        dst_strides: dst.strides().to_vec(),
+        axis: None,
+        index: 0,
+        index_len: 0,
+    }
+}
+
 impl Backend for CudaBackend {
     fn device(&self) -> Device {
         self.device
@@ -299,9 +314,15 @@ impl Backend for CudaBackend {
         self.staging_tensor(shape, dtype)
     }
 
+    /// A job whose source shares memory with its own destination reads a copy of its source
+    /// in fresh device memory, made before any destination is written, as on the CPU: one
+    /// kernel reading what it writes would read elements it has already overwritten.
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         let _ctx = self.bind()?;
         let mut copies = Vec::with_capacity(jobs.len());
+        // Copies of the sources that overlap their destinations, and where they go.
+        let mut staging = Vec::new();
+        let mut staged = Vec::new();
         for j in jobs {
             self.check_device(j.src, "source", "copy_boxes")?;
             self.check_device(j.dst, "destination", "copy_boxes")?;
@@ -314,19 +335,26 @@ impl Backend for CudaBackend {
             }
             let s = j.src.view(&j.src_start, &j.shape)?;
             let d = j.dst.view(&j.dst_start, &j.shape)?;
-            copies.push(RawCopy {
-                src: s.data_ptr() as u64,
-                dst: d.data_ptr() as u64,
-                item: s.dtype().itemsize(),
-                shape: j.shape.clone(),
-                src_strides: s.strides().to_vec(),
-                dst_strides: d.strides().to_vec(),
-                axis: None,
-                index: 0,
-                index_len: 0,
-            });
+            let s = if crate::overlap::shares_memory(&s, &d) {
+                let copy = self.empty(&j.shape, s.dtype())?;
+                staging.push(whole_copy(&s, &copy));
+                staged.push(copy.clone());
+                copy
+            } else {
+                s
+            };
+            copies.push(whole_copy(&s, &d));
         }
-        self.copy_raw(&copies)
+        // Queued first on our one stream, so every staging copy has run before the copies
+        // that write the destinations start.
+        self.copy_raw(&staging)?;
+        self.copy_raw(&copies)?;
+        if !staged.is_empty() {
+            // The staging memory is freed when `staged` goes: not before the copies that
+            // read it have run.
+            self.driver.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Host indices are copied to this device, then every index is checked there (see

@@ -9,8 +9,7 @@
 use std::borrow::Cow;
 
 use super::context::PinnedBuffer;
-use super::jobs::RawCopy;
-use super::CudaBackend;
+use super::{whole_copy, CudaBackend};
 use crate::backend::cpu::copy_strided;
 use crate::backend::{Backend, BoxCopy};
 use crate::device::DeviceType;
@@ -77,7 +76,9 @@ impl CudaBackend {
         }
     }
 
-    /// Queues the copy of all of `src` into `dst`, both on this device.
+    /// Queues the copy of all of `src` into `dst`, both on this device (a `src` sharing
+    /// memory with `dst` is copied first, and the call then waits: see
+    /// `copy_boxes_unchecked`).
     pub(super) fn box_copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         let job = BoxCopy::whole(src, dst);
         // SAFETY: one job: there is no other job whose boxes it could meet.
@@ -170,8 +171,8 @@ impl CudaBackend {
     }
 
     /// Copies `src` on any CUDA device into `dst` on this one: a kernel copy on the same
-    /// device, a kernel reading over the peer link when the devices allow it, else staged
-    /// through pinned host memory.
+    /// device (from a copy of `src` when it shares memory with `dst`), a kernel reading over
+    /// the peer link when the devices allow it, else staged through pinned host memory.
     pub fn copy_device_to_device(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         check_pair(src, dst, "copy_device_to_device")?;
         self.check_device(dst, "destination", "copy_device_to_device")?;
@@ -195,17 +196,8 @@ impl CudaBackend {
             if self.enable_peer_access(&peer)? {
                 // Our kernel must not read `src` before the source device's queued work.
                 self.wait_on_other(&peer)?;
-                self.copy_raw(&[RawCopy {
-                    src: src.data_ptr() as u64,
-                    dst: dst.data_ptr() as u64,
-                    item: src.dtype().itemsize(),
-                    shape: src.shape().to_vec(),
-                    src_strides: src.strides().to_vec(),
-                    dst_strides: dst.strides().to_vec(),
-                    axis: None,
-                    index: 0,
-                    index_len: 0,
-                }])?;
+                // Memory of two devices: `src` cannot overlap `dst`.
+                self.copy_raw(&[whole_copy(src, dst)])?;
                 return self.synchronize();
             }
             let mut staging = PinnedBuffer::alloc(&self.driver, src.nbytes())?;
