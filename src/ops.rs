@@ -221,8 +221,8 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
             None => backend_for(dev)?,
         };
         // SAFETY: this function's contract.
-        unsafe { backend.copy_plan(plan, &srcs, &dsts)? };
-        return backend.synchronize();
+        let copied = unsafe { backend.copy_plan(plan, &srcs, &dsts) };
+        return waited_for(backend.as_ref(), copied);
     }
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {
@@ -244,10 +244,19 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         };
         // SAFETY: the boxes of disjoint targets are disjoint, and no target shares memory with
         // a source (this function's contract).
-        unsafe { backend.copy_boxes_unchecked(jobs)? };
-        backend.synchronize()?;
+        let copied = unsafe { backend.copy_boxes_unchecked(jobs) };
+        waited_for(backend.as_ref(), copied)?;
     }
     Ok(())
+}
+
+/// `copied` once `backend` has finished the work queued on it, also when the copies failed:
+/// what was queued before the error may still read or write the tensors, which the caller
+/// is free to release once it has the error. An error of the copies wins over one of the
+/// wait.
+fn waited_for(backend: &dyn Backend, copied: Result<()>) -> Result<()> {
+    let waited = backend.synchronize();
+    copied.and(waited)
 }
 
 fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
@@ -469,8 +478,8 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     if plain_copy(t.device(), device) {
         let job = BoxCopy::whole(t, &out);
         // SAFETY: `out` was just allocated: it shares no memory with `t`.
-        unsafe { runner.copy_boxes_unchecked(&[job])? };
-        runner.synchronize()?;
+        let copied = unsafe { runner.copy_boxes_unchecked(&[job]) };
+        waited_for(runner.as_ref(), copied)?;
         return Ok(out);
     }
     runner.transfer(t, &out)?;

@@ -192,3 +192,27 @@ fn a_source_overlapping_its_own_destination_is_read_before_it_is_written() {
     be.copy_device_to_device(&reversed, &t).unwrap();
     assert_eq!(on_host(&be, &t), want);
 }
+
+#[test]
+fn an_error_after_queued_work_returns_once_that_work_has_run() {
+    let be = backend(8);
+    let values: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let src = be.empty(&[16], DType::Float32).unwrap();
+    be.copy_host_to_device(&Tensor::from_slice(&values, &[16]).unwrap(), &src)
+        .unwrap();
+    let idx = be.empty(&[4], DType::Int64).unwrap();
+    let host_idx = Tensor::from_slice(&[3i64, 2, 1, 0], &[4]).unwrap();
+    be.copy_host_to_device(&host_idx, &idx).unwrap();
+    let out = be.empty(&[4], DType::Float32).unwrap();
+    // Reading the index verdict back fails, after the gather kernel was queued.
+    be.fail_emulated(EmulatedCall::CopyDtoh, 0);
+    let e = be.gather(&src, &idx, 0, &out).unwrap_err();
+    assert!(e.to_string().contains("made to fail"), "{e}");
+    assert!(be.emulated_faults_spent());
+    // The caller may free `out` now: the gather has run, nothing is left queued on it.
+    let want: Vec<u8> = [3f32, 2., 1., 0.]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    assert_eq!(peek(&out, 16), want);
+}

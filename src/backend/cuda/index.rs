@@ -184,8 +184,22 @@ impl CudaBackend {
     }
 
     /// Shared by gather and scatter: `small` has `indices.len()` along `axis`, `large` the
-    /// indexed extent.
+    /// indexed extent. On an error, returns once the work it queued has stopped.
     pub(super) fn indexed(
+        &self,
+        mode: Mode,
+        src: &Tensor,
+        indices: &Tensor,
+        axis: usize,
+        out: &Tensor,
+    ) -> Result<()> {
+        let _ctx = self.bind()?;
+        let done = self.indexed_queued(mode, src, indices, axis, out);
+        self.settled(done)
+    }
+
+    /// [`CudaBackend::indexed`] with the context current, not yet settled.
+    fn indexed_queued(
         &self,
         mode: Mode,
         src: &Tensor,
@@ -198,7 +212,6 @@ impl CudaBackend {
         } else {
             "scatter"
         };
-        let _ctx = self.bind()?;
         self.check_device(src, "source", op)?;
         self.check_device(out, "output", op)?;
         Self::check_writable(out, "output")?;

@@ -177,6 +177,17 @@ impl CudaBackend {
         self.guarded(|| self.driver.bind())
     }
 
+    /// `result`, once the stream has drained if it is an error: work queued before the error
+    /// may still read or write the caller's memory, which the caller is free to release once
+    /// it has the error. The wait's own error is dropped: the first error is what went
+    /// wrong.
+    fn settled<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            let _ = self.guarded(|| self.driver.synchronize());
+        }
+        result
+    }
+
     /// Compiles and loads the kernels on first use (about a second of NVRTC per
     /// architecture and process).
     fn load_kernels(&self) -> Result<()> {
@@ -217,6 +228,18 @@ impl CudaBackend {
         // Launches go to our stream, which belongs to our context: make it current even if
         // a call on another device's backend switched contexts on this thread.
         let _ctx = self.bind()?;
+        let queued = self.queue(scratch, launches, extra, before);
+        self.settled(queued)
+    }
+
+    /// [`CudaBackend::run`] once the kernels are loaded and the context is current.
+    fn queue(
+        &self,
+        scratch: &mut Scratch,
+        launches: &[Launch],
+        extra: usize,
+        before: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<u64> {
         let table_bytes: usize = launches
             .iter()
             .map(|l| l.jobs.len() * size_of::<jobs::CudaJob>())
@@ -269,6 +292,48 @@ impl CudaBackend {
         }
         Ok(())
     }
+
+    /// [`Backend::copy_boxes_unchecked`] with the context current, not yet settled.
+    fn copy_boxes_queued(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
+        let mut copies = Vec::with_capacity(jobs.len());
+        // Copies of the sources that overlap their destinations, and where they go.
+        let mut staging = Vec::new();
+        let mut staged = Vec::new();
+        for j in jobs {
+            self.check_device(j.src, "source", "copy_boxes")?;
+            self.check_device(j.dst, "destination", "copy_boxes")?;
+            Self::check_writable(j.dst, "destination")?;
+            if j.src.dtype().itemsize() != j.dst.dtype().itemsize() {
+                return Err(Error::shape(
+                    "copy_boxes: source and destination item sizes differ",
+                    format!("{} and {}", j.src.dtype(), j.dst.dtype()),
+                ));
+            }
+            let s = j.src.view(&j.src_start, &j.shape)?;
+            let d = j.dst.view(&j.dst_start, &j.shape)?;
+            let s = if crate::overlap::shares_memory(&s, &d) {
+                let copy = self.empty(&j.shape, s.dtype())?;
+                staging.push(whole_copy(&s, &copy));
+                staged.push(copy.clone());
+                copy
+            } else {
+                s
+            };
+            copies.push(whole_copy(&s, &d));
+        }
+        // Queued first on our one stream, so every staging copy has run before the copies
+        // that write the destinations start.
+        let queued = self
+            .copy_raw(&staging)
+            .and_then(|()| self.copy_raw(&copies));
+        if staged.is_empty() {
+            return queued;
+        }
+        // The staging memory is freed when `staged` goes: not before the copies that read
+        // it have run, whether or not all of them could be queued.
+        let waited = self.driver.synchronize();
+        queued.and(waited)
+    }
 }
 
 /// The copy of all of `src` into `dst` (same shape and item size), as the kernels take it.
@@ -319,49 +384,16 @@ impl Backend for CudaBackend {
     /// kernel reading what it writes would read elements it has already overwritten.
     unsafe fn copy_boxes_unchecked(&self, jobs: &[BoxCopy<'_>]) -> Result<()> {
         let _ctx = self.bind()?;
-        let mut copies = Vec::with_capacity(jobs.len());
-        // Copies of the sources that overlap their destinations, and where they go.
-        let mut staging = Vec::new();
-        let mut staged = Vec::new();
-        for j in jobs {
-            self.check_device(j.src, "source", "copy_boxes")?;
-            self.check_device(j.dst, "destination", "copy_boxes")?;
-            Self::check_writable(j.dst, "destination")?;
-            if j.src.dtype().itemsize() != j.dst.dtype().itemsize() {
-                return Err(Error::shape(
-                    "copy_boxes: source and destination item sizes differ",
-                    format!("{} and {}", j.src.dtype(), j.dst.dtype()),
-                ));
-            }
-            let s = j.src.view(&j.src_start, &j.shape)?;
-            let d = j.dst.view(&j.dst_start, &j.shape)?;
-            let s = if crate::overlap::shares_memory(&s, &d) {
-                let copy = self.empty(&j.shape, s.dtype())?;
-                staging.push(whole_copy(&s, &copy));
-                staged.push(copy.clone());
-                copy
-            } else {
-                s
-            };
-            copies.push(whole_copy(&s, &d));
-        }
-        // Queued first on our one stream, so every staging copy has run before the copies
-        // that write the destinations start.
-        self.copy_raw(&staging)?;
-        self.copy_raw(&copies)?;
-        if !staged.is_empty() {
-            // The staging memory is freed when `staged` goes: not before the copies that
-            // read it have run.
-            self.driver.synchronize()?;
-        }
-        Ok(())
+        let copied = self.copy_boxes_queued(jobs);
+        self.settled(copied)
     }
 
     /// Host indices are copied to this device, then every index is checked there (see
     /// `index.rs`); indices on another CUDA device are refused.
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
         let _ctx = self.bind()?;
-        self.normalise_on_device(indices, axis, len)
+        let normalised = self.normalise_on_device(indices, axis, len);
+        self.settled(normalised)
     }
 
     /// Checks every index on the device; an out-of-range one is reported as

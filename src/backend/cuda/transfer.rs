@@ -85,32 +85,46 @@ impl CudaBackend {
         unsafe { self.copy_boxes_unchecked(&[job]) }
     }
 
-    /// Writes `bytes` (the C-order elements) into `dst` on this device and waits.
+    /// Writes `bytes` (the C-order elements) into `dst` on this device and waits, also when
+    /// it fails: `bytes` may be pinned memory its caller frees next, and the packed copy is
+    /// freed when it goes.
     fn upload(&self, bytes: &[u8], dst: &Tensor) -> Result<()> {
         let target = self.contiguous_target(dst)?;
         // SAFETY: `target` is contiguous on this device with exactly `bytes.len()` bytes of
         // elements; the call returns after a pageable source has been staged, and we
-        // synchronise below before `bytes` can go away.
-        unsafe { self.driver.copy_htod(target.data_ptr() as u64, bytes) }?;
-        if !dst.is_contiguous() {
-            self.box_copy(&target, dst)?;
-        }
-        self.driver.synchronize()
+        // synchronise below, error or not, before `bytes` can go away.
+        let queued =
+            unsafe { self.driver.copy_htod(target.data_ptr() as u64, bytes) }.and_then(|()| {
+                match dst.is_contiguous() {
+                    true => Ok(()),
+                    false => self.box_copy(&target, dst),
+                }
+            });
+        let waited = self.driver.synchronize();
+        queued.and(waited)
     }
 
-    /// Reads the C-order elements of `src` on this device into `out` and waits.
+    /// Reads the C-order elements of `src` on this device into `out` and waits, also when it
+    /// fails: `out` may be pinned memory its caller frees next, and the packed copy is freed
+    /// when it goes.
     fn download(&self, src: &Tensor, out: &mut [u8]) -> Result<()> {
-        let from = if src.is_contiguous() {
-            src.clone()
-        } else {
-            let tmp = self.empty(src.shape(), src.dtype())?;
-            self.box_copy(src, &tmp)?;
-            tmp
+        let packed = match src.is_contiguous() {
+            true => None,
+            false => Some(self.empty(src.shape(), src.dtype())?),
         };
-        // SAFETY: `from` is contiguous on this device with `out.len()` bytes of elements;
-        // the copy is ordered after the packing kernel and completes before we return.
-        unsafe { self.driver.copy_dtoh(out, from.data_ptr() as u64) }?;
-        self.driver.synchronize()
+        let from = packed.as_ref().unwrap_or(src);
+        let queued = match &packed {
+            Some(tmp) => self.box_copy(src, tmp),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            // SAFETY: `from` is contiguous on this device with `out.len()` bytes of
+            // elements; the copy is ordered after the packing kernel, and we synchronise
+            // below, error or not, before `out` can go away.
+            unsafe { self.driver.copy_dtoh(out, from.data_ptr() as u64) }
+        });
+        let waited = self.driver.synchronize();
+        queued.and(waited)
     }
 
     /// Copies the host tensor `src` (any host-accessible device) into `dst` on this device.
