@@ -83,6 +83,25 @@ fn consumer_waits(device: Device, stream: Option<i64>) -> PyResult<()> {
     }
 }
 
+/// Import side, for a producer whose `__dlpack__` takes no `stream` and so promised no order:
+/// such producers queue their work on the legacy default stream, which dlpart's non-blocking
+/// stream does not wait for by itself. For data on a CUDA device, dlpart's stream there waits
+/// (on the device) for the work queued on the legacy stream so far. Where dlpart has no
+/// backend it queues no work.
+fn follow_legacy_stream(device: Device) -> PyResult<()> {
+    if device.kind != crate::DeviceType::Cuda {
+        return Ok(());
+    }
+    match crate::backend::cuda::CudaBackend::get(device) {
+        // DLPack's 1: the legacy default stream.
+        Ok(b) => b.wait_for_producer(Some(1)).map_err(to_py),
+        Err(crate::Error::BackendUnavailable { .. } | crate::Error::UnsupportedDevice { .. }) => {
+            Ok(())
+        }
+        Err(e) => Err(to_py(e)),
+    }
+}
+
 /// Import side: the stream to hand a producer for data on `device`: our backend's stream,
 /// so the producer makes it wait for its work; `None` (the legacy default stream) otherwise.
 fn import_stream(device: Option<Device>) -> Option<i64> {
@@ -668,17 +687,22 @@ pub(crate) fn import_producer(
         Some(ndarray) if copy.is_none() => call_numpy(x, ndarray),
         _ => call_versioned(x, stream, kw),
     };
-    let (cap, asked) = match first {
-        Ok(cap) => (cap, true),
+    // `ordered`: the producer was handed our stream (or needs none) and orders its work
+    // before it.
+    let (cap, asked, ordered) = match first {
+        Ok(cap) => (cap, true, true),
         Err(e) if is_keyword_error(py, &e) => match call_legacy(x, stream) {
-            Ok(cap) => (cap, false),
+            Ok(cap) => (cap, false, true),
             Err(e2) if is_keyword_error(py, &e2) => {
-                (x.call_method0(intern!(py, "__dlpack__"))?, false)
+                (x.call_method0(intern!(py, "__dlpack__"))?, false, false)
             }
             Err(e2) => return Err(e2),
         },
         Err(e) => return Err(e),
     };
     let (t, flags) = consume_capsule(&cap)?;
+    if !ordered {
+        follow_legacy_stream(t.device())?;
+    }
     finish(t, flags, asked, target, copy)
 }
