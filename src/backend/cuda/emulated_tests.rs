@@ -216,3 +216,20 @@ fn an_error_after_queued_work_returns_once_that_work_has_run() {
         .collect();
     assert_eq!(peek(&out, 16), want);
 }
+
+#[test]
+fn a_gather_or_scatter_source_overlapping_its_output_is_read_before_it_is_written() {
+    let be = backend(9);
+    let every: Vec<i64> = (0..16).collect();
+    let idx = be.empty(&[16], DType::Int64).unwrap();
+    be.copy_host_to_device(&Tensor::from_slice(&every, &[16]).unwrap(), &idx)
+        .unwrap();
+    let want: Vec<f32> = (0..16).rev().map(|i| i as f32).collect();
+    // t = reversed(t), through take and through put along the one axis.
+    let (t, reversed) = ramp_and_reversed(&be);
+    be.gather(&reversed, &idx, 0, &t).unwrap();
+    assert_eq!(on_host(&be, &t), want);
+    let (t, reversed) = ramp_and_reversed(&be);
+    be.scatter(&reversed, &idx, 0, &t).unwrap();
+    assert_eq!(on_host(&be, &t), want);
+}

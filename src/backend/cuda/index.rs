@@ -194,8 +194,29 @@ impl CudaBackend {
         out: &Tensor,
     ) -> Result<()> {
         let _ctx = self.bind()?;
-        let done = self.indexed_queued(mode, src, indices, axis, out);
+        let done = self.staged_apart(src, out).and_then(|staged| {
+            let done =
+                self.indexed_queued(mode, staged.as_ref().unwrap_or(src), indices, axis, out);
+            match staged {
+                // The copy is freed when it goes: not before the kernels reading it have run.
+                Some(_) => done.and(self.driver.synchronize()),
+                None => done,
+            }
+        });
         self.settled(done)
+    }
+
+    /// A copy of `src` on this device when it shares memory with `out`: the kernels read
+    /// the source while other blocks write the output, so an overlapping source is read from
+    /// a copy, as the CPU backend does (`gather(x, i, out=x)`).
+    fn staged_apart(&self, src: &Tensor, out: &Tensor) -> Result<Option<Tensor>> {
+        let here = |t: &Tensor| t.device() == self.device;
+        if !(here(src) && here(out) && crate::overlap::shares_memory(src, out)) {
+            return Ok(None);
+        }
+        let copy = self.empty(src.shape(), src.dtype())?;
+        self.copy_raw(&[super::whole_copy(src, &copy)])?;
+        Ok(Some(copy))
     }
 
     /// [`CudaBackend::indexed`] with the context current, not yet settled.
