@@ -364,7 +364,9 @@ fn read_dict<'py>(
     let mut namespace = None;
     // The last device found to have dlpart kernels: asking `backend_for` makes a backend.
     let mut native: Option<Device> = None;
-    let mut stated: Option<DType> = None;
+    // The dtype the first entry stating one states, where, and the object it was read from
+    // (later entries mostly state the same object: it is not read again).
+    let mut stated: Option<(DType, Vec<usize>, Bound<'py, PyAny>)> = None;
     let mut first_data: Option<usize> = None;
     let mut order = vec![0usize; n];
     let mut reader = LocationReader::default();
@@ -447,21 +449,54 @@ fn read_dict<'py>(
                 })
                 .map_err(|e| in_entry(py, e, "location", position))?;
         }
-        if more && stated.is_none() {
-            let dtype = || -> PyResult<Option<DType>> {
+        if more {
+            let dtype = || -> PyResult<Option<(DType, Bound<'py, PyAny>)>> {
                 lookup_error(&mut lookup_errors, k, "dtype")?;
                 let Some(dt) = dtype_value.filter(|v| !v.is_none()) else {
                     return Ok(None);
                 };
-                stated_dtype(&dt).map(Some)
+                match &stated {
+                    Some((_, _, first)) if first.is(&dt) => Ok(None),
+                    _ => Ok(Some((stated_dtype(&dt)?, dt))),
+                }
             };
-            stated = dtype().map_err(|e| in_entry(py, e, "dtype", position))?;
+            match dtype().map_err(|e| in_entry(py, e, "dtype", position))? {
+                None => {}
+                Some((dt, obj)) => match &stated {
+                    None => stated = Some((dt, position.to_vec(), obj)),
+                    Some((first, at, _)) if *first != dt => {
+                        return Err(to_py(Error::protocol(
+                            "dtype",
+                            Some(position),
+                            format!(
+                                "dtype {dt} differs from {first}, stated at {}",
+                                tuple_string(at)
+                            ),
+                            Some(crate::grid::inv::DTYPE),
+                        )))
+                    }
+                    Some(_) => {}
+                },
+            }
         }
     }
     let data = in_c_order(data, &order);
     let mut pa =
         PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
-    if let Some(dt) = stated {
+    if let Some((dt, at, _)) = stated {
+        if let Some(held) = pa.dtype().filter(|&d| d != dt) {
+            let mismatch = Error::DTypeMismatch {
+                found: dt,
+                expected: held,
+                of: "the partitions' data".into(),
+            };
+            return Err(to_py(Error::protocol(
+                "dtype",
+                Some(&at),
+                mismatch.to_string(),
+                Some(crate::grid::inv::DTYPE),
+            )));
+        }
         pa = pa.with_dtype(dt).map_err(to_py)?;
     }
     Ok((pa, namespace, order))

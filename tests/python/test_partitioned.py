@@ -261,6 +261,22 @@ def test_stated_dtypes_are_read_in_every_form_producers_write_and_others_are_nam
     for bad in [object, "O", ">f4", "U3"]:  # numpy reads them, but they are no DLPack dtype
         with pytest.raises(dlpart.ProtocolError, match="is not one dlpart knows"):
             read(bad)
+
+    def entries(*dtypes, data=None):
+        return {"shape": (2 * len(dtypes),), "partition_tiling": (len(dtypes),),
+                "partitions": {(i,): {"start": (2 * i,), "shape": (2,), "location": [i],
+                                      "data": data if i == len(dtypes) - 1 else None,
+                                      "dtype": dt} for i, dt in enumerate(dtypes)}}
+
+    # every entry's dtype counts, and a contradiction names the entry and the first statement
+    assert dlpart.from_partitioned(entries("float32", np.float32, torch.float32)).dtype == \
+        "float32"
+    with pytest.raises(dlpart.ProtocolError, match=r"position \(2,\): dtype int32 differs from "
+                                                   r"float32, stated at \(0,\)"):
+        dlpart.from_partitioned(entries("float32", "float32", "int32"))
+    with pytest.raises(dlpart.ProtocolError, match=r"position \(0,\): dtype float32 differs from "
+                                                   r"float64 of the partitions' data"):
+        dlpart.from_partitioned(entries("float32", "float32", data=np.zeros(2)))
     part = Partition((0,), (0,), (4,), (), None)
     assert PartitionedArray((4,), [[0, 4]], {(0,): part}, dtype=np.float64).dtype == "float64"
     with pytest.raises(ValueError, match="dtype 'bogus' is not one dlpart knows"):
