@@ -1331,7 +1331,15 @@ impl LocationForm {
             }
             (LocationForm::Ip, None, _, None) => return Err(missing("host address")),
             (LocationForm::Rank, _, _, Some(r)) => r.into_pyobject(py)?.into_any(),
-            (LocationForm::Rank, _, _, None) => return Err(missing("rank")),
+            (LocationForm::Rank, _, _, None) => {
+                return Err(PyValueError::new_err(format!(
+                    "the location {l} of partition {} has no rank to write: locations='rank' \
+                     needs MPI ranks (pass rank= for data held in this process, or read the \
+                     dict with dlpart.mpi.from_partitioned), or write locations='draft2' or \
+                     'ip'",
+                    tuple_string(position)
+                )))
+            }
             (LocationForm::Draft2, None, _, None) => return Err(missing("host or rank")),
         })
     }

@@ -138,6 +138,8 @@ def test_a_rank_written_for_heat_is_a_non_negative_integer():
         "start": (0,), "shape": (4,), "data": np.zeros(4), "location": [("192.0.2.7", 9, "kDLCPU")]}}}
     held = dlpart.from_partitioned(far)
     assert held.to_partitioned(locations="rank", rank=np.int64(2))["partitions"][(0,)]["location"] == [2]
+    with pytest.raises(ValueError, match=r"partition \(0,\) has no rank to write: .*pass rank="):
+        held.to_partitioned(locations="rank")
     with pytest.raises(ValueError, match="rank -1 is not an MPI rank"):
         held.to_partitioned(locations="rank", rank=-1)
     with pytest.raises(TypeError, match="rank must be an integer, not bool"):
