@@ -625,12 +625,20 @@ fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
     let Some(method) = x.getattr_opt(intern!(x.py(), "__dlpack_device__"))? else {
         return Ok(None);
     };
-    let pair: (i32, i32) = method.call0()?.extract().map_err(|_| {
-        PyBufferError::new_err("__dlpack_device__ did not return a (type, id) pair of ints")
-    })?;
-    Device::from_dlpack(pair.0, pair.1).map(Some).map_err(|e| {
-        PyBufferError::new_err(format!("__dlpack_device__ names an unknown device: {e}"))
-    })
+    let named = method.call0()?;
+    let of = || {
+        format!(
+            "{}.__dlpack_device__() returned {}",
+            super::partitioned::type_name(x),
+            super::partitioned::described(&named)
+        )
+    };
+    let pair: (i32, i32) = named
+        .extract()
+        .map_err(|_| PyBufferError::new_err(format!("{}: not a (type, id) pair of ints", of())))?;
+    Device::from_dlpack(pair.0, pair.1)
+        .map(Some)
+        .map_err(|e| PyBufferError::new_err(format!("{}: an unknown device: {e}", of())))
 }
 
 /// Whether `e` is the `TypeError` a callable raises for keywords it does not take: CPython
