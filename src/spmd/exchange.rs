@@ -595,6 +595,14 @@ impl Stage {
                 *t = ops::to_device(t, crate::backend::scratch_device(t.device()))?;
             }
         }
+        // A view this process holds of memory the exchange reads or writes would refuse the
+        // exchange's own claims (see `crate::access`) after the ranks agreed, leaving the
+        // others waiting in the all-to-all or writing alone: found here, before the
+        // agreement, where its error reaches every rank.
+        drop(crate::access::tensors(
+            sources.iter().flatten(),
+            targets.iter().flatten(),
+        )?);
         let plan = Plan::new(pa.grid(), &target.grid)?;
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];

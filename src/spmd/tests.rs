@@ -880,3 +880,50 @@ fn an_all_gather_of_the_wrong_count_is_an_error_not_a_panic() {
     let e = check_together(&Silent, Ok(())).unwrap_err().to_string();
     assert!(e.contains("0 parts"), "{e}");
 }
+
+/// `f` on `ranks` ranks, or a panic when they have not all returned within a minute: a rank
+/// left waiting in a collective fails the test instead of hanging it.
+fn within_a_minute<T: Send + 'static>(
+    ranks: usize,
+    f: impl Fn(&ThreadComm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(ThreadComm::run(ranks, f));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("every rank returns")
+}
+
+#[test]
+fn a_view_one_rank_holds_of_its_target_fails_every_rank_before_any_write() {
+    // Rows to columns, the target received in place (contiguous columns) or unpacked (a
+    // strided view): rank 1 still reads its own target through a view.
+    for strided in [false, true] {
+        let out = within_a_minute(4, move |comm| {
+            let r = comm.rank();
+            let a = ArrayD::from_shape_fn(IxDyn(&[8, 8]), |i| (i[0] * 10 + i[1]) as f32);
+            let rows = Tensor::from(block(&a, &[2 * r, 0], &[2, 8]));
+            let src = from_stacked(comm, vec![rows], 0).unwrap();
+            let cols = match strided {
+                false => Tensor::zeros(&[8, 2], crate::DType::Float32).unwrap(),
+                true => Tensor::zeros(&[8, 4], crate::DType::Float32)
+                    .unwrap()
+                    .view(&[0, 1], &[8, 2])
+                    .unwrap(),
+            };
+            let placed = LocalParts::Placed(vec![(vec![0, 2 * r], cols.clone())]);
+            let dst = from_local(comm, Ok(placed), None).unwrap();
+            let view = (r == 1).then(|| cols.as_array::<f32>().unwrap());
+            let e = repartition_into(comm, &src, &dst, false).map(|_| ());
+            drop(view);
+            let untouched = cols.to_array::<f32>().unwrap().iter().all(|&v| v == 0.0);
+            (e.map_err(|e| e.to_string()), untouched)
+        });
+        for (rank, (e, untouched)) in out.iter().enumerate() {
+            let e = e.as_ref().expect_err("every rank fails");
+            assert!(e.starts_with("rank 1: ") && e.contains("being read"), "{e}");
+            assert!(untouched, "strided {strided}: rank {rank} wrote its target");
+        }
+    }
+}
