@@ -38,6 +38,13 @@ pub fn repartition<S: Borrow<Tensor>>(
         ));
     }
     let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
+    // New targets go on devices that exist here (not `kDLCPU:5` on a host of one).
+    let mut named: Vec<Device> = dst_devices.to_vec();
+    named.sort_unstable();
+    named.dedup();
+    for &dev in &named {
+        crate::backend::check_present(dev)?;
+    }
     // The targets of each device in one call, so that the backend can share allocations.
     // Every target's shape in one flat buffer (thousands of small targets are common).
     let nd = dg.ndim();

@@ -254,6 +254,18 @@ fn repartition_assemble_and_to_match_ndarray() {
 }
 
 #[test]
+fn new_partitions_go_on_devices_that_exist_here() {
+    let (t, _) = global(&[4, 2]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+    let far = Device::new(DeviceType::Cpu, 4000).unwrap();
+    let e = pa
+        .repartition(&Layout::tiling(&[1, 1]).on(far), true)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidDevice { .. }), "{e}");
+    assert!(e.to_string().contains("kDLCPU:4000"), "{e}");
+}
+
+#[test]
 fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
     let (t, a) = global(&[4, 2]);
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
