@@ -301,7 +301,8 @@ impl PartitionedArray {
         &self.data
     }
 
-    /// The locations of partition `flat` (C order). Empty for data dlpart holds here.
+    /// The locations of partition `flat` (C order). Empty for data dlpart holds here. Panics
+    /// when `flat` is out of range.
     pub fn locations(&self, flat: usize) -> &[Location] {
         self.locations.get(flat)
     }
