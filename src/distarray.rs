@@ -227,8 +227,9 @@ impl DimData {
                     return Err(error(
                         where_,
                         format!(
-                            "start {start}, block_size {block_size} over {procs} processes give \
-                             {held} of {size} indices here, the buffer holds {extent}"
+                            "start {start}, block_size {block_size} over {} give {held} of \
+                             {size} indices here, the buffer holds {extent}",
+                            processes(procs)
                         ),
                     ));
                 }
