@@ -32,6 +32,9 @@ struct Entry {
     /// The smallest range holding every one of `ranges`, for a quick first test.
     bounds: (usize, usize),
     ranges: Vec<Range>,
+    /// For each range, the tensor it spans when that tensor has gaps (a column block): two
+    /// such ranges that meet are told apart exactly, element by element (see `exact`).
+    gapped: Vec<Option<Tensor>>,
 }
 
 static ACTIVE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -48,9 +51,14 @@ impl Drop for Claim {
     fn drop(&mut self) {
         if let Some(id) = self.id {
             let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(at) = active.iter().position(|e| e.id == id) {
-                active.swap_remove(at);
-            }
+            let gone = active
+                .iter()
+                .position(|e| e.id == id)
+                .map(|at| active.swap_remove(at));
+            // The entry's tensors go after the lock: dropping one may run a DLPack deleter,
+            // which may wait (for Python's lock) on a thread that waits for this one.
+            drop(active);
+            drop(gone);
         }
     }
 }
@@ -66,13 +74,27 @@ pub(crate) fn span(t: &Tensor) -> Option<(usize, usize)> {
 }
 
 /// Claims the spans of `reads` for reading and of `writes` for writing (see the module docs).
+///
+/// Tensors with gaps whose strides nest (column blocks, every other row) are compared with
+/// each other element by element when their spans meet, so that threads working on
+/// interleaved blocks of one array do not refuse each other.
 pub(crate) fn tensors<'a>(
     reads: impl IntoIterator<Item = &'a Tensor>,
     writes: impl IntoIterator<Item = &'a Tensor>,
 ) -> Result<Claim> {
-    ranges(
-        reads.into_iter().filter_map(span),
-        writes.into_iter().filter_map(span),
+    let of = |write: bool| {
+        move |t: &'a Tensor| {
+            let (lo, hi) = span(t)?;
+            let gapped = (!t.is_contiguous() && crate::overlap::nested(t)).then(|| t.clone());
+            Some((Range { lo, hi, write }, gapped))
+        }
+    };
+    claim(
+        reads
+            .into_iter()
+            .filter_map(of(false))
+            .chain(writes.into_iter().filter_map(of(true)))
+            .collect(),
     )
 }
 
@@ -82,23 +104,23 @@ pub(crate) fn ranges(
     reads: impl IntoIterator<Item = (usize, usize)>,
     writes: impl IntoIterator<Item = (usize, usize)>,
 ) -> Result<Claim> {
-    let ranges: Vec<Range> = reads
-        .into_iter()
-        .map(|(lo, hi)| Range {
-            lo,
-            hi,
-            write: false,
-        })
-        .chain(writes.into_iter().map(|(lo, hi)| Range {
-            lo,
-            hi,
-            write: true,
-        }))
-        .filter(|r| r.lo < r.hi)
-        .collect();
-    if ranges.is_empty() {
+    let range = |write: bool| move |(lo, hi)| (Range { lo, hi, write }, None);
+    claim(
+        reads
+            .into_iter()
+            .map(range(false))
+            .chain(writes.into_iter().map(range(true)))
+            .collect(),
+    )
+}
+
+/// Claims `list`'s ranges, each with the tensor it spans where that has gaps.
+fn claim(mut list: Vec<(Range, Option<Tensor>)>) -> Result<Claim> {
+    list.retain(|(r, _)| r.lo < r.hi);
+    if list.is_empty() {
         return Ok(Claim { id: None });
     }
+    let (ranges, gapped): (Vec<Range>, Vec<Option<Tensor>>) = list.into_iter().unzip();
     let bounds = ranges
         .iter()
         .fold((usize::MAX, 0), |(lo, hi), r| (lo.min(r.lo), hi.max(r.hi)));
@@ -107,7 +129,11 @@ pub(crate) fn ranges(
         if other.bounds.0 >= bounds.1 || bounds.0 >= other.bounds.1 {
             continue;
         }
-        if let Some((mine, theirs)) = conflict(&ranges, &other.ranges) {
+        let exact = |i: usize, j: usize| match (&gapped[i], &other.gapped[j]) {
+            (Some(a), Some(b)) => crate::overlap::shares_memory(a, b),
+            _ => true,
+        };
+        if let Some((mine, theirs)) = conflict(&ranges, &other.ranges, exact) {
             let what = if mine.write { "write" } else { "read" };
             let by = if theirs.write { "written" } else { "read" };
             let (lo, hi) = (mine.lo.max(theirs.lo), mine.hi.min(theirs.hi));
@@ -119,18 +145,33 @@ pub(crate) fn ranges(
         }
     }
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    active.push(Entry { id, bounds, ranges });
+    active.push(Entry {
+        id,
+        bounds,
+        ranges,
+        gapped,
+    });
     Ok(Claim { id: Some(id) })
 }
 
 /// The first pair of ranges, one of `mine` and one of `theirs`, that overlap with at least
-/// one of them writing.
-fn conflict(mine: &[Range], theirs: &[Range]) -> Option<(Range, Range)> {
+/// one of them writing. Among few ranges, a pair that meets is a conflict only when
+/// `exact(i, j)` (their tensors share an element) agrees; among many (thousands of small
+/// boxes, which have no tensors) the spans decide.
+fn conflict(
+    mine: &[Range],
+    theirs: &[Range],
+    exact: impl Fn(usize, usize) -> bool,
+) -> Option<(Range, Range)> {
     let meet = |a: &Range, b: &Range| a.lo < b.hi && b.lo < a.hi && (a.write || b.write);
     if mine.len().saturating_mul(theirs.len()) <= 4096 {
-        return mine
-            .iter()
-            .find_map(|a| theirs.iter().find(|b| meet(a, b)).map(|b| (*a, *b)));
+        return mine.iter().enumerate().find_map(|(i, a)| {
+            theirs
+                .iter()
+                .enumerate()
+                .find(|&(j, b)| meet(a, b) && exact(i, j))
+                .map(|(_, b)| (*a, *b))
+        });
     }
     // Many ranges on both sides (thousands of small boxes): sweep them in address order.
     let mut all: Vec<(Range, bool)> = mine
@@ -223,6 +264,49 @@ mod tests {
     }
 
     #[test]
+    fn interleaved_blocks_of_one_array_do_not_refuse_each_other() {
+        // Two column blocks of one 4x6 array: their spans meet, their elements do not.
+        let t = Tensor::from_ndarray(ndarray::Array2::<i32>::zeros((4, 6)));
+        let (left, right) = (
+            t.view(&[0, 0], &[4, 3]).unwrap(),
+            t.view(&[0, 3], &[4, 3]).unwrap(),
+        );
+        let idx = Tensor::from_slice(&[0i64], &[1]).unwrap();
+        let v = Tensor::from_slice(&[-1i32; 4], &[4, 1]).unwrap();
+        {
+            let _view = left.as_array::<i32>().unwrap();
+            crate::ops::scatter(&v, &idx, &right, 1).unwrap();
+            // What the view shows is still refused, as is a block that crosses both.
+            assert!(crate::ops::scatter(&v, &idx, &left, 1).is_err());
+            let middle = t.view(&[0, 2], &[4, 2]).unwrap();
+            assert!(crate::ops::scatter(&v, &idx, &middle, 1).is_err());
+            // Every other column, and the columns between: apart, though they interleave.
+            let cols = |first: isize| {
+                // SAFETY: columns `first`, `first + 2`, `first + 4` of `t`'s four rows, in
+                // its buffer, kept alive by its owner.
+                unsafe {
+                    Tensor::from_raw_parts(
+                        t.data_ptr().wrapping_add(first as usize * 4),
+                        vec![4, 3],
+                        vec![6, 2],
+                        t.dtype(),
+                        t.device(),
+                        false,
+                        t.owner().clone(),
+                    )
+                }
+            };
+            drop(_view);
+            let _even = cols(0).as_array::<i32>().unwrap();
+            crate::ops::scatter(&v, &idx, &cols(1), 1).unwrap();
+            assert!(crate::ops::scatter(&v, &idx, &cols(0), 1).is_err());
+        }
+        let a = t.to_array::<i32>().unwrap();
+        let first: Vec<i32> = a.iter().take(6).copied().collect();
+        assert_eq!(first, vec![0, -1, 0, -1, 0, 0]);
+    }
+
+    #[test]
     fn writes_from_threads_to_one_tensor_never_race() {
         // Without claims the two scatters' writes race (Miri reports it); with them each runs
         // alone or is refused, so the tensor ends up all one thread's values.
@@ -271,7 +355,7 @@ mod tests {
                     .iter()
                     .any(|b| a.lo < b.hi && b.lo < a.hi && (a.write || b.write))
             });
-            let found = conflict(&mine, &theirs);
+            let found = conflict(&mine, &theirs, |_, _| true);
             assert_eq!(found.is_some(), pairwise);
             if let Some((a, b)) = found {
                 assert!(a.lo < b.hi && b.lo < a.hi && (a.write || b.write));

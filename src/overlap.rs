@@ -166,7 +166,7 @@ impl Shared {
 
 /// Whether each axis of `t`, by increasing stride, steps over the whole reach of the smaller
 /// ones: then no element of `t` is another of its elements.
-fn nested(t: &Tensor) -> bool {
+pub(crate) fn nested(t: &Tensor) -> bool {
     let item = t.dtype().itemsize() as u128;
     let mut axes: Vec<(u128, u128)> = t
         .shape()
