@@ -78,10 +78,18 @@ def test_dl_device_cpu_is_accepted_and_others_refused():
     for copy in (None, True, False):
         with pytest.raises(BufferError, match="kDLCUDA:0"):
             t.__dlpack__(max_version=(1, 3), dl_device=(2, 0), copy=copy)
-        with pytest.raises(BufferError, match="kDLCPU:1"):
-            t.__dlpack__(max_version=(1, 3), dl_device=(1, 1), copy=copy)
+        with pytest.raises(BufferError, match="kDLCPU:1000"):
+            t.__dlpack__(max_version=(1, 3), dl_device=(1, 1000), copy=copy)
     with pytest.raises(dlpart.DeviceError):
         t.__dlpack__(max_version=(1, 3), dl_device=(5, 0))
+    # Another host device here (JAX's kDLCPU:1, as its adapter notes) is served by a copy,
+    # unless copy=False.
+    dlpart._core._note_host_devices(2)
+    with pytest.raises(BufferError, match="copy=False"):
+        t.__dlpack__(max_version=(1, 3), dl_device=(1, 1), copy=False)
+    for copy in (None, True):
+        _, f = read(t.__dlpack__(max_version=(1, 3), dl_device=(1, 1), copy=copy))
+        assert f["data"] != a.ctypes.data and f["flags"] & IS_COPIED, f
 
 
 def test_stream_rules_on_cpu():
