@@ -64,6 +64,11 @@ impl CudaBackend {
     }
 
     /// Never runs: there is no `CudaBackend` to call it on.
+    pub fn host_wait_for(&self, _producer: Option<i64>) -> Result<()> {
+        match *self {}
+    }
+
+    /// Never runs: there is no `CudaBackend` to call it on.
     pub fn release_staging(&self) {
         match *self {}
     }

@@ -102,14 +102,54 @@ fn follow_legacy_stream(device: Device) -> PyResult<()> {
     }
 }
 
-/// Import side: the stream to hand a producer for data on `device`: our backend's stream,
-/// so the producer makes it wait for its work; `None` (the legacy default stream) otherwise.
-fn import_stream(device: Option<Device>) -> Option<i64> {
-    match device? {
+/// Import side: the stream to hand a producer for data on `device`, and the backend whose
+/// legacy stream the host must wait for once the capsule is taken (see [`host_waits`]). For
+/// a CUDA device, our backend's stream, so the producer makes it wait for its work; `None`
+/// (the legacy default stream) otherwise.
+fn import_stream(
+    x: &Bound<'_, PyAny>,
+    device: Option<Device>,
+) -> PyResult<(
+    Option<i64>,
+    Option<std::sync::Arc<crate::backend::cuda::CudaBackend>>,
+)> {
+    let Some(d) = device else {
+        return Ok((None, None));
+    };
+    if let Some(b) = host_waits(x, d)? {
+        // DLPack's 1: the legacy default stream, tied to no stream of dlpart's.
+        return Ok((Some(1), Some(b)));
+    }
+    Ok(match d {
         // Host backends queue no work, so their stream is always None: answered without
         // making a backend (an `Arc` per import).
-        d if d.is_host_accessible() => None,
-        d => backend_for(d).ok()?.dlpack_stream(),
+        d if d.is_host_accessible() => (None, None),
+        d => (backend_for(d).ok().and_then(|b| b.dlpack_stream()), None),
+    })
+}
+
+/// For memory CUDA's kernels write and the host reads directly (`kDLCUDAHost`,
+/// `kDLCUDAManaged`): the CUDA backend of the device it names, whose legacy default stream
+/// the producer is asked to order its work before, and which the host then waits for before
+/// reading anything (dlpart's CPU backend reads such memory at once: a wait on the device
+/// would order nothing). `None` where CUDA cannot be loaded (no producer here can have queued
+/// work on a GPU) and for numpy arrays (host memory numpy imported: numpy queues no GPU
+/// work and takes only `stream=None`).
+///
+/// DLPack gives no device for `kDLCUDAHost` memory (its id is 0): the legacy stream of the
+/// device it names is the one waited for.
+fn host_waits(
+    x: &Bound<'_, PyAny>,
+    device: Device,
+) -> PyResult<Option<std::sync::Arc<crate::backend::cuda::CudaBackend>>> {
+    use crate::DeviceType::{CudaHost, CudaManaged};
+    if !matches!(device.kind, CudaHost | CudaManaged) || numpy_instance(x) {
+        return Ok(None);
+    }
+    match crate::backend::cuda::CudaBackend::get(Device::cuda(device.id)) {
+        Ok(b) => Ok(Some(b)),
+        Err(crate::Error::BackendUnavailable { .. }) => Ok(None),
+        Err(e) => Err(to_py(e)),
     }
 }
 
@@ -608,6 +648,20 @@ fn exact_ndarray<'py>(x: &Bound<'py, PyAny>) -> Option<Bound<'py, PyType>> {
     x.get_type().is(ty).then(|| ty.clone())
 }
 
+/// Whether `x` is a `numpy.ndarray` or an instance of a subclass (whose `__dlpack__`, its
+/// own or numpy's, takes only `stream=None`).
+fn numpy_instance(x: &Bound<'_, PyAny>) -> bool {
+    let py = x.py();
+    let ty = match NDARRAY.get(py) {
+        Some(t) => t.bind(py).clone(),
+        None => match numpy_ndarray(py) {
+            Some(t) => NDARRAY.get_or_init(py, || t.unbind()).bind(py).clone(),
+            None => return false,
+        },
+    };
+    x.is_instance(&ty).unwrap_or(false)
+}
+
 /// `sys.modules["numpy"].ndarray` when numpy is loaded and it is the real one.
 fn numpy_ndarray(py: Python<'_>) -> Option<Bound<'_, PyType>> {
     // SAFETY: with the GIL held, `PyImport_GetModuleDict` returns a borrowed reference to
@@ -680,7 +734,7 @@ pub(crate) fn import_producer(
     } else {
         source_device(x)?
     };
-    let stream = import_stream(source);
+    let (stream, host_wait) = import_stream(x, source)?;
     let dl_device = match (target, source) {
         (Some(t), Some(s)) if t != s => Some(t.to_dlpack().into_pyobject(py)?.into_any()),
         _ => None,
@@ -711,6 +765,12 @@ pub(crate) fn import_producer(
     let (t, flags) = consume_capsule(&cap)?;
     if !ordered {
         follow_legacy_stream(t.device())?;
+    }
+    // Host-accessible memory CUDA work may still be writing: the producer ordered its work
+    // before the legacy stream (or, taking no stream, queued it there); nothing reads the
+    // memory before the host has waited for it.
+    if let Some(b) = host_wait {
+        b.host_wait_for(Some(1)).map_err(to_py)?;
     }
     finish(t, flags, asked, target, copy)
 }

@@ -215,7 +215,23 @@ def test_keywords_passed_to_the_producer():
     # A producer on another host-accessible device is asked to move its data here.
     p = Producer(cap, device=(3, 0))
     dlpart.from_dlpack(p, device="kDLCPU")
-    assert p.calls[0] == {"stream": None, "max_version": (1, 3), "dl_device": (1, 0)}
+    assert p.calls[0] == {"stream": HOST_STREAM, "max_version": (1, 3), "dl_device": (1, 0)}
+
+
+# Pinned (kDLCUDAHost) and managed (kDLCUDAManaged) memory, which CUDA kernels write and the
+# host reads directly: where CUDA is, the producer is handed the legacy stream (1) and the
+# host waits for that stream before reading; without CUDA no producer can have GPU work
+# queued, and the stream stays None.
+CUDA_HERE = dlpart.backend_status("kDLCUDA:0") is None
+HOST_STREAM = 1 if CUDA_HERE else None
+
+
+@pytest.mark.parametrize("device", [(3, 0), (13, 0)])
+def test_host_memory_cuda_writes_is_imported_after_the_legacy_stream(device):
+    p = Producer(lambda: _testing.make_capsule(f32_bytes([1, 2]), [2], strides=[1]), device=device)
+    t = dlpart.from_dlpack(p)
+    assert p.calls == [{"stream": HOST_STREAM, "max_version": (1, 3)}]
+    np.testing.assert_array_equal(np.from_dlpack(t), [1, 2])
 
 
 def test_numpy_arrays_and_subclasses_import_through_dlpack():

@@ -139,6 +139,26 @@ fn a_consumer_stream_waits_for_the_work_queued_before_the_export() {
     be.synchronize().unwrap();
 }
 
+#[test]
+fn the_host_waits_for_a_producer_writing_memory_it_reads_directly() {
+    // Pinned or managed memory a producer's kernel on the legacy stream is still writing:
+    // an import must not read it before that kernel has run.
+    let be = backend(10);
+    let host = Arc::new(Mutex::new(vec![0u8; 16]));
+    let written = host.clone();
+    let produce = move || {
+        written.lock().unwrap().fill(0x5a);
+        Ok(())
+    };
+    streams::enqueue(1, Box::new(produce), "producer").unwrap();
+    // -1: the consumer asked for no wait, and none happens.
+    be.host_wait_for(Some(-1)).unwrap();
+    assert_eq!(*host.lock().unwrap(), vec![0; 16], "nothing has run yet");
+    be.host_wait_for(Some(1)).unwrap();
+    assert_eq!(*host.lock().unwrap(), vec![0x5a; 16]);
+    assert!(be.host_wait_for(Some(0)).is_err(), "stream 0 is invalid");
+}
+
 /// The 16 float32 `0.0..16.0` on emulated device `be`, and a reversed view of the same memory.
 fn ramp_and_reversed(be: &CudaBackend) -> (Tensor, Tensor) {
     let values: Vec<f32> = (0..16).map(|i| i as f32).collect();

@@ -95,6 +95,29 @@ impl CudaBackend {
         self.wait_streams(self.dlpack_stream(), producer)
     }
 
+    /// Blocks the calling thread until everything queued so far on the DLPack stream
+    /// `producer` of this device has run; -1 waits for nothing. For memory the host reads
+    /// directly (`kDLCUDAHost`, `kDLCUDAManaged`) a wait on the device orders nothing: the
+    /// host itself must wait before it reads what the producer's kernels may still write.
+    pub fn host_wait_for(&self, producer: Option<i64>) -> Result<()> {
+        let Some(p) = DlpackStream::from_dlpack(producer)?.raw() else {
+            return Ok(());
+        };
+        let _ctx = self.bind()?;
+        self.guarded(|| {
+            let ev = self.driver.event_create()?;
+            // SAFETY: `ev` is a fresh event of the current context; `p` is the legacy or
+            // per-thread default stream, or a live stream of it (DLPack's contract).
+            let waited = unsafe { self.driver.event_record(ev, p) }.and_then(|()| {
+                // SAFETY: as above; the event was recorded just now.
+                unsafe { self.driver.event_synchronize(ev) }
+            });
+            // SAFETY: created just above and destroyed once, after the wait.
+            let destroyed = unsafe { self.driver.event_destroy(ev) };
+            waited.and(destroyed)
+        })
+    }
+
     /// [`wait_on`] for this backend's device.
     pub(super) fn wait_streams(&self, consumer: Option<i64>, producer: Option<i64>) -> Result<()> {
         match streams_to_order(consumer, producer)? {
