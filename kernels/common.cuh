@@ -126,13 +126,47 @@ __device__ __forceinline__ void dlp_load_geom(const DlpJob* __restrict__ job, Dl
     }
 }
 
+// The hash of a winner table key (a destination slot + 1): the finaliser of MurmurHash3,
+// so that runs of consecutive slots spread over the table.
+__device__ __forceinline__ dlp_u64 dlp_slot_hash(dlp_u64 key) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    key *= 0xc4ceb9fe1a85ec53ull;
+    key ^= key >> 33;
+    return key;
+}
+
+// A scatter's winner for destination slot t (see scatter_winners): the address of the last
+// index entry naming t. With `slots` 0 the table holds one word per slot of the axis;
+// otherwise it is an open-addressing hash table of `slots` (a power of two above the number
+// of indices) keys t + 1 (0: empty), followed by `slots` addresses, so that its size follows
+// the number of indices and not the length of the axis. A slot not found (indices changed
+// since the winner pass) has no winner: 0, which no index entry's address equals.
+__device__ __forceinline__ dlp_u64 dlp_winner(const dlp_u64* __restrict__ winner, dlp_u64 slots,
+                                              dlp_i64 t) {
+    if (slots == 0) {
+        return __ldg(winner + t);
+    }
+    const dlp_u64 key = (dlp_u64)t + 1;
+    for (dlp_u64 h = dlp_slot_hash(key) & (slots - 1);; h = (h + 1) & (slots - 1)) {
+        const dlp_u64 k = __ldg(winner + h);
+        if (k == key) {
+            return __ldg(winner + slots + h);
+        }
+        if (k == 0ull) {
+            return 0ull;
+        }
+    }
+}
+
 // Word offsets of element `i` (C order over the job's dims) in the source and destination.
 // Returns false when the element must be skipped: a bad index, or (scatter) a duplicate
 // index whose later occurrence wins.
 template <int MODE>
 __device__ __forceinline__ bool dlp_offsets(const DlpGeom& g, dlp_u32 i,
                                             const dlp_u64* __restrict__ winner,
-                                            dlp_u64* status, dlp_i64* src_off,
+                                            dlp_u64 slots, dlp_u64* status, dlp_i64* src_off,
                                             dlp_i64* dst_off) {
     dlp_i64 s = 0;
     dlp_i64 d = 0;
@@ -157,7 +191,7 @@ __device__ __forceinline__ bool dlp_offsets(const DlpGeom& g, dlp_u32 i,
                 return false;
             }
             // Scatter: only the last position naming slot t writes it (see scatter_winners).
-            if (MODE == DLP_SCATTER && __ldg(winner + t) != (dlp_u64)idx) {
+            if (MODE == DLP_SCATTER && dlp_winner(winner, slots, t) != (dlp_u64)idx) {
                 return false;
             }
             if (MODE == DLP_GATHER) {
@@ -180,7 +214,7 @@ __device__ __forceinline__ bool dlp_offsets(const DlpGeom& g, dlp_u32 i,
 template <typename T, int MODE>
 __device__ __forceinline__ void dlp_run(const DlpJob* __restrict__ jobs, dlp_u32 njobs,
                                         dlp_u32 ntiles, const dlp_u64* __restrict__ winner,
-                                        dlp_u64* status) {
+                                        dlp_u64 slots, dlp_u64* status) {
     DlpGeom g;
     dlp_u32 job_begin = 0;
     dlp_u32 job_end = 0; // tiles [job_begin, job_end) belong to the job held in `g`
@@ -210,7 +244,7 @@ __device__ __forceinline__ void dlp_run(const DlpJob* __restrict__ jobs, dlp_u32
         for (int k = 0; k < DLP_UNROLL; ++k) {
             const dlp_u32 i = first + k * DLP_BLOCK;
             dlp_i64 so = 0;
-            live[k] = i < g.numel && dlp_offsets<MODE>(g, i, winner, status, &so, &dst_off[k]);
+            live[k] = i < g.numel && dlp_offsets<MODE>(g, i, winner, slots, status, &so, &dst_off[k]);
             if (live[k]) {
                 v[k] = dlp_load<T>(g.src, so);
             }

@@ -6,7 +6,7 @@
 #define DLP_COPY_BOX(NAME, T)                                                                \
     extern "C" __global__ void __launch_bounds__(DLP_BLOCK)                                  \
         NAME(const DlpJob* __restrict__ jobs, dlp_u32 njobs, dlp_u32 ntiles) {               \
-        dlp_run<T, DLP_BOX>(jobs, njobs, ntiles, 0, 0);                                      \
+        dlp_run<T, DLP_BOX>(jobs, njobs, ntiles, 0, 0, 0);                                   \
     }
 
 DLP_COPY_BOX(copy_box_1, dlp_u8)

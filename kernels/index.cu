@@ -6,18 +6,30 @@
 
 // For every destination slot t, the address of the last index entry naming t: address order
 // is position order, and an address stays unique when the host splits the index array
-// across jobs. `winner` must be zeroed first. Scatter then lets only that entry write, so
-// later duplicates win deterministically.
+// across jobs. `winner` is the table `dlp_winner` reads (`slots` 0: one word per slot of the
+// axis; otherwise hashed, sized by the number of indices) and must be zeroed first. Scatter
+// then lets only that entry write, so later duplicates win deterministically.
 extern "C" __global__ void __launch_bounds__(DLP_BLOCK)
     scatter_winners(const dlp_i64* __restrict__ index, dlp_u64 n, dlp_i64 len,
-                    dlp_u64* winner, dlp_u64* status) {
+                    dlp_u64* winner, dlp_u64 slots, dlp_u64* status) {
     const dlp_u64 stride = (dlp_u64)gridDim.x * DLP_BLOCK;
     for (dlp_u64 p = (dlp_u64)blockIdx.x * DLP_BLOCK + threadIdx.x; p < n; p += stride) {
         const dlp_i64 t = __ldg(index + p);
         if (t < 0 || t >= len) {
             dlp_report_bad_index(status, t);
-        } else {
+        } else if (slots == 0) {
             atomicMax(winner + t, (dlp_u64)(index + p));
+        } else {
+            // Linear probing from the key's hash: the first slot holding the key or empty
+            // (claimed here). At most n < slots keys are ever inserted, so one is found.
+            const dlp_u64 key = (dlp_u64)t + 1;
+            for (dlp_u64 h = dlp_slot_hash(key) & (slots - 1);; h = (h + 1) & (slots - 1)) {
+                const dlp_u64 was = atomicCAS(winner + h, 0ull, key);
+                if (was == 0ull || was == key) {
+                    atomicMax(winner + slots + h, (dlp_u64)(index + p));
+                    break;
+                }
+            }
         }
     }
 }
@@ -69,8 +81,8 @@ DLP_CHECK_KERNEL(check_indices_8, dlp_u64, dlp_i64)
 #define DLP_INDEX_KERNEL(NAME, T, MODE)                                                      \
     extern "C" __global__ void __launch_bounds__(DLP_BLOCK)                                  \
         NAME(const DlpJob* __restrict__ jobs, dlp_u32 njobs, dlp_u32 ntiles,                 \
-             const dlp_u64* __restrict__ winner, dlp_u64* status) {                          \
-        dlp_run<T, MODE>(jobs, njobs, ntiles, winner, status);                               \
+             const dlp_u64* __restrict__ winner, dlp_u64 slots, dlp_u64* status) {           \
+        dlp_run<T, MODE>(jobs, njobs, ntiles, winner, slots, status);                        \
     }
 
 DLP_INDEX_KERNEL(gather_1, dlp_u8, DLP_GATHER)

@@ -63,7 +63,7 @@ T arg(void** params, int i) {
 #define DLP_HOST_INDEX(NAME)                                                                 \
     {#NAME, [](void** p) {                                                                   \
          NAME(arg<const DlpJob*>(p, 0), arg<dlp_u32>(p, 1), arg<dlp_u32>(p, 2),              \
-              arg<const dlp_u64*>(p, 3), arg<dlp_u64*>(p, 4));                               \
+              arg<const dlp_u64*>(p, 3), arg<dlp_u64>(p, 4), arg<dlp_u64*>(p, 5));           \
      }}
 #define DLP_HOST_CHECK(NAME, U)                                                              \
     {#NAME, [](void** p) {                                                                   \
@@ -91,7 +91,7 @@ const Entry ENTRIES[] = {
     {"scatter_winners",
      [](void** p) {
          scatter_winners(arg<const dlp_i64*>(p, 0), arg<dlp_u64>(p, 1), arg<dlp_i64>(p, 2),
-                         arg<dlp_u64*>(p, 3), arg<dlp_u64*>(p, 4));
+                         arg<dlp_u64*>(p, 3), arg<dlp_u64>(p, 4), arg<dlp_u64*>(p, 5));
      }},
     DLP_HOST_CHECK(check_indices_1, dlp_u8),
     DLP_HOST_CHECK(check_indices_2, dlp_u16),

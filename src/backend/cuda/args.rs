@@ -6,12 +6,15 @@ use std::ptr::from_mut;
 
 use super::jobs::{Launch, Mode};
 
-/// `copy_W(table, jobs, tiles)`, and `gather_W` / `scatter_W` with `(winner, status)` after.
+/// `copy_W(table, jobs, tiles)`, and `gather_W` / `scatter_W` with `(winner, slots, status)`
+/// after: the scatter winner table and its form (`slots` 0: one word per slot of the axis,
+/// else hashed with that many slots; see `dlp_winner` in kernels/common.cuh).
 pub(crate) struct CopyArgs {
     table: u64,
     jobs: u32,
     tiles: u32,
     winner: u64,
+    slots: u64,
     status: u64,
     index: bool,
 }
@@ -24,9 +27,17 @@ impl CopyArgs {
             jobs: l.jobs.len() as u32,
             tiles: l.ntiles,
             winner,
+            slots: 0,
             status,
             index: l.mode != Mode::Box,
         }
+    }
+
+    /// The same, with a hashed winner table of `slots` slots (0: one word per slot of the
+    /// axis, the default).
+    pub(crate) fn winner_slots(mut self, slots: u64) -> Self {
+        self.slots = slots;
+        self
     }
 
     /// Pointers to the arguments in the kernel's order, as a launch takes them. They point
@@ -39,6 +50,7 @@ impl CopyArgs {
         ];
         if self.index {
             p.push(from_mut(&mut self.winner).cast());
+            p.push(from_mut(&mut self.slots).cast());
             p.push(from_mut(&mut self.status).cast());
         }
         p

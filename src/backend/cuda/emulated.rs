@@ -192,8 +192,8 @@ fn is_pinned(addr: u64, len: usize) -> bool {
 fn param_sizes(kernel: Kernel) -> &'static [usize] {
     match kernel {
         Kernel::Copy(_) => &[8, 4, 4],
-        Kernel::Gather(_) | Kernel::Scatter(_) => &[8, 4, 4, 8, 8],
-        Kernel::Winners => &[8, 8, 8, 8, 8],
+        Kernel::Gather(_) | Kernel::Scatter(_) => &[8, 4, 4, 8, 8, 8],
+        Kernel::Winners => &[8, 8, 8, 8, 8, 8],
         Kernel::Check(_) => &[8, 8, 8, 8, 4, 8, 8],
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::{entries, launch, LaunchError, Region};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{CheckArgs, CopyArgs};
+use crate::backend::cuda::index::winner_table;
 use crate::backend::cuda::index_check::{index_value, verdict, Verdict};
 use crate::backend::cuda::jobs::{to_launches, Launch, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL, TILE};
 use crate::backend::cuda::nvrtc::SOURCES;
@@ -135,10 +136,12 @@ fn kernel_name(l: &Launch) -> String {
 }
 
 /// Launches as `CudaBackend::run` does: each job table serialised with `to_bytes`, the
-/// grid `ntiles` capped, index kernels given the winner and status words.
+/// grid `ntiles` capped, index kernels given the winner table (of `slots`, 0 for one word a
+/// slot of the axis) and the status words.
 fn run_launches(
     launches: &[Launch],
     winner: u64,
+    slots: u64,
     status: u64,
     s: Schedule,
     regions: &[Region],
@@ -149,7 +152,7 @@ fn run_launches(
         for (w, c) in table.iter_mut().zip(bytes.chunks(8)) {
             *w = u64::from_le_bytes(c.try_into().unwrap());
         }
-        let mut args = CopyArgs::new(l, table.as_ptr() as u64, winner, status);
+        let mut args = CopyArgs::new(l, table.as_ptr() as u64, winner, status).winner_slots(slots);
         let mut params = args.params();
         let grid = l.ntiles.clamp(1, s.max_grid);
         // SAFETY: the parameters match the kernel (a job table, two u32, and for index
@@ -160,26 +163,31 @@ fn run_launches(
     Ok(())
 }
 
-/// `scatter_winners` over `n` indices at `index` into `winner` (`len` zeroed slots).
+/// `scatter_winners` over `n` indices at `index` into `winner`: zeroed, `len` words when
+/// `slots` is 0, else `2 * slots` (a hashed table).
+#[allow(clippy::too_many_arguments)]
 fn run_winners(
     index: u64,
     n: usize,
     len: usize,
     winner: u64,
+    slots: u64,
     status: u64,
     s: Schedule,
     regions: &[Region],
 ) -> Result<(), LaunchError> {
-    let (mut ip, mut np, mut lp, mut wp, mut sp) = (index, n as u64, len as i64, winner, status);
+    let (mut ip, mut np, mut lp, mut wp, mut slp, mut sp) =
+        (index, n as u64, len as i64, winner, slots, status);
     let mut params: Vec<*mut c_void> = vec![
         (&mut ip as *mut u64).cast(),
         (&mut np as *mut u64).cast(),
         (&mut lp as *mut i64).cast(),
         (&mut wp as *mut u64).cast(),
+        (&mut slp as *mut u64).cast(),
         (&mut sp as *mut u64).cast(),
     ];
     let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, s.max_grid);
-    // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64*)`; the caller's
+    // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64, u64*)`; the caller's
     // buffers are in `regions`, status is two u64 it owns.
     unsafe { launch("scatter_winners", grid, BLOCK, &mut params, s.seed, regions) }
 }
@@ -314,7 +322,7 @@ fn box_copies_match_the_cpu_backend() {
         let launches = to_launches(&[t], Mode::Box, max_numel(&mut rng, case)).unwrap();
         let s = schedule(&mut rng);
         let regions = [src.region(false), dst.region(true)];
-        run_launches(&launches, 0, 0, s, &regions).unwrap();
+        run_launches(&launches, 0, 0, 0, s, &regions).unwrap();
         assert!(
             dst.bytes() == expect.bytes(),
             "case {case}: shape {shape:?} item {item} strides {ss:?} -> {ds:?}, {s:?}"
@@ -323,7 +331,9 @@ fn box_copies_match_the_cpu_backend() {
 }
 
 /// Random gathers or scatters along a random axis, duplicates included (later ones win).
-fn check_indexed(mode: Mode, seed: u64) {
+/// With `hashed`, scatters go through the hashed winner table (sized by the number of
+/// indices) instead of one word per slot of the axis.
+fn check_indexed(mode: Mode, seed: u64, hashed: bool) {
     let mut rng = Rng(seed);
     for case in 0..300 {
         let item = [1, 2, 4, 8, 16][case % 5];
@@ -390,19 +400,33 @@ fn check_indexed(mode: Mode, seed: u64) {
         let launches = to_launches(&[t], mode, max_numel(&mut rng, case)).unwrap();
         let s = schedule(&mut rng);
         let mut status = [0u64; 2];
-        let winner = vec![0u64; len];
+        let slots = match hashed {
+            true => (2 * n).max(2).next_power_of_two(),
+            false => 0,
+        };
+        let winner = vec![0u64; if hashed { 2 * slots } else { len }];
         let (wp, sp) = (winner.as_ptr() as u64, status.as_mut_ptr() as u64);
         let regions = [
             src.region(false),
             dst.region(true),
             Region::new(idx.data_ptr() as u64, n * 8, false),
-            Region::new(wp, len * 8, true),
+            Region::new(wp, winner.len() * 8, true),
             Region::new(sp, 16, true),
         ];
         if mode == Mode::Scatter {
-            run_winners(idx.data_ptr() as u64, n, len, wp, sp, s, &regions).unwrap();
+            run_winners(
+                idx.data_ptr() as u64,
+                n,
+                len,
+                wp,
+                slots as u64,
+                sp,
+                s,
+                &regions,
+            )
+            .unwrap();
         }
-        run_launches(&launches, wp, sp, s, &regions).unwrap();
+        run_launches(&launches, wp, slots as u64, sp, s, &regions).unwrap();
         assert_eq!(status, [0, 0], "case {case}");
         assert!(
             dst.bytes() == expect.bytes(),
@@ -413,12 +437,32 @@ fn check_indexed(mode: Mode, seed: u64) {
 
 #[test]
 fn gathers_match_the_cpu_backend() {
-    check_indexed(Mode::Gather, 3);
+    check_indexed(Mode::Gather, 3, false);
 }
 
 #[test]
 fn scatters_match_the_cpu_backend_with_the_last_duplicate_winning() {
-    check_indexed(Mode::Scatter, 5);
+    check_indexed(Mode::Scatter, 5, false);
+}
+
+/// The hashed winner table, which the backend uses when it is smaller than one word per slot
+/// of the axis: the same results, duplicates (many, with axes shorter than the index array)
+/// included.
+#[test]
+fn scatters_through_a_hashed_winner_table_match_the_cpu_backend() {
+    check_indexed(Mode::Scatter, 6, true);
+}
+
+#[test]
+fn the_winner_table_grows_with_the_indices_not_the_axis() {
+    // One word per slot while that is smaller; then 2 words per slot of a table of at least
+    // twice as many slots as indices.
+    assert_eq!(winner_table(4, 10), (0, 80));
+    assert_eq!(winner_table(1000, 100), (0, 800));
+    assert_eq!(winner_table(1, 1 << 30), (2, 32));
+    assert_eq!(winner_table(5, 100_000), (16, 256));
+    assert_eq!(winner_table(3_000, 1 << 30), (8192, 8192 * 16));
+    assert_eq!(winner_table(1 << 40, 1 << 40), (0, 8 << 40));
 }
 
 /// A gather or scatter kernel handed an out-of-range index (the check before it bypassed)
@@ -464,11 +508,11 @@ fn bad_indices_are_reported_and_never_followed() {
                 ];
                 let s = schedule(&mut rng);
                 if mode == Mode::Scatter {
-                    run_winners(indices.as_ptr() as u64, n, len, wp, sp, s, &regions).unwrap();
+                    run_winners(indices.as_ptr() as u64, n, len, wp, 0, sp, s, &regions).unwrap();
                     assert_eq!(status, [1, bad as u64], "winners, bad {bad}");
                     status = [0, 0];
                 }
-                run_launches(&launches, wp, sp, s, &regions).unwrap();
+                run_launches(&launches, wp, 0, sp, s, &regions).unwrap();
                 assert_eq!(status, [1, bad as u64], "{mode:?} item {item} bad {bad}");
                 let row = cols * item;
                 let mut expect = before.bytes().to_vec();
@@ -670,7 +714,7 @@ fn offsets_past_2_pow_31_elements() {
                     max_grid: 2,
                     seed: 1,
                 };
-                run_launches(&launches, 0, 0, s, &regions).unwrap();
+                run_launches(&launches, 0, 0, 0, s, &regions).unwrap();
                 assert!(
                     dst.bytes() == expect.bytes(),
                     "item {item} negative {negative} max {max}"
@@ -731,14 +775,20 @@ fn offsets_past_2_pow_31_elements() {
     };
     let status_region = Region::new(sp, 16, true);
     let regions = [long.region(), small.region(true), idx_region, status_region];
-    run_launches(&launches, 0, sp, s, &regions).unwrap();
+    run_launches(&launches, 0, 0, sp, s, &regions).unwrap();
     assert_eq!(status, [0, 0]);
     assert!(small.bytes() == expect.bytes(), "gather past 2^31");
 
-    // Scatter the gathered values back into a fresh axis; the winner table is as long.
+    // Scatter the gathered values back into a fresh axis, through the winner table the
+    // backend would take (hashed: a few slots, not 2^32 words).
     let out = Sparse::new(len * 2);
     let cpu_out = Sparse::new(len * 2);
-    let winner = Sparse::new(len * 8);
+    let (slots, winner_bytes) = winner_table(n, len);
+    assert!(
+        slots > 0 && winner_bytes < 1024,
+        "{slots} slots, {winner_bytes} bytes"
+    );
+    let winner = Sparse::new(winner_bytes);
     // SAFETY: both tensors lie inside their buffers.
     let (v, o) = unsafe {
         (
@@ -761,8 +811,8 @@ fn offsets_past_2_pow_31_elements() {
         status_region,
     ];
     let wp = winner.addr();
-    run_winners(idx.data_ptr() as u64, n, len, wp, sp, s, &regions).unwrap();
-    run_launches(&launches, wp, sp, s, &regions).unwrap();
+    run_winners(idx.data_ptr() as u64, n, len, wp, slots, sp, s, &regions).unwrap();
+    run_launches(&launches, wp, slots, sp, s, &regions).unwrap();
     assert_eq!(status, [0, 0]);
     for &t in &indices {
         // SAFETY: every index is below `len` in both mappings.

@@ -15,11 +15,42 @@ use super::index_check::{
     index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
 };
 use super::jobs::{self, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL};
-use super::CudaBackend;
+use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{Backend, BoxCopy};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::tensor::Tensor;
+
+/// The largest scatter winner table kept in the backend's scratch between calls: a larger
+/// one is allocated for its call and freed when the call returns, so that one large scatter
+/// does not hold device memory for the life of the process.
+pub(super) const KEPT_WINNER_BYTES: usize = 16 << 20;
+
+/// Where a scatter's winner table lies and its form, as the index kernels take it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct WinnerTable {
+    /// Its address; `None`: in scratch, after the index status.
+    pub at: Option<u64>,
+    /// 0: one word per slot of the axis; else a hashed table of this many slots (a power of
+    /// two), keys then winners (see `dlp_winner` in kernels/common.cuh).
+    pub slots: u64,
+}
+
+/// The form and size in bytes of the winner table for `n` (> 0) indices into an axis of
+/// `len`: one word per slot of the axis, or a hash table of twice the number of indices
+/// (rounded up to a power of two; two words a slot), whichever is smaller. So it never
+/// takes more than 64 bytes an index, however long the axis: one value scattered into 2^30
+/// slots takes 32 bytes, not 8 GiB.
+pub(super) fn winner_table(n: usize, len: usize) -> (u64, usize) {
+    let direct = len.saturating_mul(8);
+    let slots = n.saturating_mul(2).max(2).next_power_of_two();
+    let hashed = slots.saturating_mul(16);
+    if hashed < direct {
+        (slots as u64, hashed)
+    } else {
+        (0, direct)
+    }
+}
 
 impl CudaBackend {
     /// Reads the two status words at `status` once the work queued before is done.
@@ -276,34 +307,66 @@ impl CudaBackend {
         if launches.is_empty() {
             return Ok(());
         }
-        let winners = if mode == Mode::Scatter { len * 8 } else { 0 };
+        let (slots, bytes) = match mode {
+            Mode::Scatter => winner_table(n, len),
+            _ => (0, 0),
+        };
+        // A large table lives for this call only; a small one in the scratch, zeroed there.
+        let apart = match bytes > KEPT_WINNER_BYTES {
+            true => Some(self.guarded(|| DeviceBuffer::alloc(&self.driver, bytes))?),
+            false => None,
+        };
+        let winners = WinnerTable {
+            at: apart.as_ref().map(DeviceBuffer::device_ptr),
+            slots,
+        };
+        let in_scratch = if apart.is_some() { 0 } else { bytes };
         // Loaded before the lock: loading may log, and a log record may wait for the GIL.
         self.load_kernels()?;
         // Held until the status is read, so no other call reuses the scratch before that.
         let mut scratch = self.scratch.lock().expect("scratch lock");
-        let status = self.run(&mut scratch, &launches, 16 + winners, |status| {
-            if mode != Mode::Scatter {
-                return Ok(());
-            }
-            let (mut ip, mut np, mut lp, mut wp, mut sp) = (
-                idx.data_ptr() as u64,
-                n as u64,
-                len as i64,
-                status + 16,
-                status,
-            );
-            let mut params: Vec<*mut c_void> = vec![
-                (&mut ip as *mut u64).cast(),
-                (&mut np as *mut u64).cast(),
-                (&mut lp as *mut i64).cast(),
-                (&mut wp as *mut u64).cast(),
-                (&mut sp as *mut u64).cast(),
-            ];
-            let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
-            // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64*)`; the index
-            // array holds `n` int64 on this device; `winner` has `len` zeroed slots.
-            unsafe { self.driver.launch(Kernel::Winners, grid, &mut params) }
-        })?;
-        self.check_status(status, axis, len)
+        let status = self.run(
+            &mut scratch,
+            &launches,
+            16 + in_scratch,
+            winners,
+            |status| {
+                if mode != Mode::Scatter {
+                    return Ok(());
+                }
+                let table = winners.at.unwrap_or(status + 16);
+                if winners.at.is_some() {
+                    // SAFETY: `table` is the call's own allocation of `bytes` bytes.
+                    unsafe { self.driver.memset_zero(table, bytes) }?;
+                }
+                let (mut ip, mut np, mut lp, mut wp, mut slp, mut sp) = (
+                    idx.data_ptr() as u64,
+                    n as u64,
+                    len as i64,
+                    table,
+                    slots,
+                    status,
+                );
+                let mut params: Vec<*mut c_void> = vec![
+                    (&mut ip as *mut u64).cast(),
+                    (&mut np as *mut u64).cast(),
+                    (&mut lp as *mut i64).cast(),
+                    (&mut wp as *mut u64).cast(),
+                    (&mut slp as *mut u64).cast(),
+                    (&mut sp as *mut u64).cast(),
+                ];
+                let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
+                // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64, u64*)`; the
+                // index array holds `n` int64 on this device; `table` is `bytes` zeroed bytes,
+                // the size `winner_table` gives for `slots`, queued on this stream before.
+                unsafe { self.driver.launch(Kernel::Winners, grid, &mut params) }
+            },
+        )?;
+        // The stream has drained when the status is read, or once settled on an error:
+        // nothing queued uses the call's own table when it is freed below.
+        let checked = self.settled(self.check_status(status, axis, len));
+        drop(scratch);
+        drop(apart);
+        checked
     }
 }

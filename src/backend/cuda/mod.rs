@@ -215,20 +215,22 @@ impl CudaBackend {
     }
 
     /// Uploads every launch's job table, then queues the launches. `extra` is zeroed
-    /// scratch (index status, then scatter winners) placed after the tables; `before` runs
-    /// once it is zeroed and before the launches. Returns the address of that scratch.
+    /// scratch (index status, then a scatter's winners unless `winners` places them
+    /// elsewhere) placed after the tables; `before` runs once it is zeroed and before the
+    /// launches. Returns the address of that scratch.
     fn run(
         &self,
         scratch: &mut Scratch,
         launches: &[Launch],
         extra: usize,
+        winners: index::WinnerTable,
         before: impl FnOnce(u64) -> Result<()>,
     ) -> Result<u64> {
         self.load_kernels()?;
         // Launches go to our stream, which belongs to our context: make it current even if
         // a call on another device's backend switched contexts on this thread.
         let _ctx = self.bind()?;
-        let queued = self.queue(scratch, launches, extra, before);
+        let queued = self.queue(scratch, launches, extra, winners, before);
         self.settled(queued)
     }
 
@@ -238,6 +240,7 @@ impl CudaBackend {
         scratch: &mut Scratch,
         launches: &[Launch],
         extra: usize,
+        winners: index::WinnerTable,
         before: impl FnOnce(u64) -> Result<()>,
     ) -> Result<u64> {
         let table_bytes: usize = launches
@@ -260,7 +263,7 @@ impl CudaBackend {
             scratch.upload(base, &bytes)?;
         }
         let status = base + extra_at as u64;
-        let winner = status + 16;
+        let winner = winners.at.unwrap_or(status + 16);
         let mut table = base;
         for l in launches {
             let kernel = match l.mode {
@@ -269,7 +272,8 @@ impl CudaBackend {
                 Mode::Scatter => Kernel::Scatter(l.word),
             };
             let grid = l.ntiles.clamp(1, self.sm_count * 8);
-            let mut args = args::CopyArgs::new(l, table, winner, status);
+            let mut args =
+                args::CopyArgs::new(l, table, winner, status).winner_slots(winners.slots);
             let mut params = args.params();
             // SAFETY: the parameters match the kernel's signature in kernels/*.cu (a job
             // table pointer, two u32, and for index kernels two pointers); the job table was
@@ -288,7 +292,8 @@ impl CudaBackend {
             // Loaded before the lock: loading may log, and a log record may wait for the GIL.
             self.load_kernels()?;
             let mut scratch = self.scratch.lock().expect("scratch lock");
-            self.run(&mut scratch, &launches, 0, |_| Ok(()))?;
+            let none = index::WinnerTable::default();
+            self.run(&mut scratch, &launches, 0, none, |_| Ok(()))?;
         }
         Ok(())
     }
