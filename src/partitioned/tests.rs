@@ -313,18 +313,9 @@ fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
         let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
         // SAFETY: `other`'s four elements, in C order, labelled as host memory of `kind`.
         let p1 = unsafe { view_2x2(&other, [2, 1], Device::new(kind, 0).unwrap()) };
-        let pa = PartitionedArray::new(
-            Grid::even(&[4, 2], &[2, 1]).unwrap(),
-            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
-            vec![vec![], vec![]],
-            None,
-        )
-        .unwrap();
-        let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
-        let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-        let e = pa.scatter(&values, &idx, 0, false).unwrap_err();
+        let e = scatter_rows_0_and_3(&p0, p1.clone(), false).unwrap_err();
         assert!(e.to_string().contains("transfer"), "{e}");
-        pa.scatter(&values, &idx, 0, true).unwrap();
+        scatter_rows_0_and_3(&p0, p1, true).unwrap();
         let got = |t: &Tensor| t.to_array::<f32>().unwrap().into_raw_vec_and_offset().0;
         assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0]);
         assert_eq!(got(&other), vec![-7.0, -7.0, 3.0, 4.0]);
@@ -441,9 +432,9 @@ pub(crate) unsafe fn view_2x2(base: &Tensor, strides: [isize; 2], device: Device
     }
 }
 
-/// The error of scattering rows 0 and 3 of float32 values into a 4x2 array of two row blocks,
-/// `p0` over rows 0..2 and `p1` over rows 2..4.
-fn scatter_rows_0_and_3(p0: &Tensor, p1: Tensor, transfer: bool) -> Error {
+/// Scatters rows 0 and 3 of float32 values `1..=4` into a 4x2 array of two row blocks, `p0`
+/// over rows 0..2 and `p1` over rows 2..4.
+fn scatter_rows_0_and_3(p0: &Tensor, p1: Tensor, transfer: bool) -> Result<()> {
     let pa = PartitionedArray::new(
         Grid::even(&[4, 2], &[2, 1]).unwrap(),
         vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
@@ -453,7 +444,7 @@ fn scatter_rows_0_and_3(p0: &Tensor, p1: Tensor, transfer: bool) -> Error {
     .unwrap();
     let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
     let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-    pa.scatter(&values, &idx, 0, transfer).unwrap_err()
+    pa.scatter(&values, &idx, 0, transfer)
 }
 
 #[test]
@@ -462,7 +453,7 @@ fn scatter_refuses_a_partition_that_repeats_an_element_before_writing() {
     let other = Tensor::from_slice(&[-7.0f32; 2], &[2]).unwrap();
     // SAFETY: a zero stride over rows reaches `other`'s two elements only.
     let p1 = unsafe { view_2x2(&other, [0, 1], Device::CPU) };
-    let e = scatter_rows_0_and_3(&p0, p1, false);
+    let e = scatter_rows_0_and_3(&p0, p1, false).unwrap_err();
     assert!(matches!(e, Error::Buffer { .. }), "{e}");
     assert!(e.to_string().contains("partition (1, 0)"), "{e}");
     assert_eq!(
@@ -506,7 +497,7 @@ fn scatter_checks_every_target_device_before_writing() {
         // SAFETY: `other`'s four elements, in C order; the tensor is only ever checked here
         // (no backend reads or writes `device`).
         let p1 = unsafe { view_2x2(&other, [2, 1], device) };
-        let e = scatter_rows_0_and_3(&p0, p1, true).to_string();
+        let e = scatter_rows_0_and_3(&p0, p1, true).unwrap_err().to_string();
         assert!(e.contains(&device.to_string()), "{device}: {e}");
         assert_eq!(
             p0.to_array::<f32>().unwrap().as_slice(),
