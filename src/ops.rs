@@ -122,18 +122,7 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     // memory with a target are copied aside first.
     let targets: Vec<&Tensor> = dst.iter().map(Borrow::borrow).collect();
     if let Some(s) = crate::overlap::shared_targets(&targets) {
-        let (pa, pb) = (dg.position(s.first), dg.position(s.second));
-        let (pa, pb) = (tuple_string(&pa), tuple_string(&pb));
-        return Err(Error::Buffer {
-            reason: if s.first == s.second {
-                format!("target partition {pa} {}", s.more_than_once())
-            } else {
-                format!(
-                    "target partitions {pa} and {pb} {}: their copies would race",
-                    s.share_memory()
-                )
-            },
-        });
+        return Err(s.targets_error(|j| tuple_string(&dg.position(j)), ""));
     }
     let sources: Vec<&Tensor> = src.iter().map(Borrow::borrow).collect();
     let shared = crate::overlap::sources_sharing(&sources, &targets);

@@ -152,6 +152,22 @@ impl Shared {
         }
     }
 
+    /// The error for targets found sharing, named by `name` (given an index) and followed by
+    /// `whose` (" of rank 3"): their writes would race.
+    pub(crate) fn targets_error(&self, name: impl Fn(usize) -> String, whose: &str) -> Error {
+        let (a, b) = (name(self.first), name(self.second));
+        Error::buffer(match self.first == self.second {
+            true => format!(
+                "target partition {a}{whose} {}: its writes would race",
+                self.more_than_once()
+            ),
+            false => format!(
+                "target partitions {a} and {b}{whose} {}: their copies would race",
+                self.share_memory()
+            ),
+        })
+    }
+
     /// "refers to some element more than once", worded for what was found.
     pub(crate) fn more_than_once(&self) -> String {
         match self.proven {

@@ -418,12 +418,12 @@ class PartitionedArray:
     def _fetch_serving(self, indices, axis, op: str) -> None:
         """Fetches the handles of the partitions holding ``indices`` along ``axis``, the only
         ones a gather or scatter reads or writes (an index out of range raises first)."""
-        if self._core.pending(None):
-            serving = [tuple(p) for p in self._core.serving(indices, axis, op)]
+        pending = self._core.pending(None)
+        if pending:
+            serving = self._core.serving(indices, axis, op)
             if not serving and self._core.dtype is None:
                 # No index, but the result's dtype comes from some partition's data.
-                first_flat = self._core.pending(None)[0][0]
-                serving = [self._position(first_flat)]
+                serving = [self._position(pending[0][0])]
             self.fetch(serving)
 
     def scatter(self, values: ArrayLike, indices: IndicesLike, axis: int = 0, *,
@@ -477,8 +477,6 @@ def _opt_list(x, what: str = "tiling"):
     """A list of non-negative ints; an int is a one-entry list (numpy's 1-d shorthand)."""
     if x is None:
         return None
-    import operator
-
     v = _int_scalar(x)
     items = [v] if v is not None else list(x)
     out = []
@@ -501,8 +499,6 @@ def _opt_splits(x):
 def _int_scalar(x) -> Optional[int]:
     """``x`` as an int when it is an integer scalar (a Python or numpy int), else None.
     Arrays have ``__index__`` too, but `operator.index` refuses all but 0-d ones."""
-    import operator
-
     try:
         return operator.index(x)
     except TypeError:
@@ -531,14 +527,8 @@ def _devices_arg(devices):
 
 def _is_device_pair(value) -> bool:
     """Whether ``value`` is a DLPack ``(type, id)`` pair of ints (IntEnums and numpy ints too)."""
-    if not isinstance(value, tuple) or len(value) != 2:
-        return False
-    try:
-        for v in value:
-            operator.index(v)
-    except TypeError:
-        return False
-    return True
+    return (isinstance(value, tuple) and len(value) == 2
+            and all(_int_scalar(v) is not None for v in value))
 
 
 def _boxes(splits):

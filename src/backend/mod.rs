@@ -228,6 +228,12 @@ pub(crate) fn scratch_device(device: Device) -> Device {
     }
 }
 
+/// The backend that allocates dlpart's own scratch buffers for data on `device` (see
+/// [`scratch_device`]).
+pub(crate) fn scratch_backend(device: Device) -> Result<Arc<dyn Backend>> {
+    backend_for(scratch_device(device))
+}
+
 /// The backend for `device`.
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     let chosen = match device.kind {

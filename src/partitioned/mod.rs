@@ -246,11 +246,21 @@ impl PartitionedArray {
 
     /// States the dtype of an array whose data is not here yet (heat's `dtype` key); a dtype
     /// that contradicts the data held is refused (invariant 6).
-    pub fn with_dtype(mut self, dtype: DType) -> Result<Self> {
+    pub fn with_dtype(self, dtype: DType) -> Result<Self> {
+        self.with_dtype_stated_at(dtype, None)
+    }
+
+    /// [`with_dtype`](Self::with_dtype) for a dtype the entry at `position` of a
+    /// `__partitioned__` dict states, which a contradiction names.
+    pub(crate) fn with_dtype_stated_at(
+        mut self,
+        dtype: DType,
+        position: Option<&[usize]>,
+    ) -> Result<Self> {
         match self.dtype {
             Some(d) if d != dtype => Err(Error::protocol(
                 "dtype",
-                None,
+                position,
                 Error::DTypeMismatch {
                     found: dtype,
                     expected: d,

@@ -27,7 +27,8 @@ use super::device::{device_arg, target_device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
-    axis_arg, import as import_array, import_producer, is_numpy_array, is_producer, PyTensor,
+    axis_arg, import as import_array, import_producer, is_numpy_array, is_producer, non_negative,
+    PyTensor,
 };
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
@@ -168,15 +169,15 @@ fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
             .then(|| name.parse().ok())
             .flatten())
     };
-    match name.as_deref() {
-        Some("bool_") => Ok(DType::Bool),
-        Some(n) => n.parse(),
-        None => text.parse(),
-    }
-    .or_else(|e| numpy().ok().flatten().ok_or(e))
-    .map_err(|_| {
+    let by_name = match name.as_deref() {
+        Some("bool_") => Some(DType::Bool),
+        Some(n) => n.parse().ok(),
+        None => None,
+    };
+    by_name.or_else(|| numpy().ok().flatten()).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "dtype {} is not one dlpart knows (a name such as 'float32', a numpy or torch dtype)",
+            "dtype {} is not one dlpart knows (a name such as 'float32', a numpy or torch \
+                 dtype)",
             described(v)
         ))
     })
@@ -484,20 +485,7 @@ fn read_dict<'py>(
     let mut pa =
         PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
     if let Some((dt, at, _)) = stated {
-        if let Some(held) = pa.dtype().filter(|&d| d != dt) {
-            let mismatch = Error::DTypeMismatch {
-                found: dt,
-                expected: held,
-                of: "the partitions' data".into(),
-            };
-            return Err(to_py(Error::protocol(
-                "dtype",
-                Some(&at),
-                mismatch.to_string(),
-                Some(crate::grid::inv::DTYPE),
-            )));
-        }
-        pa = pa.with_dtype(dt).map_err(to_py)?;
+        pa = pa.with_dtype_stated_at(dt, Some(&at)).map_err(to_py)?;
     }
     Ok((pa, namespace, order))
 }
@@ -642,17 +630,16 @@ fn split_points(
     tiling: Option<Vec<i64>>,
     splits: Option<Vec<Vec<usize>>>,
 ) -> PyResult<Vec<Vec<usize>>> {
-    use super::tensor::non_negative;
     let shape = non_negative("split_points", "shape", &shape)?;
     let grid = match (tiling, splits) {
         (Some(t), None) => Grid::even(&shape, &non_negative("split_points", "tiling", &t)?),
         (None, Some(s)) => Grid::from_splits(&shape, s),
-        (t, _) => {
-            return Err(PyValueError::new_err(match t {
-                Some(_) => "split_points takes tiling or splits, not both",
-                None => "split_points needs tiling or splits",
-            }))
+        (Some(_), Some(_)) => {
+            return Err(PyValueError::new_err(
+                "split_points takes tiling or splits, not both",
+            ))
         }
+        (None, None) => return Err(PyValueError::new_err("split_points needs tiling or splits")),
     };
     Ok(grid.map_err(to_py)?.splits().to_vec())
 }
@@ -1304,9 +1291,9 @@ impl LocationForm {
         l: &Location,
         position: &[usize],
     ) -> PyResult<Bound<'py, PyAny>> {
-        let missing = |what: &str| {
+        let missing = |what: &str, hint: &str| {
             PyValueError::new_err(format!(
-                "the location {l} of partition {} has no {what} to write",
+                "the location {l} of partition {} has no {what} to write{hint}",
                 tuple_string(position)
             ))
         };
@@ -1322,25 +1309,25 @@ impl LocationForm {
             }
             (LocationForm::Ip, Some(h), _, _) => h.into_pyobject(py)?.into_any(),
             (LocationForm::Ip, None, _, Some(r)) => {
-                return Err(PyValueError::new_err(format!(
-                    "the location {l} of partition {} has no host address to write: it names \
-                     rank {r} alone; read the dict with dlpart.mpi.from_partitioned(obj, comm), \
-                     which learns every rank's host",
-                    tuple_string(position)
-                )))
+                return Err(missing(
+                    "host address",
+                    &format!(
+                        ": it names rank {r} alone; read the dict with \
+                         dlpart.mpi.from_partitioned(obj, comm), which learns every rank's host"
+                    ),
+                ))
             }
-            (LocationForm::Ip, None, _, None) => return Err(missing("host address")),
+            (LocationForm::Ip, None, _, None) => return Err(missing("host address", "")),
             (LocationForm::Rank, _, _, Some(r)) => r.into_pyobject(py)?.into_any(),
             (LocationForm::Rank, _, _, None) => {
-                return Err(PyValueError::new_err(format!(
-                    "the location {l} of partition {} has no rank to write: locations='rank' \
-                     needs MPI ranks (pass rank= for data held in this process, or read the \
-                     dict with dlpart.mpi.from_partitioned), or write locations='draft2' or \
-                     'ip'",
-                    tuple_string(position)
-                )))
+                return Err(missing(
+                    "rank",
+                    ": locations='rank' needs MPI ranks (pass rank= for data held in this \
+                     process, or read the dict with dlpart.mpi.from_partitioned), or write \
+                     locations='draft2' or 'ip'",
+                ))
             }
-            (LocationForm::Draft2, None, _, None) => return Err(missing("host or rank")),
+            (LocationForm::Draft2, None, _, None) => return Err(missing("host or rank", "")),
         })
     }
 }

@@ -371,13 +371,14 @@ fn _spmd_repartition<'py>(
     process_grid: Option<Vec<usize>>,
     transfer: bool,
 ) -> PyResult<(PyPartitioned, Bound<'py, PyTuple>)> {
+    let inner = &pa.inner();
     let layout = layout_arg(
         tiling,
         splits,
         block_cyclic,
         devices,
         process_grid,
-        pa.inner().ndim(),
+        inner.ndim(),
     );
     // A bad layout on one rank is that rank's error, which the others learn of.
     let layout = layout.map_err(|e| Error::Collective {
@@ -389,7 +390,6 @@ fn _spmd_repartition<'py>(
             .unwrap_or_default(),
         message: e.value(py).to_string(),
     });
-    let inner = &pa.inner();
     let (out, t) = py
         .detach(|| {
             let target = layout.and_then(|l| spmd::SpmdTarget::resolve(&l, inner, comm.size));

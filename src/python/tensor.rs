@@ -42,16 +42,12 @@ pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
 fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Tensor, bool)> {
     let here = t.device();
     let to = target.unwrap_or(here);
-    // Host-accessible memory is readable as kDLCPU without a copy (e.g. kDLCUDAHost).
-    let alias = match to == Device::CPU {
-        true => t.as_cpu(),
-        false => None,
-    };
     if copy != Some(true) {
         if to == here {
             return Ok((t, false));
         }
-        if let Some(alias) = alias {
+        // Host-accessible memory is readable as kDLCPU without a copy (e.g. kDLCUDAHost).
+        if let Some(alias) = t.as_cpu().filter(|_| to == Device::CPU) {
             return Ok((alias, false));
         }
     }
@@ -635,31 +631,26 @@ pub(crate) fn is_numpy_array(x: &Bound<'_, PyAny>) -> bool {
     exact_ndarray(x).is_some()
 }
 
-/// `numpy.ndarray` when `x` is exactly one, else `None`.
-fn exact_ndarray<'py>(x: &Bound<'py, PyAny>) -> Option<Bound<'py, PyType>> {
-    let py = x.py();
-    let ty = match NDARRAY.get(py) {
-        Some(t) => t.bind(py),
+/// `numpy.ndarray` (cached once found) when numpy is loaded, else `None`.
+fn ndarray_type(py: Python<'_>) -> Option<Bound<'_, PyType>> {
+    match NDARRAY.get(py) {
+        Some(t) => Some(t.bind(py).clone()),
         None => {
             let t = numpy_ndarray(py)?;
-            NDARRAY.get_or_init(py, || t.unbind()).bind(py)
+            Some(NDARRAY.get_or_init(py, || t.unbind()).bind(py).clone())
         }
-    };
-    x.get_type().is(ty).then(|| ty.clone())
+    }
+}
+
+/// `numpy.ndarray` when `x` is exactly one, else `None`.
+fn exact_ndarray<'py>(x: &Bound<'py, PyAny>) -> Option<Bound<'py, PyType>> {
+    ndarray_type(x.py()).filter(|ty| x.get_type().is(ty))
 }
 
 /// Whether `x` is a `numpy.ndarray` or an instance of a subclass (whose `__dlpack__`, its
 /// own or numpy's, takes only `stream=None`).
 fn numpy_instance(x: &Bound<'_, PyAny>) -> bool {
-    let py = x.py();
-    let ty = match NDARRAY.get(py) {
-        Some(t) => t.bind(py).clone(),
-        None => match numpy_ndarray(py) {
-            Some(t) => NDARRAY.get_or_init(py, || t.unbind()).bind(py).clone(),
-            None => return false,
-        },
-    };
-    x.is_instance(&ty).unwrap_or(false)
+    ndarray_type(x.py()).is_some_and(|ty| x.is_instance(&ty).unwrap_or(false))
 }
 
 /// `sys.modules["numpy"].ndarray` when numpy is loaded and it is the real one.

@@ -316,19 +316,8 @@ pub(super) fn repartition_into_with(
         }
         let held: Vec<&Tensor> = targets.iter().flatten().collect();
         if let Some(s) = crate::overlap::shared_targets(&held) {
-            let (a, b) = (s.first, s.second);
-            return Err(Error::buffer(match a == b {
-                true => format!(
-                    "target partition {a} of rank {me} (in the order held) {}: its writes \
-                     would race",
-                    s.more_than_once()
-                ),
-                false => format!(
-                    "target partitions {a} and {b} of rank {me} (in the order held) {}: their \
-                     copies would race",
-                    s.share_memory()
-                ),
-            }));
+            let whose = format!(" of rank {me} (in the order held)");
+            return Err(s.targets_error(|j| j.to_string(), &whose));
         }
         Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();
@@ -691,7 +680,7 @@ impl Stage {
             (1, _, _) | (_, true, _) | (_, _, None) => None,
             _ if recv_total == 0 => None,
             (_, false, Some(dev)) => {
-                let scratch = backend_for(crate::backend::scratch_device(dev))?;
+                let scratch = crate::backend::scratch_backend(dev)?;
                 Some(scratch.empty(&[elements(&recvs) / itemsize], dtype)?)
             }
         };
@@ -706,11 +695,11 @@ impl Stage {
                 Some(t)
             }
             (_, Some(dev), None) if rounds > 1 => {
-                let scratch = backend_for(crate::backend::scratch_device(dev))?;
+                let scratch = crate::backend::scratch_backend(dev)?;
                 Some(scratch.empty(&[elements(&segments) / itemsize], dtype)?)
             }
             (_, Some(dev), None) => {
-                let backend = backend_for(crate::backend::scratch_device(dev))?;
+                let backend = crate::backend::scratch_backend(dev)?;
                 let buf = backend.empty(&[total / itemsize], dtype)?;
                 pack(&*backend, &buf, &segments, &sources, itemsize)?;
                 Some(buf)

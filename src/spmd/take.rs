@@ -153,8 +153,7 @@ pub fn gather(
         let send = match total {
             0 => None,
             _ => {
-                let scratch = crate::backend::scratch_device(dev);
-                let buf = backend_for(scratch)?.empty(&[total / item], dtype)?;
+                let buf = crate::backend::scratch_backend(dev)?.empty(&[total / item], dtype)?;
                 let mut at = 0;
                 for &(j, s) in sends.iter().flatten() {
                     let shp = piece(j, s);

@@ -57,6 +57,31 @@ impl CopyArgs {
     }
 }
 
+/// `scatter_winners(const i64* index, u64 n, i64 len, u64* winner, u64 slots, u64* status)`:
+/// the winner table of a scatter (see [`CopyArgs`]).
+pub(crate) struct WinnersArgs {
+    pub index: u64,
+    pub n: u64,
+    pub len: i64,
+    pub winner: u64,
+    pub slots: u64,
+    pub status: u64,
+}
+
+impl WinnersArgs {
+    /// As [`CopyArgs::params`].
+    pub(crate) fn params(&mut self) -> Vec<*mut c_void> {
+        vec![
+            from_mut(&mut self.index).cast(),
+            from_mut(&mut self.n).cast(),
+            from_mut(&mut self.len).cast(),
+            from_mut(&mut self.winner).cast(),
+            from_mut(&mut self.slots).cast(),
+            from_mut(&mut self.status).cast(),
+        ]
+    }
+}
+
 /// `check_indices_W(const uW* indices, i64 stride, u64 n, i64 len, u32 signed, i64* out,
 /// u64* status)`; `out` 0 checks without writing the normalised indices.
 pub(crate) struct CheckArgs {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{entries, launch, LaunchError, Region};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::args::{CheckArgs, CopyArgs};
+use crate::backend::cuda::args::{CheckArgs, CopyArgs, WinnersArgs};
 use crate::backend::cuda::index::winner_table;
 use crate::backend::cuda::index_check::{index_value, verdict, Verdict};
 use crate::backend::cuda::jobs::{to_launches, Launch, Mode, RawCopy, BLOCK, MAX_JOB_NUMEL, TILE};
@@ -156,7 +156,8 @@ fn run_launches(
         let mut params = args.params();
         let grid = l.ntiles.clamp(1, s.max_grid);
         // SAFETY: the parameters match the kernel (a job table, two u32, and for index
-        // kernels two pointers); the table and status outlive the launch; the caller's
+        // kernels the winner table pointer, its u64 slot count and the status pointer); the
+        // table and status outlive the launch; the caller's
         // transfers address only `regions`, which the launch enforces.
         unsafe { launch(&kernel_name(l), grid, BLOCK, &mut params, s.seed, regions) }?;
     }
@@ -176,16 +177,15 @@ fn run_winners(
     s: Schedule,
     regions: &[Region],
 ) -> Result<(), LaunchError> {
-    let (mut ip, mut np, mut lp, mut wp, mut slp, mut sp) =
-        (index, n as u64, len as i64, winner, slots, status);
-    let mut params: Vec<*mut c_void> = vec![
-        (&mut ip as *mut u64).cast(),
-        (&mut np as *mut u64).cast(),
-        (&mut lp as *mut i64).cast(),
-        (&mut wp as *mut u64).cast(),
-        (&mut slp as *mut u64).cast(),
-        (&mut sp as *mut u64).cast(),
-    ];
+    let mut args = WinnersArgs {
+        index,
+        n: n as u64,
+        len: len as i64,
+        winner,
+        slots,
+        status,
+    };
+    let mut params = args.params();
     let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, s.max_grid);
     // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64, u64*)`; the caller's
     // buffers are in `regions`, status is two u64 it owns.

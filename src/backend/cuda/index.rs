@@ -7,9 +7,7 @@
 //! again as they read it, so indices handed to them directly (not normalised) and changed
 //! meanwhile can fail the call but never address memory out of bounds.
 
-use std::ffi::c_void;
-
-use super::args::CheckArgs;
+use super::args::{CheckArgs, WinnersArgs};
 use super::driver::Kernel;
 use super::index_check::{
     index_check, index_home, index_value, verdict, IndexCheck, IndexHome, Verdict,
@@ -225,24 +223,16 @@ impl CudaBackend {
         out: &Tensor,
     ) -> Result<()> {
         let _ctx = self.bind()?;
-        let done = self.staged_apart(src, out).and_then(|staged| {
-            let done =
-                self.indexed_queued(mode, staged.as_ref().unwrap_or(src), indices, axis, out);
-            match staged {
-                // The copy is freed when it goes: not before the kernels reading it have run.
-                Some(_) => done.and(self.driver.synchronize()),
-                None => done,
-            }
-        });
+        let done = self.indexed_queued(mode, src, indices, axis, out);
         self.settled(done)
     }
 
-    /// A copy of `src` on this device when it shares memory with `out`: the kernels read
-    /// the source while other blocks write the output, so an overlapping source is read from
-    /// a copy, as the CPU backend does (`gather(x, i, out=x)`).
+    /// A copy of `src` when it shares memory with `out` (both on this device): the kernels
+    /// read the source while other blocks write the output, so an overlapping source is read
+    /// from a copy, as the CPU backend does (`gather(x, i, out=x)`). The copy is freed once
+    /// the work reading it has run (`DeviceBuffer` waits for it).
     fn staged_apart(&self, src: &Tensor, out: &Tensor) -> Result<Option<Tensor>> {
-        let here = |t: &Tensor| t.device() == self.device;
-        if !(here(src) && here(out) && crate::overlap::shares_memory(src, out)) {
+        if !crate::overlap::shares_memory(src, out) {
             return Ok(None);
         }
         let copy = self.empty(src.shape(), src.dtype())?;
@@ -292,6 +282,8 @@ impl CudaBackend {
             ));
         }
         let len = large.shape()[axis];
+        let staged = self.staged_apart(src, out)?;
+        let src = staged.as_ref().unwrap_or(src);
         let t = RawCopy {
             src: src.data_ptr() as u64,
             dst: out.data_ptr() as u64,
@@ -339,22 +331,15 @@ impl CudaBackend {
                     // SAFETY: `table` is the call's own allocation of `bytes` bytes.
                     unsafe { self.driver.memset_zero(table, bytes) }?;
                 }
-                let (mut ip, mut np, mut lp, mut wp, mut slp, mut sp) = (
-                    idx.data_ptr() as u64,
-                    n as u64,
-                    len as i64,
-                    table,
+                let mut args = WinnersArgs {
+                    index: idx.data_ptr() as u64,
+                    n: n as u64,
+                    len: len as i64,
+                    winner: table,
                     slots,
                     status,
-                );
-                let mut params: Vec<*mut c_void> = vec![
-                    (&mut ip as *mut u64).cast(),
-                    (&mut np as *mut u64).cast(),
-                    (&mut lp as *mut i64).cast(),
-                    (&mut wp as *mut u64).cast(),
-                    (&mut slp as *mut u64).cast(),
-                    (&mut sp as *mut u64).cast(),
-                ];
+                };
+                let mut params = args.params();
                 let grid = (n.div_ceil(BLOCK as usize) as u32).clamp(1, self.sm_count * 8);
                 // SAFETY: matches `scatter_winners(const i64*, u64, i64, u64*, u64, u64*)`; the
                 // index array holds `n` int64 on this device; `table` is `bytes` zeroed bytes,

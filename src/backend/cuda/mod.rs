@@ -276,7 +276,8 @@ impl CudaBackend {
                 args::CopyArgs::new(l, table, winner, status).winner_slots(winners.slots);
             let mut params = args.params();
             // SAFETY: the parameters match the kernel's signature in kernels/*.cu (a job
-            // table pointer, two u32, and for index kernels two pointers); the job table was
+            // table pointer, two u32, and for index kernels the winner table pointer, its u64
+            // slot count and the status pointer); the job table was
             // uploaded on this stream before the launch; every address in it was derived
             // from tensors on this device whose boxes the caller checked to be in bounds.
             unsafe { self.driver.launch(kernel, grid, &mut params) }?;

@@ -103,19 +103,8 @@ impl CudaBackend {
         let Some(p) = DlpackStream::from_dlpack(producer)?.raw() else {
             return Ok(());
         };
-        let _ctx = self.bind()?;
-        self.guarded(|| {
-            let ev = self.driver.event_create()?;
-            // SAFETY: `ev` is a fresh event of the current context; `p` is the legacy or
-            // per-thread default stream, or a live stream of it (DLPack's contract).
-            let waited = unsafe { self.driver.event_record(ev, p) }.and_then(|()| {
-                // SAFETY: as above; the event was recorded just now.
-                unsafe { self.driver.event_synchronize(ev) }
-            });
-            // SAFETY: created just above and destroyed once, after the wait.
-            let destroyed = unsafe { self.driver.event_destroy(ev) };
-            waited.and(destroyed)
-        })
+        // SAFETY: `ev` was recorded on `p` just now, in the current context.
+        self.after_event_on(p, |ev| unsafe { self.driver.event_synchronize(ev) })
     }
 
     /// [`wait_on`] for this backend's device.
@@ -128,19 +117,28 @@ impl CudaBackend {
 
     /// Queues on `consumer` a wait for the work queued so far on `producer`.
     fn order_streams(&self, consumer: u64, producer: u64) -> Result<()> {
+        // SAFETY: `ev` was recorded on `producer` just now; `consumer` is a live stream of the
+        // current context (the caller's contract, or the backend's own stream).
+        self.after_event_on(producer, |ev| unsafe {
+            self.driver.stream_wait_event(consumer, ev)
+        })
+    }
+
+    /// Records a fresh event on `producer` (the legacy or per-thread default stream, or a live
+    /// stream of this device's context: DLPack's contract, or the backend's own stream), hands
+    /// it to `then` (which waits on it, on the host or on a stream), and destroys it.
+    fn after_event_on(&self, producer: u64, then: impl FnOnce(u64) -> Result<()>) -> Result<()> {
         let _ctx = self.bind()?;
         self.guarded(|| {
             let ev = self.driver.event_create()?;
-            // SAFETY: `ev` is a fresh event of the current context; both streams are live
-            // streams of it (the caller's contract, or the backend's own stream).
-            let queued = unsafe { self.driver.event_record(ev, producer) }.and_then(|()| {
-                // SAFETY: as above.
-                unsafe { self.driver.stream_wait_event(consumer, ev) }
-            });
-            // SAFETY: created just above and destroyed once; destroying an event with a
-            // pending wait is allowed: the driver releases it once the wait is resolved.
+            // SAFETY: `ev` is a fresh event of the current context; `producer` is a stream of
+            // it, as above.
+            let done = unsafe { self.driver.event_record(ev, producer) }.and_then(|()| then(ev));
+            // SAFETY: created just above and destroyed once, after `then`; destroying an event
+            // with a pending stream wait is allowed: the driver releases it once the wait is
+            // resolved.
             let destroyed = unsafe { self.driver.event_destroy(ev) };
-            queued.and(destroyed)
+            done.and(destroyed)
         })
     }
 }

@@ -83,7 +83,7 @@ impl Segments<'_> {
             let recv = match total {
                 0 => None,
                 _ if into.is_some() => into,
-                _ => Some(backend_for(crate::backend::scratch_device(dev))?.empty(&[n], dtype)?),
+                _ => Some(crate::backend::scratch_backend(dev)?.empty(&[n], dtype)?),
             };
             let empty = match dev.is_host_accessible() {
                 true => None,
