@@ -154,10 +154,14 @@ fn stream_ok(device: Device, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         return Ok(());
     }
     let s: i64 = stream.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "stream must be None or an int, not {}",
-            stream.repr().map(|r| r.to_string()).unwrap_or_default()
-        ))
+        let repr = stream.repr().map(|r| r.to_string()).unwrap_or_default();
+        if stream.is_instance_of::<pyo3::types::PyInt>() {
+            PyValueError::new_err(format!(
+                "stream={repr} is not a stream: a DLPack stream is a 64-bit integer"
+            ))
+        } else {
+            PyTypeError::new_err(format!("stream must be None or an int, not {repr}"))
+        }
     })?;
     if device.is_host_accessible() && device.kind == crate::DeviceType::Cpu {
         if s == -1 {

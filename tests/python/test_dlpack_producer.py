@@ -98,8 +98,11 @@ def test_stream_rules_on_cpu():
     t.__dlpack__(stream=-1)
     with pytest.raises(BufferError, match="stream=3"):
         t.__dlpack__(stream=3)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="'s'"):
         t.__dlpack__(stream="s")
+    # An int that is no stream is named as one, not as "not an int".
+    with pytest.raises(ValueError, match=f"stream={2**70} is not a stream"):
+        t.__dlpack__(stream=2**70)
 
 
 def test_dlpack_device_and_strides_always_filled():
