@@ -396,6 +396,11 @@ impl Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How an error tells the caller to allow a move across devices, in both languages' spelling
+/// of the `transfer` argument.
+pub(crate) const ALLOW_TRANSFER: &str = "allow the move with transfer (transfer=True in Python, \
+                                         `true` in Rust)";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Devices, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
 use crate::grid::{same_shape, Grid};
 use crate::plan::Plan;
 use crate::tensor::{Axes, Tensor};
@@ -165,7 +165,7 @@ fn check_devices<S: Borrow<Tensor>>(
         return Err(Error::DeviceMismatch {
             op: "repartition".into(),
             devices: Devices::Moves(crossing),
-            reason: "the target layout moves data to another device; pass transfer=True".into(),
+            reason: format!("the target layout moves data to another device; {ALLOW_TRANSFER}"),
         });
     }
     let mut backends = Backends::new();

@@ -7,7 +7,7 @@ use std::borrow::Borrow;
 use crate::backend::backend_for;
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Devices, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
 use crate::grid::Grid;
 use crate::layout::Layout;
 use crate::ops;
@@ -116,8 +116,9 @@ impl PartitionedArray {
                 return Err(Error::DeviceMismatch {
                     op: "assemble".into(),
                     devices: Devices::Several(devices),
-                    reason: "partitions live on several devices; pass a device and transfer=True"
-                        .into(),
+                    reason: format!(
+                        "partitions live on several devices; pass a device and {ALLOW_TRANSFER}"
+                    ),
                 })
             }
             None => devices.first().copied().unwrap_or(Device::CPU),
@@ -174,7 +175,7 @@ impl PartitionedArray {
             return Err(Error::DeviceMismatch {
                 op: op.into(),
                 devices: Devices::Moves(away.iter().map(|&d| (d, target)).collect()),
-                reason: "partitions would be moved to another device; pass transfer=True".into(),
+                reason: format!("partitions would be moved to another device; {ALLOW_TRANSFER}"),
             });
         }
         tensors
@@ -444,7 +445,7 @@ fn check_crossing(op: &str, from: Device, to: Device, transfer: bool) -> Result<
         return Err(Error::DeviceMismatch {
             op: op.into(),
             devices: Devices::move_(from, to),
-            reason: "the data would move to another device; pass transfer=True".into(),
+            reason: format!("the data would move to another device; {ALLOW_TRANSFER}"),
         });
     }
     Ok(())

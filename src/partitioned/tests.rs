@@ -314,7 +314,8 @@ fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
         // SAFETY: `other`'s four elements, in C order, labelled as host memory of `kind`.
         let p1 = unsafe { view_2x2(&other, [2, 1], Device::new(kind, 0).unwrap()) };
         let e = scatter_rows_0_and_3(&p0, p1.clone(), false).unwrap_err();
-        assert!(e.to_string().contains("transfer"), "{e}");
+        // Spelled for Rust callers too, not only as Python's `transfer=True`.
+        assert!(e.to_string().contains("`true` in Rust"), "{e}");
         scatter_rows_0_and_3(&p0, p1, true).unwrap();
         let got = |t: &Tensor| t.to_array::<f32>().unwrap().into_raw_vec_and_offset().0;
         assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0]);

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Devices, Error, Result};
+use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
 use crate::grid::Grid;
 use crate::layout::{stay_by, Layout, Placement};
 use crate::ops;
@@ -564,7 +564,7 @@ impl Stage {
                         op: "repartition".into(),
                         devices: Devices::move_(s, d),
                         reason: format!(
-                            "rank {me}'s partitions would move to another device; pass transfer=True"
+                            "rank {me}'s partitions would move to another device; {ALLOW_TRANSFER}"
                         ),
                     });
                 }
