@@ -88,6 +88,10 @@ pub use plan::{BoxCopy, Plan};
 pub use prepared::{PreparedGather, PreparedScatter};
 pub use tensor::{HostView, Tensor};
 
+/// The `num-complex` crate (the one ndarray uses): `num_complex::Complex<f32>` and
+/// `Complex<f64>` are the [`Element`](tensor::Element) types of complex64 and complex128 tensors.
+pub use num_complex;
+
 /// The README's Rust code blocks, run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -666,13 +666,44 @@ where
     }
 }
 
-/// Rust element types with a dlpart dtype: `bool`, the fixed-width integers and `f32`/`f64`.
+/// Rust element types with a dlpart dtype: `bool`, the fixed-width integers, `f32`/`f64`,
+/// [`Complex<f32>`](num_complex::Complex) (complex64) and `Complex<f64>` (complex128). The
+/// float16, bfloat16 and float8 types have none: their tensors move like any other, but Rust
+/// reads them only as bytes.
+///
+/// | Rust type | dtype | item size |
+/// |---|---|---|
+/// | `bool` | `bool` | 1 |
+/// | `i8`, `i16`, `i32`, `i64` | `int8` .. `int64` | 1 .. 8 |
+/// | `u8`, `u16`, `u32`, `u64` | `uint8` .. `uint64` | 1 .. 8 |
+/// | `f32`, `f64` | `float32`, `float64` | 4, 8 |
+/// | `Complex<f32>`, `Complex<f64>` | `complex64`, `complex128` | 8, 16 |
+///
+/// `num_complex` (re-exported as [`dlpart::num_complex`](crate::num_complex), the crate
+/// ndarray uses) lays a `Complex<T>` out as DLPack does: `#[repr(C)]` `{ re, im }`, the real
+/// part first. A complex tensor from torch, jax or numpy reads as such:
+///
+/// ```
+/// use dlpart::num_complex::Complex;
+/// use dlpart::{DType, Tensor};
+///
+/// let z = ndarray::array![Complex::new(1.0f32, 2.0), Complex::new(-3.0, 0.5)];
+/// let t = Tensor::from(z.clone());
+/// assert_eq!(t.dtype(), DType::Complex64);
+/// assert_eq!(t.as_array::<Complex<f32>>()?, z.into_dyn());
+/// // The wrong element type is an error, not a reinterpretation.
+/// assert!(t.as_array::<f32>().is_err());
+/// # Ok::<(), dlpart::Error>(())
+/// ```
 ///
 /// Sealed: [`Tensor::as_array`] reinterprets a tensor's bytes as `T` on the strength of
 /// `T::DTYPE` alone, so an implementation for a type whose size, alignment or valid bit
-/// patterns do not match its dtype would be undefined behaviour. Every bit pattern of the
-/// dtype's item size is a valid `T` for all implementors except `bool`, whose bytes
-/// `as_array` checks.
+/// patterns do not match its dtype would be undefined behaviour. Every implementor has the
+/// size of its dtype's item and an alignment no larger (`Complex<f64>` is 16 bytes aligned to
+/// 8, as numpy's complex128 is). Every bit pattern of the dtype's item size is a valid `T` for
+/// all implementors except `bool`, whose bytes `as_array` checks: the integers and floats are
+/// plain bits (any pattern is some value, NaNs included), and a `Complex<T>` is two such `T`s
+/// with no padding (`#[repr(C)]` of two fields of one type).
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
     /// The dtype whose items are exactly the values of this type.
     const DTYPE: DType;
@@ -691,6 +722,8 @@ macro_rules! element {
 }
 element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 => UInt8,
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
+// DLPack's complex64 is two float32s, real first; `Complex<T>` is `#[repr(C)] { re: T, im: T }`.
+element!(num_complex::Complex<f32> => Complex64, num_complex::Complex<f64> => Complex128);
 
 /// `n` zero bytes in a `Vec`, or [`Error::OutOfMemory`] for `what` when the host has no room:
 /// `vec![0; n]` would abort the process instead. Only the CUDA backend stages host bytes in a
@@ -997,6 +1030,7 @@ mod cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use num_complex::Complex;
 
     #[test]
     #[cfg_attr(miri, ignore = "the cache is off under Miri")]
@@ -1223,6 +1257,127 @@ mod tests {
         check::<u64>();
         check::<f32>();
         check::<f64>();
+        check::<Complex<f32>>();
+        check::<Complex<f64>>();
+        // DLPack's complex layout: the real part at offset 0, the imaginary part right after.
+        assert_eq!(std::mem::offset_of!(Complex<f32>, re), 0);
+        assert_eq!(std::mem::offset_of!(Complex<f32>, im), 4);
+        assert_eq!(std::mem::offset_of!(Complex<f64>, im), 8);
+        assert_eq!(std::mem::align_of::<Complex<f64>>(), 8);
+    }
+
+    /// A host tensor of `bytes` (64-byte aligned, from `Tensor::from_slice`) whose elements
+    /// are `n` items of `dtype` starting `offset` bytes in: what a DLPack producer hands over.
+    fn relabelled(bytes: &[u8], offset: usize, dtype: DType, n: usize) -> Tensor {
+        let mut padded = vec![0xEEu8; offset];
+        padded.extend(bytes);
+        let buf = Tensor::from_slice(&padded, &[padded.len()]).unwrap();
+        let mut t = buf.view(&[offset], &[n * dtype.itemsize()]).unwrap();
+        t.dtype = dtype;
+        t.shape = vec![n].into();
+        t
+    }
+
+    #[test]
+    fn complex_arrays_round_trip_and_keep_their_layout() {
+        let z = ndarray::array![
+            [Complex::new(1.0f32, -1.0), Complex::new(2.5, 0.0)],
+            [Complex::new(-0.0, 3.0), Complex::new(f32::INFINITY, -7.25)],
+        ];
+        let t = Tensor::from(z.clone());
+        assert_eq!(t.dtype(), DType::Complex64);
+        assert_eq!(t.nbytes(), 4 * 8);
+        assert_eq!(t.as_array::<Complex<f32>>().unwrap(), z);
+        assert!(t.as_array::<Complex<f64>>().is_err());
+        assert!(t.as_array::<u64>().is_err());
+        // Transposed: zero-copy strides, and a C-order copy.
+        let zt = Tensor::from(z.clone().reversed_axes());
+        assert_eq!(zt.strides(), &[1, 2]);
+        assert_eq!(zt.to_array::<Complex<f32>>().unwrap(), z.t().into_dyn());
+        let w = ndarray::array![Complex::new(1e300f64, -2.0), Complex::new(0.5, f64::MIN)];
+        let t = Tensor::from_slice(w.as_slice().unwrap(), &[2]).unwrap();
+        assert_eq!(t.dtype(), DType::Complex128);
+        assert_eq!(t.to_array::<Complex<f64>>().unwrap(), w.into_dyn());
+        // Read-only shared arrays too.
+        let shared = ndarray::ArcArray::from_vec(vec![Complex::new(4.0f32, 5.0)]);
+        let t = Tensor::from_arc_array(shared);
+        assert!(t.readonly());
+        assert_eq!(
+            t.as_array::<Complex<f32>>().unwrap()[[0]],
+            Complex::new(4.0, 5.0)
+        );
+    }
+
+    /// DLPack's complex64 is two little-endian (here: native) float32s, real first.
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn complex_items_read_from_raw_bytes_real_part_first() {
+        #[rustfmt::skip]
+        let bytes = [
+            0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x40, // 1.0, 2.0
+            0x00, 0x00, 0x40, 0xC0, 0x00, 0x00, 0x00, 0x3F, // -3.0, 0.5
+        ];
+        let t = relabelled(&bytes, 0, DType::Complex64, 2);
+        let got: Vec<_> = t
+            .as_array::<Complex<f32>>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(got, [Complex::new(1.0, 2.0), Complex::new(-3.0, 0.5)]);
+        #[rustfmt::skip]
+        let bytes = [
+            0, 0, 0, 0, 0, 0, 0xF0, 0x3F, 0, 0, 0, 0, 0, 0, 0x00, 0xC0, // 1.0, -2.0
+        ];
+        let t = relabelled(&bytes, 0, DType::Complex128, 1);
+        assert_eq!(
+            t.to_array::<Complex<f64>>().unwrap()[[0]],
+            Complex::new(1.0, -2.0)
+        );
+    }
+
+    /// complex128 from a producer may be aligned to its float64s (8) rather than its size
+    /// (16): that is `Complex<f64>`'s own alignment, so it is viewed in place. Data aligned
+    /// to less is refused by `as_array` and copied by `to_array`.
+    #[test]
+    fn complex128_needs_only_the_alignment_of_its_parts() {
+        let want = [Complex::new(1.5f64, -2.5), Complex::new(-0.0, 1e-300)];
+        let bytes: Vec<u8> = want
+            .iter()
+            .flat_map(|z| [z.re.to_ne_bytes(), z.im.to_ne_bytes()])
+            .flatten()
+            .collect();
+        let eight = relabelled(&bytes, 8, DType::Complex128, 2);
+        assert_eq!(eight.data_ptr() as usize % 16, 8);
+        let view = eight.as_array::<Complex<f64>>().unwrap();
+        assert_eq!(view.as_ptr().cast::<u8>(), eight.data_ptr().cast_const());
+        assert_eq!(view.iter().copied().collect::<Vec<_>>(), want);
+        drop(view);
+        for offset in [1, 4] {
+            let t = relabelled(&bytes, offset, DType::Complex128, 2);
+            let e = t.as_array::<Complex<f64>>().unwrap_err().to_string();
+            assert!(e.contains("not aligned for complex128"), "{e}");
+            assert_eq!(
+                t.to_array::<Complex<f64>>()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .collect::<Vec<_>>(),
+                want
+            );
+        }
+        let mut reversed = relabelled(&bytes, 4, DType::Complex128, 2);
+        reversed.data = reversed.data.wrapping_add(16);
+        reversed.strides = vec![-1].into();
+        assert_eq!(
+            reversed
+                .to_array::<Complex<f64>>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            [want[1], want[0]]
+        );
     }
 
     #[test]

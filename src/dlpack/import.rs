@@ -444,6 +444,42 @@ mod tests {
         assert_eq!(DELETED.load(Ordering::SeqCst), 2);
     }
 
+    /// A producer's complex64 tensor (torch's `cfloat`): float32 pairs, real part first, with
+    /// strides counted in complex items, read as `Complex<f32>` in place.
+    #[test]
+    fn complex_tensors_read_real_part_first_in_place() {
+        use num_complex::Complex;
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        // A 2x2 complex64 matrix stored column by column.
+        let t = import(produce(
+            &DELETED,
+            vec![1.0, 2.0, -3.0, 0.5, 10.0, -10.0, 0.25, 4.0],
+            vec![2, 2],
+            Some(vec![1, 2]),
+            |m| {
+                m.dl_tensor.dtype = DLDataType {
+                    code: dlpack_rs::ffi::DLDataTypeCode::kDLComplex as u8,
+                    bits: 64,
+                    lanes: 1,
+                }
+            },
+        ))
+        .unwrap();
+        assert_eq!(t.dtype(), DType::Complex64);
+        let c = |re, im| Complex::new(re, im);
+        let want = ndarray::arr2(&[
+            [c(1.0f32, 2.0), c(10.0, -10.0)],
+            [c(-3.0, 0.5), c(0.25, 4.0)],
+        ]);
+        let view = t.as_array::<Complex<f32>>().unwrap();
+        assert_eq!(view, want);
+        assert_eq!(view.as_ptr().cast::<u8>(), t.data_ptr().cast_const());
+        drop(view);
+        assert!(t.as_array::<f32>().is_err());
+        drop(t);
+        assert_eq!(DELETED.load(Ordering::SeqCst), 1);
+    }
+
     #[test]
     fn every_rejection_still_calls_the_deleter_once() {
         static DELETED: AtomicUsize = AtomicUsize::new(0);

@@ -253,6 +253,40 @@ fn repartition_assemble_and_to_match_ndarray() {
     assert_eq!(pa.to(host).unwrap().devices(), vec![host]);
 }
 
+/// Complex partitions move whole: 8- and 16-byte items, real and imaginary parts together.
+#[test]
+fn complex_arrays_repartition_and_assemble_from_rust() {
+    use num_complex::Complex;
+
+    fn check<T: crate::tensor::Element + PartialEq + std::fmt::Debug>(z: ndarray::Array2<T>) {
+        let a = z.clone().into_dyn();
+        let rows = PartitionedArray::partition(&Tensor::from(z), &Layout::tiling(&[3, 1])).unwrap();
+        assert_eq!(rows.dtype(), Some(T::DTYPE));
+        for layout in [
+            Layout::tiling(&[1, 2]),
+            Layout::block_cyclic(&[2, 3], vec![Device::CPU; 3]),
+        ] {
+            let out = rows.repartition(&layout, false).unwrap();
+            for p in out.partitions() {
+                let (r, c) = (p.start[0], p.start[1]);
+                let want = a.slice(s![r..r + p.shape[0], c..c + p.shape[1]]);
+                let got = p.tensor().unwrap().as_array::<T>().unwrap();
+                assert_eq!(got, want, "block at {:?}", p.start);
+            }
+            let whole = out.assemble(None, false).unwrap();
+            assert_eq!(whole.dtype(), T::DTYPE);
+            assert_eq!(whole.as_array::<T>().unwrap(), a);
+        }
+    }
+    // Real and imaginary parts that differ everywhere, so a swap or a half-item shift shows.
+    check(ndarray::Array2::from_shape_fn((7, 5), |(i, j)| {
+        Complex::new((10 * i + j) as f32, -((i + 100 * j) as f32) - 0.5)
+    }));
+    check(ndarray::Array2::from_shape_fn((7, 5), |(i, j)| {
+        Complex::new(1e200 * (i as f64 + 1.0), (j as f64) - 1e-200)
+    }));
+}
+
 #[test]
 fn new_partitions_go_on_devices_that_exist_here() {
     let (t, _) = global(&[4, 2]);
