@@ -26,11 +26,12 @@ results=()
 failed=0
 
 step_fmt() { cargo fmt --all --check; }
-# The kernel bench and example need `bench-internals`: lint them with it too. The API docs
-# build without a warning (missing docs, broken or private links).
+# The kernel bench and example need `bench-internals`: lint them with it too, and with `half`
+# (the f16/bf16 element types), which costs no pass of its own. The API docs build without a
+# warning (missing docs, broken or private links).
 step_clippy() {
     cargo clippy --all-targets -- -D warnings &&
-        cargo clippy --all-targets --features bench-internals -- -D warnings &&
+        cargo clippy --all-targets --features bench-internals,half -- -D warnings &&
         RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
@@ -52,8 +53,10 @@ step_cargo-test() {
 # than a skip.
 # The kernels compile with both NVRTC majors a GPU machine may carry: 12 (the default loader
 # path set by setup.sh) and 13 (the lent GPU machines' CUDA), found by its own soname.
+# The library's tests build here with features anyway, so `half` rides along: its f16/bf16
+# element tests run in this build rather than in a full test build of their own.
 step_cargo-test-cuda() {
-    DLPART_REQUIRE_NVRTC=1 cargo test --features kernel-host-tests --lib --test cuda_ptx --test cuda_backend &&
+    DLPART_REQUIRE_NVRTC=1 cargo test --features kernel-host-tests,half --lib --test cuda_ptx --test cuda_backend &&
         DLPART_REQUIRE_NVRTC=1 DLPART_NVRTC_MAJOR=13 LD_LIBRARY_PATH="$_dlpart_site/nvidia/cu13/lib" \
             cargo test --features cuda --test cuda_ptx
 }

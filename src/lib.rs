@@ -92,6 +92,11 @@ pub use tensor::{HostView, Tensor};
 /// `Complex<f64>` are the [`Element`](tensor::Element) types of complex64 and complex128 tensors.
 pub use num_complex;
 
+/// The `half` crate (feature `half`): `half::f16` and `half::bf16` are the
+/// [`Element`](tensor::Element) types of float16 and bfloat16 tensors.
+#[cfg(feature = "half")]
+pub use half;
+
 /// The README's Rust code blocks, run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -667,9 +667,9 @@ where
 }
 
 /// Rust element types with a dlpart dtype: `bool`, the fixed-width integers, `f32`/`f64`,
-/// [`Complex<f32>`](num_complex::Complex) (complex64) and `Complex<f64>` (complex128). The
-/// float16, bfloat16 and float8 types have none: their tensors move like any other, but Rust
-/// reads them only as bytes.
+/// [`Complex<f32>`](num_complex::Complex) (complex64) and `Complex<f64>` (complex128), and with
+/// the `half` feature `half::f16` (float16) and `half::bf16` (bfloat16). The float8 types
+/// have none: their tensors move like any other, but Rust reads them only as bytes.
 ///
 /// | Rust type | dtype | item size |
 /// |---|---|---|
@@ -678,6 +678,7 @@ where
 /// | `u8`, `u16`, `u32`, `u64` | `uint8` .. `uint64` | 1 .. 8 |
 /// | `f32`, `f64` | `float32`, `float64` | 4, 8 |
 /// | `Complex<f32>`, `Complex<f64>` | `complex64`, `complex128` | 8, 16 |
+/// | `half::f16`, `half::bf16` (feature `half`) | `float16`, `bfloat16` | 2, 2 |
 ///
 /// `num_complex` (re-exported as [`dlpart::num_complex`](crate::num_complex), the crate
 /// ndarray uses) lays a `Complex<T>` out as DLPack does: `#[repr(C)]` `{ re, im }`, the real
@@ -702,8 +703,9 @@ where
 /// size of its dtype's item and an alignment no larger (`Complex<f64>` is 16 bytes aligned to
 /// 8, as numpy's complex128 is). Every bit pattern of the dtype's item size is a valid `T` for
 /// all implementors except `bool`, whose bytes `as_array` checks: the integers and floats are
-/// plain bits (any pattern is some value, NaNs included), and a `Complex<T>` is two such `T`s
-/// with no padding (`#[repr(C)]` of two fields of one type).
+/// plain bits (any pattern is some value, NaNs included), a `Complex<T>` is two such `T`s with
+/// no padding (`#[repr(C)]` of two fields of one type), and `f16`/`bf16` are
+/// `#[repr(transparent)]` over a `u16`.
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
     /// The dtype whose items are exactly the values of this type.
     const DTYPE: DType;
@@ -724,6 +726,9 @@ element!(bool => Bool, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64, u8 
     u16 => UInt16, u32 => UInt32, u64 => UInt64, f32 => Float32, f64 => Float64);
 // DLPack's complex64 is two float32s, real first; `Complex<T>` is `#[repr(C)] { re: T, im: T }`.
 element!(num_complex::Complex<f32> => Complex64, num_complex::Complex<f64> => Complex128);
+// Both `#[repr(transparent)]` over the `u16` of their IEEE binary16 / bfloat16 bits.
+#[cfg(feature = "half")]
+element!(half::f16 => Float16, half::bf16 => BFloat16);
 
 /// `n` zero bytes in a `Vec`, or [`Error::OutOfMemory`] for `what` when the host has no room:
 /// `vec![0; n]` would abort the process instead. Only the CUDA backend stages host bytes in a
@@ -1259,6 +1264,11 @@ mod tests {
         check::<f64>();
         check::<Complex<f32>>();
         check::<Complex<f64>>();
+        #[cfg(feature = "half")]
+        {
+            check::<half::f16>();
+            check::<half::bf16>();
+        }
         // DLPack's complex layout: the real part at offset 0, the imaginary part right after.
         assert_eq!(std::mem::offset_of!(Complex<f32>, re), 0);
         assert_eq!(std::mem::offset_of!(Complex<f32>, im), 4);
@@ -1377,6 +1387,57 @@ mod tests {
                 .copied()
                 .collect::<Vec<_>>(),
             [want[1], want[0]]
+        );
+    }
+
+    /// Known bit patterns: float16 1.0 is 0x3C00, -2.0 0xC000, 65504 (its largest) 0x7BFF;
+    /// bfloat16 1.0 is 0x3F80 (float32's upper half), -3.0 0xC040.
+    #[test]
+    #[cfg(feature = "half")]
+    fn half_precision_items_have_their_ieee_bits() {
+        use half::{bf16, f16};
+
+        let bits = [0x3C00u16, 0xC000, 0x7BFF, 0x0001];
+        let mut t = Tensor::from_slice(&bits, &[4]).unwrap();
+        t.dtype = DType::Float16;
+        let got: Vec<f32> = t
+            .as_array::<f16>()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_f32())
+            .collect();
+        // The smallest subnormal, 2^-24 (exact; `powi` may be inexact, and is under Miri).
+        assert_eq!(got, [1.0, -2.0, 65504.0, 1.0 / 16_777_216.0]);
+        assert!(t.as_array::<bf16>().is_err(), "same size, another dtype");
+        let mut t = Tensor::from_slice(&[0x3F80u16, 0xC040, 0x7F80], &[3]).unwrap();
+        t.dtype = DType::BFloat16;
+        let got: Vec<f32> = t
+            .to_array::<bf16>()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_f32())
+            .collect();
+        assert_eq!(got, [1.0, -3.0, f32::INFINITY]);
+        assert!(t.as_array::<f16>().is_err());
+
+        // And back: arrays of f16/bf16 go in with those bits.
+        let a = ndarray::array![[f16::ONE, f16::from_f32(-2.0)], [f16::MAX, f16::ZERO]];
+        let mut t = Tensor::from(a.clone());
+        assert_eq!(t.dtype(), DType::Float16);
+        assert_eq!(t.as_array::<f16>().unwrap(), a);
+        t.dtype = DType::UInt16;
+        assert_eq!(
+            t.to_array::<u16>().unwrap(),
+            ndarray::array![[0x3C00u16, 0xC000], [0x7BFF, 0x0000]].into_dyn()
+        );
+        let b = ndarray::array![bf16::ONE, bf16::from_f32(-3.0)];
+        let mut t = Tensor::from(b.clone());
+        assert_eq!(t.dtype(), DType::BFloat16);
+        assert_eq!(t.to_array::<bf16>().unwrap(), b.into_dyn());
+        t.dtype = DType::UInt16;
+        assert_eq!(
+            t.to_array::<u16>().unwrap(),
+            ndarray::array![0x3F80u16, 0xC040].into_dyn()
         );
     }
 
