@@ -86,14 +86,14 @@ pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{BoxCopy, Plan};
 pub use prepared::{PreparedGather, PreparedScatter};
-pub use tensor::{HostView, Tensor};
+pub use tensor::{Element, HostView, Tensor};
 
 /// The `num-complex` crate (the one ndarray uses): `num_complex::Complex<f32>` and
-/// `Complex<f64>` are the [`Element`](tensor::Element) types of complex64 and complex128 tensors.
+/// `Complex<f64>` are the [`Element`] types of complex64 and complex128 tensors.
 pub use num_complex;
 
 /// The `half` crate (feature `half`): `half::f16` and `half::bf16` are the
-/// [`Element`](tensor::Element) types of float16 and bfloat16 tensors.
+/// [`Element`] types of float16 and bfloat16 tensors.
 #[cfg(feature = "half")]
 pub use half;
 
