@@ -2,13 +2,23 @@
 //!
 //! Run with `cargo run --example quickstart`.
 
-use dlpart::{Device, Layout, PartitionedArray, Tensor};
+use dlpart::{DType, Device, Layout, PartitionedArray, Tensor};
 use ndarray::{s, Array2};
 
 fn main() -> dlpart::Result<()> {
     let a = Array2::from_shape_fn((8, 6), |(i, j)| (10 * i + j) as f32);
     // Row blocks: zero-copy views of the array's own buffer.
     let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[4, 1]))?;
+    // The same values written in place, block by block, through mutable views of partitions
+    // (each claims only its own block, so threads could fill them side by side).
+    let filled = Tensor::zeros(&[8, 6], DType::Float32)?;
+    for p in PartitionedArray::partition(&filled, &Layout::tiling(&[2, 2]))?.partitions() {
+        let mut block = p.tensor().expect("data held here").as_array_mut::<f32>()?;
+        for (ix, v) in block.indexed_iter_mut() {
+            *v = (10 * (p.start[0] + ix[0]) + p.start[1] + ix[1]) as f32;
+        }
+    }
+    assert_eq!(filled.as_array::<f32>()?, a.view().into_dyn());
     // Column blocks: each element copied once, on the device where it lives.
     let cols = rows.repartition(&Layout::tiling(&[1, 3]), false)?;
     for p in cols.partitions() {

@@ -2,12 +2,13 @@
 //!
 //! A [`Tensor`] is a shared handle: clones and views of it, in any thread, reach the same
 //! memory, and dlpart's operations write through `&Tensor`. Before a kernel reads or writes
-//! host memory it claims the byte ranges it will touch, and [`Tensor::as_array`] claims the
-//! range of its view for as long as the view lives. A claim that would write memory another
-//! live claim reads or writes, or read memory another writes, is refused with
-//! [`Error::Buffer`] naming the range: concurrent readers share, a writer is alone. Nothing
-//! waits, so a thread can never block on a claim it holds itself (a view it still holds, or
-//! a kernel it called from inside another operation's work).
+//! host memory it claims the byte ranges it will touch, and [`Tensor::as_array`] (reading) and
+//! [`Tensor::as_array_mut`] (writing) claim the range of their view for as long as the view
+//! lives. A claim that would write memory another live claim reads or writes, or read memory
+//! another writes, is refused with [`Error::Buffer`] naming the range: concurrent readers
+//! share, a writer is alone. Nothing waits, so a thread can never block on a claim it holds
+//! itself (a view it still holds, or a kernel it called from inside another operation's
+//! work).
 //!
 //! Claims cover dlpart's own reads and writes of host-accessible memory. Device memory is
 //! never dereferenced by the host, and memory a foreign framework shares (numpy's view of a
@@ -139,8 +140,8 @@ fn claim(mut list: Vec<(Range, Option<Tensor>)>) -> Result<Claim> {
             let (lo, hi) = (mine.lo.max(theirs.lo), mine.hi.min(theirs.hi));
             return Err(Error::buffer(format!(
                 "cannot {what} host memory {lo:#x}..{hi:#x}: it is being {by} at the same time \
-                 by another dlpart operation or a live view (Tensor::as_array) of it; dlpart \
-                 refuses to race on memory"
+                 by another dlpart operation or a live view (Tensor::as_array, as_array_mut) \
+                 of it; dlpart refuses to race on memory"
             )));
         }
     }

@@ -86,7 +86,7 @@ pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{BoxCopy, Plan};
 pub use prepared::{PreparedGather, PreparedScatter};
-pub use tensor::{Element, HostView, Tensor};
+pub use tensor::{Element, HostView, HostViewMut, Tensor};
 
 /// The `num-complex` crate (the one ndarray uses): `num_complex::Complex<f32>` and
 /// `Complex<f64>` are the [`Element`] types of complex64 and complex128 tensors.

@@ -13,6 +13,7 @@ use ndarray::{ArcArray, Array, Dimension, ShapeBuilder};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::access;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
@@ -99,10 +100,10 @@ impl<T: Copy + Default> std::ops::DerefMut for Axes<T> {
 
 // SAFETY: `data` points into memory owned by `owner`, which is `Send + Sync`. Clones and views
 // in other threads reach the same memory, and safe operations write through `&Tensor`; every
-// read and write dlpart makes of host memory, and every view `as_array` hands out, first
-// claims its byte ranges (`crate::access`), which refuses a write that meets any other live
-// claim and a read that meets a live write: no two threads touch the same bytes with one
-// writing. The `unsafe` APIs that skip those checks make exclusivity their caller's contract.
+// read and write dlpart makes of host memory, and every view `as_array` and `as_array_mut`
+// hand out, first claims its byte ranges (`crate::access`), which refuses a write that meets
+// any other live claim and a read that meets a live write: no two threads touch the same
+// bytes with one writing. The `unsafe` APIs that skip those checks make exclusivity their caller's contract.
 unsafe impl Send for Tensor {}
 // SAFETY: see `Send`; shared references read the metadata, and the memory only under a claim.
 unsafe impl Sync for Tensor {}
@@ -459,49 +460,149 @@ impl Tensor {
     /// tensors, other frameworks or read-only DLPack producers. While it lives, dlpart
     /// refuses (with [`Error::Buffer`]) to write the memory it shows, from any clone or view
     /// of the tensor in any thread. A `bool` tensor is checked first to hold only bytes 0 and
-    /// 1 (foreign producers may hand out any byte).
+    /// 1 (foreign producers may hand out any byte). For a view to write through, see
+    /// [`Tensor::as_array_mut`].
     pub fn as_array<T: Element>(&self) -> Result<HostView<'_, T>> {
-        self.check_host_element::<T>("as_array")?;
-        let claim = crate::access::tensors([self], [])?;
-        // Every element sits a whole number of `T`s away from `data`, so one check covers all.
-        if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
-            return Err(Error::buffer(format!(
-                "as_array: data at {:p} is not aligned for {}; to_array copies it",
-                self.data,
-                T::DTYPE
-            )));
-        }
-        if T::DTYPE == DType::Bool {
-            // SAFETY: the tensor is host memory (checked above); `u8` has the size and
-            // alignment of `bool`, and every byte is a valid `u8`.
-            let bytes = unsafe { self.host_view::<u8>()? };
-            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
-                return Err(Error::buffer(format!(
-                    "as_array: bool tensor holds byte {b}, which is not a bool"
-                )));
-            }
-        }
-        // SAFETY: the tensor is host memory and `T` is the dtype's type (both checked above),
-        // whose every bit pattern is a valid `T` (`Element`'s contract), bools checked above.
-        let view = unsafe { self.host_view::<T>()? };
+        let (view, claim) = self.claimed_view::<T, ndarray::RawArrayView<T, _>>("as_array")?;
+        // SAFETY: `claimed_view` checked that the elements are valid, aligned `T`s in host
+        // memory, which `self.owner` keeps alive for the borrow of `self`; the read claim
+        // keeps dlpart from writing them while the `HostView` lives, and nothing borrowed
+        // from it outlives it (see `HostView`).
+        let view = unsafe { view.deref_into_view() };
         Ok(HostView {
             view,
             _claim: claim,
         })
     }
 
-    /// The elements as an `ndarray` view of `U`.
+    /// A mutable `ndarray` view of host data of element type `T`, to write the tensor in
+    /// place (a [`HostViewMut`], which derefs to an `ndarray::ArrayRef`; its `view_mut()` is
+    /// an `ArrayViewMutD` that borrows it).
+    ///
+    /// Zero-copy; axes with negative strides come out inverted, so the view indexes like the
+    /// tensor. While it lives, the view's memory is claimed for writing: dlpart refuses (with
+    /// [`Error::Buffer`]) to read or write it, from any clone or view of the tensor in any
+    /// thread, and so does another `as_array` or `as_array_mut` of it. Views of parts of one
+    /// tensor that share no element (its partitions) may be written side by side.
+    ///
+    /// It takes `&self`, like the operations that write a tensor (a `Tensor` is a shared
+    /// handle: its clones reach the same memory, so `&mut self` would not make the view
+    /// exclusive); the claim is what does, across clones and threads.
+    ///
+    /// Refused: an element type that is not the dtype's, memory the host cannot reach, a
+    /// [read-only](Tensor::readonly) tensor, one whose elements overlap each other (a zero
+    /// stride, as in a broadcast view: a mutable view of one element under two indices would
+    /// be unsound) or whose strides interleave (ndarray's mutable views need each axis to step
+    /// over the whole reach of the smaller ones), data not aligned for `T`, and a `bool`
+    /// tensor holding bytes other than 0 and 1. Each refusal names the tensor or value.
+    ///
+    /// ```
+    /// use dlpart::Tensor;
+    /// use ndarray::{array, s};
+    ///
+    /// let t = Tensor::from(ndarray::Array2::<i32>::zeros((2, 3)));
+    /// let mut host = t.as_array_mut::<i32>()?;
+    /// host.slice_mut(s![0, ..]).fill(1);
+    /// host[[1, 2]] = 5;
+    /// // The memory is being written: another view of it (from any clone) is refused.
+    /// assert!(t.clone().as_array::<i32>().is_err());
+    /// drop(host);
+    /// assert_eq!(t.to_array::<i32>()?, array![[1, 1, 1], [0, 0, 5]].into_dyn());
+    /// assert!(t.with_readonly(true)?.as_array_mut::<i32>().is_err());
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn as_array_mut<T: Element>(&self) -> Result<HostViewMut<'_, T>> {
+        let (view, claim) =
+            self.claimed_view::<T, ndarray::RawArrayViewMut<T, _>>("as_array_mut")?;
+        // SAFETY: `claimed_view` checked that the elements are valid, aligned `T`s in
+        // writable host memory, each under one index only (the strides nest), which
+        // `self.owner` keeps alive for the borrow of `self`; the write claim keeps every other
+        // dlpart read, write and view off them while the `HostViewMut` lives, and nothing
+        // borrowed from it outlives it (see `HostViewMut`).
+        let view = unsafe { view.deref_into_view_mut() };
+        Ok(HostViewMut {
+            view,
+            _claim: claim,
+        })
+    }
+
+    /// The checks and the claim behind [`Tensor::as_array`] (`V` a `RawArrayView`) and
+    /// [`Tensor::as_array_mut`] (`V` a `RawArrayViewMut`), named `op` in errors: the elements
+    /// as a raw `ndarray` view of `T`, valid and aligned, and the claim on them for reading or
+    /// writing. To be written, the tensor must also be writable and its strides must nest
+    /// (each axis steps over the whole reach of the smaller ones), so that no element is
+    /// under two indices: ndarray's mutable views need that.
+    fn claimed_view<T: Element, V: RawView<T>>(&self, op: &str) -> Result<(V, access::Claim)> {
+        self.check_host_element::<T>(op)?;
+        if V::WRITE && self.readonly {
+            return Err(Error::ReadOnly {
+                what: format!("{op}: tensor {self:?}"),
+            });
+        }
+        if V::WRITE && self.numel() > 0 && !crate::overlap::nested(self) {
+            let what = match crate::overlap::covers_an_element_twice(self) {
+                Some(s) => s.more_than_once(),
+                None => "has strides that interleave".into(),
+            };
+            return Err(Error::buffer(format!(
+                "{op}: tensor {self:?} {what}: ndarray's mutable views need every element \
+                 under one index and strides that nest; write a tensor whose elements are \
+                 distinct, or copy it (to_array)"
+            )));
+        }
+        let claim = match V::WRITE {
+            true => access::tensors([], [self])?,
+            false => access::tensors([self], [])?,
+        };
+        // Every element sits a whole number of `T`s away from `data`, so one check covers all.
+        if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
+            return Err(Error::buffer(format!(
+                "{op}: data at {:p} is not aligned for {}; to_array copies it",
+                self.data,
+                T::DTYPE
+            )));
+        }
+        if T::DTYPE == DType::Bool {
+            // SAFETY: the tensor is host memory (checked above) and `u8` has the size of `bool`.
+            let bytes = unsafe { self.host_view::<u8, ndarray::RawArrayView<u8, _>>()? };
+            // SAFETY: the bytes are claimed above and kept alive by `self.owner` for this
+            // borrow; `u8` has the alignment of `bool`, and every byte is a valid `u8`.
+            let bytes = unsafe { bytes.deref_into_view() };
+            if let Some(b) = bytes.iter().find(|&&b| b > 1) {
+                return Err(Error::buffer(format!(
+                    "{op}: bool tensor holds byte {b}, which is not a bool"
+                )));
+            }
+        }
+        // SAFETY: the tensor is host memory and `T` has the dtype's item size (both checked
+        // above, the size by `Element`'s contract); a mutable view's strides nest if it has
+        // elements (checked above).
+        let view = unsafe { self.host_view::<T, V>()? };
+        Ok((view, claim))
+    }
+
+    /// The elements as a raw `ndarray` view `V` of `U`, with the axes of negative stride
+    /// inverted so that it indexes like the tensor.
     ///
     /// # Safety
-    /// The tensor must be host accessible, `U` must have the dtype's item size, and every
-    /// element must be a valid `U`.
-    unsafe fn host_view<U>(&self) -> Result<ndarray::ArrayViewD<'_, U>> {
+    /// The tensor must be host accessible and `U` must have the dtype's item size; for a
+    /// `RawArrayViewMut` of a tensor with elements, its strides must nest
+    /// ([`crate::overlap::nested`]).
+    unsafe fn host_view<U, V: RawView<U>>(&self) -> Result<V> {
         let shape = ndarray::IxDyn(&self.shape);
         if self.numel() == 0 {
             // Refused only for a shape `checked_numel` refuses, which `from_raw_parts` takes
             // on trust.
-            return ndarray::ArrayViewD::from_shape(shape, &[]).map_err(|_| {
-                Error::shape("shape has too many elements", tuple_string(&self.shape))
+            if ndarray::ArrayViewD::<U>::from_shape(shape.clone(), &[]).is_err() {
+                return Err(Error::shape(
+                    "shape has too many elements",
+                    tuple_string(&self.shape),
+                ));
+            }
+            // SAFETY: ndarray has just taken this shape, in C order, for a safe view of no
+            // elements; with none, the pointer is never dereferenced and may dangle.
+            return Ok(unsafe {
+                V::from_parts(shape.into(), std::ptr::NonNull::dangling().as_ptr())
             });
         }
         // ndarray wants non-negative strides: start at the lowest address, then flip the axes
@@ -509,18 +610,15 @@ impl Tensor {
         let (lo, _) = self.byte_span();
         let base = self.data.wrapping_offset(lo);
         let strides: Vec<usize> = self.strides.iter().map(|&s| s.unsigned_abs()).collect();
-        // SAFETY: with `base` at the lowest byte the elements touched with absolute strides
-        // are exactly those of the tensor, valid `U`s in host memory (the caller's contract),
-        // kept alive by `self.owner` for the borrow.
-        let mut view = unsafe {
-            ndarray::ArrayViewD::from_shape_ptr(
-                shape.strides(ndarray::IxDyn(&strides)),
-                base as *const U,
-            )
-        };
+        // SAFETY: with `base` at the lowest byte, the pointers reached with absolute strides
+        // are exactly the tensor's elements, `U`-sized (the caller's contract), inside the one
+        // allocation of host memory that `from_raw_parts`'s contract says holds them; a
+        // mutable view's strides nest (the caller's contract, for a tensor with elements).
+        let mut view =
+            unsafe { V::from_parts(shape.strides(ndarray::IxDyn(&strides)), base.cast::<U>()) };
         for (axis, &s) in self.strides.iter().enumerate() {
             if s < 0 {
-                view.invert_axis(ndarray::Axis(axis));
+                view.as_mut().invert_axis(ndarray::Axis(axis));
             }
         }
         Ok(view)
@@ -534,7 +632,7 @@ impl Tensor {
             return Ok(self.as_array::<T>()?.as_standard_layout().into_owned());
         }
         // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
-        let _claim = crate::access::tensors([self], [])?;
+        let _claim = access::tensors([self], [])?;
         let values = ndarray::indices(&self.shape[..])
             .into_iter()
             .map(|index| {
@@ -635,36 +733,113 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
 /// ```
 pub struct HostView<'a, T> {
     view: ndarray::ArrayViewD<'a, T>,
-    _claim: crate::access::Claim,
+    _claim: access::Claim,
 }
 
-impl<T> std::ops::Deref for HostView<'_, T> {
-    // Not `ArrayViewD<'a, T>`: a view is `Copy`, so one copied out of the guard would keep the
-    // memory borrowed for `'a` after the claim that keeps dlpart from writing it is released.
-    type Target = ndarray::ArrayRef<T, ndarray::IxDyn>;
+/// A mutable `ndarray` view of a tensor's host memory, from [`Tensor::as_array_mut`]. It
+/// derefs, mutably too, to the `ArrayRef` every ndarray array does (indexing, `fill`,
+/// `assign`, `iter_mut`, `slice_mut`, ...), and
+/// [`view_mut`](ndarray::ArrayRef::view_mut) gives an `ArrayViewMutD` that borrows it. While
+/// it lives, dlpart refuses to read or write the memory it shows, and to view it again (see
+/// [`Tensor::as_array_mut`]): drop it before using that tensor otherwise. Nothing it hands
+/// out outlives it, so no view of the memory remains once the claim is released:
+///
+/// ```
+/// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::zeros(3));
+/// let mut host = t.as_array_mut::<i32>()?;
+/// let mut row = host.view_mut(); // borrows `host`
+/// row[[2]] = 7;
+/// assert_eq!(host, ndarray::array![0, 0, 7]);
+/// # Ok::<(), dlpart::Error>(())
+/// ```
+///
+/// ```compile_fail
+/// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::zeros(3));
+/// let mut host = t.as_array_mut::<i32>().unwrap();
+/// // A view that would outlive `host`'s claim on the memory: refused.
+/// let mut escaped = host.view_mut();
+/// drop(host);
+/// escaped[[0]] = 1;
+/// ```
+pub struct HostViewMut<'a, T> {
+    view: ndarray::ArrayViewMutD<'a, T>,
+    _claim: access::Claim,
+}
 
-    fn deref(&self) -> &Self::Target {
-        &self.view
+/// `Deref` to the view's `ArrayRef`, `Debug` and `PartialEq` with ndarray arrays, alike for
+/// [`HostView`] and [`HostViewMut`] (field `view`).
+macro_rules! host_view_impls {
+    ($($guard:ident),*) => { $(
+        impl<T> std::ops::Deref for $guard<'_, T> {
+            // Not the `'a` view itself: a `HostView`'s is `Copy`, and a `HostViewMut`'s could
+            // be moved out through `DerefMut` (`std::mem::replace`); either would keep the
+            // memory borrowed for `'a` after the guard's claim on it is released. An
+            // `ArrayRef` is unsized, so not even a `&mut` to it can be swapped out.
+            type Target = ndarray::ArrayRef<T, ndarray::IxDyn>;
+
+            fn deref(&self) -> &Self::Target {
+                &self.view
+            }
+        }
+
+        impl<T: fmt::Debug> fmt::Debug for $guard<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.view.fmt(f)
+            }
+        }
+
+        /// Compares like the view: equal shapes and elements.
+        impl<T, S, D> PartialEq<ndarray::ArrayBase<S, D>> for $guard<'_, T>
+        where
+            T: PartialEq,
+            S: ndarray::Data<Elem = T>,
+            D: Dimension,
+        {
+            fn eq(&self, other: &ndarray::ArrayBase<S, D>) -> bool {
+                self.view == other.view().into_dyn()
+            }
+        }
+    )* };
+}
+host_view_impls!(HostView, HostViewMut);
+
+impl<T> std::ops::DerefMut for HostViewMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.view
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for HostView<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.view.fmt(f)
-    }
+/// ndarray's raw views of `U`, read-only (`RawArrayView`) and mutable (`RawArrayViewMut`),
+/// which [`Tensor::host_view`] makes alike.
+trait RawView<U>: AsMut<ndarray::LayoutRef<U, ndarray::IxDyn>> {
+    /// Whether the view is for writing.
+    const WRITE: bool;
+
+    /// The view's own `from_shape_ptr`.
+    ///
+    /// # Safety
+    /// That of the view's `from_shape_ptr`, and for a mutable view, strides that nest (which
+    /// ndarray checks in debug builds).
+    unsafe fn from_parts(shape: ndarray::StrideShape<ndarray::IxDyn>, ptr: *mut U) -> Self;
 }
 
-/// Compares like the view: equal shapes and elements.
-impl<T, S, D> PartialEq<ndarray::ArrayBase<S, D>> for HostView<'_, T>
-where
-    T: PartialEq,
-    S: ndarray::Data<Elem = T>,
-    D: Dimension,
-{
-    fn eq(&self, other: &ndarray::ArrayBase<S, D>) -> bool {
-        self.view == other.view().into_dyn()
-    }
+macro_rules! raw_view {
+    ($($view:ident => $write:expr),*) => { $(
+        impl<U> RawView<U> for ndarray::$view<U, ndarray::IxDyn> {
+            const WRITE: bool = $write;
+
+            unsafe fn from_parts(
+                shape: ndarray::StrideShape<ndarray::IxDyn>,
+                ptr: *mut U,
+            ) -> Self {
+                // SAFETY: the caller's contract is this function's (a `*mut U` coerces to
+                // the read-only view's `*const U`).
+                unsafe { ndarray::$view::from_shape_ptr(shape, ptr) }
+            }
+        }
+    )* };
 }
+raw_view!(RawArrayView => false, RawArrayViewMut => true);
 
 /// Rust element types with a dlpart dtype: `bool`, the fixed-width integers, `f32`/`f64`,
 /// [`Complex<f32>`](num_complex::Complex) (complex64) and `Complex<f64>` (complex128), and with
@@ -697,14 +872,14 @@ where
 /// # Ok::<(), dlpart::Error>(())
 /// ```
 ///
-/// Sealed: [`Tensor::as_array`] reinterprets a tensor's bytes as `T` on the strength of
-/// `T::DTYPE` alone, so an implementation for a type whose size, alignment or valid bit
-/// patterns do not match its dtype would be undefined behaviour. Every implementor has the
-/// size of its dtype's item and an alignment no larger (`Complex<f64>` is 16 bytes aligned to
-/// 8, as numpy's complex128 is). Every bit pattern of the dtype's item size is a valid `T` for
-/// all implementors except `bool`, whose bytes `as_array` checks: the integers and floats are
-/// plain bits (any pattern is some value, NaNs included), a `Complex<T>` is two such `T`s with
-/// no padding (`#[repr(C)]` of two fields of one type), and `f16`/`bf16` are
+/// Sealed: [`Tensor::as_array`] and [`Tensor::as_array_mut`] reinterpret a tensor's bytes as
+/// `T` on the strength of `T::DTYPE` alone, so an implementation for a type whose size,
+/// alignment or valid bit patterns do not match its dtype would be undefined behaviour. Every
+/// implementor has the size of its dtype's item and an alignment no larger (`Complex<f64>` is
+/// 16 bytes aligned to 8, as numpy's complex128 is). Every bit pattern of the dtype's item size
+/// is a valid `T` for all implementors except `bool`, whose bytes both check: the integers and
+/// floats are plain bits (any pattern is some value, NaNs included), a `Complex<T>` is two such
+/// `T`s with no padding (`#[repr(C)]` of two fields of one type), and `f16`/`bf16` are
 /// `#[repr(transparent)]` over a `u16`.
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
     /// The dtype whose items are exactly the values of this type.
@@ -1458,6 +1633,20 @@ mod tests {
         let err = bad.as_array::<bool>().unwrap_err().to_string();
         assert!(err.contains("byte 2"), "{err}");
         assert!(bad.to_array::<bool>().is_err());
+        // A mutable view can be read too: the same check, then writes of bools.
+        let err = bad.as_array_mut::<bool>().unwrap_err().to_string();
+        assert!(
+            err.contains("as_array_mut: bool tensor holds byte 2"),
+            "{err}"
+        );
+        t.as_array_mut::<bool>().unwrap()[[0]] = true;
+        t.as_array_mut::<bool>().unwrap()[[2]] = false;
+        let mut bytes = t.clone();
+        bytes.dtype = DType::UInt8;
+        assert_eq!(
+            bytes.to_array::<u8>().unwrap().as_slice(),
+            Some(&[1, 1, 0][..])
+        );
     }
 
     #[test]
@@ -1476,6 +1665,11 @@ mod tests {
         t.strides = vec![-1].into();
         t.data = t.data.wrapping_add(8);
         assert!(t.as_array::<f32>().is_err());
+        let e = t.as_array_mut::<f32>().unwrap_err().to_string();
+        assert!(
+            e.contains("as_array_mut: data at") && e.contains("not aligned"),
+            "{e}"
+        );
         assert_eq!(
             t.to_array::<f32>()
                 .unwrap()
@@ -1484,6 +1678,192 @@ mod tests {
                 .collect::<Vec<_>>(),
             [3.25, -2.0, 1.5]
         );
+    }
+
+    /// `base` (3x4, C order) seen from its last element with strides `(-4, -1)`: element
+    /// `[i, j]` is `base[[2 - i, 3 - j]]`.
+    fn reversed(base: &Tensor) -> Tensor {
+        let mut r = base.clone();
+        r.data = base.data.wrapping_add(11 * base.dtype.itemsize());
+        r.strides = vec![-4, -1].into();
+        r
+    }
+
+    #[test]
+    fn mutable_views_write_the_tensors_memory_in_place() {
+        let t = Tensor::from_slice(&(0..12).collect::<Vec<i32>>(), &[3, 4]).unwrap();
+        {
+            let clone = t.clone();
+            let mut all = clone.as_array_mut::<i32>().unwrap();
+            assert_eq!(all[[1, 2]], 6, "reads what is there");
+            all[[0, 1]] = 100;
+            all.slice_mut(ndarray::s![2, ..]).map_inplace(|v| *v = -*v);
+        }
+        {
+            // A column block, which has gaps: only its elements are written.
+            let block = t.view(&[0, 2], &[2, 2]).unwrap();
+            let mut v = block.as_array_mut::<i32>().unwrap();
+            assert_eq!(v.shape(), [2, 2]);
+            v.fill(7);
+        }
+        let expect = [0, 100, 7, 7, 4, 5, 7, 7, -8, -9, -10, -11];
+        assert_eq!(
+            t.to_array::<i32>().unwrap(),
+            ndarray::ArrayD::from_shape_vec(vec![3, 4], expect.to_vec()).unwrap()
+        );
+        // Empty and 0-d tensors have views too.
+        let mut empty = Tensor::zeros(&[0, 3], DType::Float64).unwrap();
+        empty.strides = vec![0, 0].into(); // no elements, so none repeats
+        assert_eq!(empty.as_array_mut::<f64>().unwrap().shape(), [0, 3]);
+        let scalar = Tensor::from_slice(&[5u16], &[]).unwrap();
+        scalar.as_array_mut::<u16>().unwrap()[[]] += 1;
+        assert_eq!(scalar.to_array::<u16>().unwrap()[[]], 6);
+    }
+
+    #[test]
+    fn mutable_views_of_negative_strides_write_the_elements_they_index() {
+        let base = Tensor::from_slice(&(0..12).collect::<Vec<i32>>(), &[3, 4]).unwrap();
+        let r = reversed(&base);
+        {
+            let mut v = r.as_array_mut::<i32>().unwrap();
+            assert_eq!((v[[0, 0]], v[[1, 2]], v[[2, 3]]), (11, 5, 0));
+            v[[0, 1]] = 100; // base[[2, 2]], element 10
+            v[[2, 0]] = 200; // base[[0, 3]], element 3
+        }
+        let mut expect: Vec<i32> = (0..12).collect();
+        expect[10] = 100;
+        expect[3] = 200;
+        assert_eq!(
+            base.to_array::<i32>().unwrap(),
+            ndarray::ArrayD::from_shape_vec(vec![3, 4], expect).unwrap()
+        );
+        let r = r.to_array::<i32>().unwrap();
+        assert_eq!((r[[0, 1]], r[[2, 0]]), (100, 200));
+    }
+
+    #[test]
+    fn mutable_views_refuse_what_cannot_be_written_alone() {
+        let t = Tensor::from_slice(&[1i32, 2, 3], &[3]).unwrap();
+        let e = t
+            .with_readonly(true)
+            .unwrap()
+            .as_array_mut::<i32>()
+            .unwrap_err();
+        assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("as_array_mut: tensor") && e.contains("readonly=True"),
+            "{e}"
+        );
+        // A broadcast view: every row is the same three elements. It may be read, not written.
+        let mut rows = t.clone();
+        rows.shape = vec![2, 3].into();
+        rows.strides = vec![0, 1].into();
+        assert_eq!(
+            rows.as_array::<i32>().unwrap(),
+            ndarray::array![[1, 2, 3], [1, 2, 3]]
+        );
+        let e = rows.as_array_mut::<i32>().unwrap_err().to_string();
+        assert!(
+            e.contains("as_array_mut: tensor Tensor(shape=(2, 3)")
+                && e.contains("strides=(0, 1)")
+                && e.contains("refers to some element more than once"),
+            "{e}"
+        );
+        // Strides that interleave: elements [0, 1] and [1, 0] are one.
+        let mut interleaved = t.clone();
+        interleaved.shape = vec![2, 2].into();
+        interleaved.strides = vec![1, 1].into();
+        let e = interleaved.as_array_mut::<i32>().unwrap_err().to_string();
+        assert!(e.contains("refers to some element more than once"), "{e}");
+        // Offsets 0, 3, 2, 5, 4, 7: distinct, but not nested as ndarray's mutable views need.
+        let eight = Tensor::from_slice(&[0i32; 8], &[8]).unwrap();
+        let mut apart = eight.clone();
+        apart.shape = vec![3, 2].into();
+        apart.strides = vec![2, 3].into();
+        let e = apart.as_array_mut::<i32>().unwrap_err().to_string();
+        assert!(e.contains("has strides that interleave"), "{e}");
+        assert_eq!(apart.as_array::<i32>().unwrap().sum(), 0, "it may be read");
+        let e = t.as_array_mut::<f32>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "as_array_mut: element type float32 does not match dtype: int32"
+        );
+        let mut device = t.clone();
+        device.device = Device::cuda(0);
+        let e = device.as_array_mut::<i32>().unwrap_err();
+        assert!(
+            matches!(&e, Error::UnsupportedDevice { op, .. } if op == "as_array_mut"),
+            "{e}"
+        );
+        // Nothing was written, and no refusal left a claim behind.
+        let mut v = t.as_array_mut::<i32>().unwrap();
+        assert_eq!(v, ndarray::array![1, 2, 3]);
+        v[[1]] = 0;
+        drop(v);
+        assert_eq!(
+            t.to_array::<i32>().unwrap(),
+            ndarray::arr1(&[1, 0, 3]).into_dyn()
+        );
+    }
+
+    #[test]
+    fn a_mutable_view_is_alone_with_its_memory_while_it_lives() {
+        use crate::{Layout, PartitionedArray};
+        let t = Tensor::from_ndarray(ndarray::Array2::<i32>::zeros((4, 6)));
+        let idx = Tensor::from_slice(&[0i64, 1], &[2]).unwrap();
+        let ones = Tensor::from_slice(&[1i32; 12], &[2, 6]).unwrap();
+        let rows = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+        fn refused<T>(r: Result<T>) {
+            let e = r.err().expect("refused").to_string();
+            assert!(e.contains("being written"), "{e}");
+        }
+        let mut view = t.as_array_mut::<i32>().unwrap();
+        view[[3, 5]] = 9;
+        // Other views of it, from a clone or of a part of it, and from another thread.
+        refused(t.clone().as_array::<i32>());
+        refused(t.view(&[1, 1], &[1, 1]).unwrap().as_array_mut::<i32>());
+        std::thread::scope(|s| {
+            let c = t.clone();
+            s.spawn(move || refused(c.as_array_mut::<i32>()));
+        });
+        // dlpart's operations that read it or write it.
+        refused(crate::ops::gather(&t, &idx, 0, None));
+        refused(crate::ops::scatter(&ones, &idx, &t, 0));
+        refused(rows.repartition(&Layout::tiling(&[1, 2]), false));
+        refused(t.to_array::<i32>());
+        drop(view);
+        // Once it is gone, all of those run; and views of blocks that share no element (the
+        // column blocks' spans meet) may be written side by side.
+        let cols = rows.repartition(&Layout::tiling(&[1, 2]), false).unwrap();
+        let (left, right) = (
+            t.view(&[0, 0], &[4, 3]).unwrap(),
+            t.view(&[0, 3], &[4, 3]).unwrap(),
+        );
+        let (mut l, mut r) = (
+            left.as_array_mut::<i32>().unwrap(),
+            right.as_array_mut::<i32>().unwrap(),
+        );
+        l.fill(1);
+        r.fill(2);
+        refused(t.as_array::<i32>());
+        drop((l, r));
+        crate::ops::scatter(&ones, &idx, &t, 0).unwrap();
+        let mut expect = ndarray::Array2::from_shape_fn((4, 6), |(_, j)| 1 + (j >= 3) as i32);
+        expect.slice_mut(ndarray::s![..2, ..]).fill(1);
+        assert_eq!(t.as_array::<i32>().unwrap(), expect);
+        // The repartition made after the view was dropped copied its write.
+        let right_cols = cols.partitions().last().unwrap();
+        let right_cols = right_cols.tensor().unwrap().to_array::<i32>().unwrap();
+        assert_eq!(right_cols[[3, 2]], 9);
+        // A live read view refuses a mutable one, too.
+        let read = t.as_array::<i32>().unwrap();
+        let e = t.as_array_mut::<i32>().unwrap_err().to_string();
+        assert!(
+            e.contains("cannot write") && e.contains("being read"),
+            "{e}"
+        );
+        assert_eq!(read[[3, 5]], 2);
     }
 
     #[test]
