@@ -723,13 +723,13 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
 /// # Ok::<(), dlpart::Error>(())
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0505
 /// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::zeros(3));
 /// let host = t.as_array::<i32>().unwrap();
 /// // A view that would outlive `host`'s claim on the memory: refused.
-/// let escaped: ndarray::ArrayViewD<'_, i32> = (*host).clone();
+/// let escaped: ndarray::ArrayViewD<'_, i32> = host.view();
 /// drop(host);
-/// # let _ = escaped;
+/// assert_eq!(escaped[[0]], 0);
 /// ```
 pub struct HostView<'a, T> {
     view: ndarray::ArrayViewD<'a, T>,
@@ -753,7 +753,7 @@ pub struct HostView<'a, T> {
 /// # Ok::<(), dlpart::Error>(())
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0505
 /// let t = dlpart::Tensor::from(ndarray::Array1::<i32>::zeros(3));
 /// let mut host = t.as_array_mut::<i32>().unwrap();
 /// // A view that would outlive `host`'s claim on the memory: refused.
