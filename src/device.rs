@@ -194,21 +194,62 @@ impl fmt::Display for Device {
     }
 }
 
+/// Frameworks' names for devices (torch's `cpu`, `cuda`, `xpu`; JAX's `gpu`), read as the
+/// DLPack device types they mean.
+const FRAMEWORK_NAMES: [(&str, DeviceType); 4] = [
+    ("cpu", DeviceType::Cpu),
+    ("cuda", DeviceType::Cuda),
+    ("gpu", DeviceType::Cuda),
+    ("xpu", DeviceType::OneApi),
+];
+
+/// A DLPack device name (`"kDLCPU"`, `"kDLCUDA:1"`, as [`Device`] prints) or a framework's
+/// (`"cpu"`, `"cuda"`, `"cuda:1"`, `"gpu:0"`, `"xpu"`); a missing id is 0.
+///
+/// ```
+/// use dlpart::{Device, DeviceType};
+///
+/// assert_eq!("kDLCUDA:1".parse::<Device>()?, Device::cuda(1));
+/// assert_eq!("cuda:1".parse::<Device>()?, Device::cuda(1));
+/// assert_eq!("cpu".parse::<Device>()?, Device::CPU);
+/// assert!("cuda:-1".parse::<Device>().is_err());
+/// # Ok::<(), dlpart::Error>(())
+/// ```
 impl FromStr for Device {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self> {
+        Device::parse(text, true)
+    }
+}
+
+impl Device {
+    /// A DLPack device name only (`"kDLCPU"`, `"kDLCUDA:1"`), as the `__partitioned__`
+    /// protocol's locations name devices; [`str::parse`] also reads frameworks' names.
+    ///
+    /// ```
+    /// assert!(dlpart::Device::from_dlpack_name("kDLCUDA:1").is_ok());
+    /// assert!(dlpart::Device::from_dlpack_name("cuda:1").is_err());
+    /// ```
+    pub fn from_dlpack_name(text: &str) -> Result<Self> {
+        Device::parse(text, false)
+    }
+
+    fn parse(text: &str, framework_names: bool) -> Result<Self> {
         let bad = |reason: String| Error::InvalidDevice {
             text: text.to_string(),
             reason,
         };
         let (name, id) = match text.split_once(':') {
             Some((name, id)) => {
-                let id: i32 = id.parse().map_err(|_| {
-                    bad(format!(
+                if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad(format!(
                         "the device id {id:?} is not a non-negative integer"
-                    ))
-                })?;
+                    )));
+                }
+                let id: i32 = id
+                    .parse()
+                    .map_err(|_| bad(format!("the device id {id} does not fit in 32 bits")))?;
                 (name, id)
             }
             None => (text, 0),
@@ -217,6 +258,12 @@ impl FromStr for Device {
             .iter()
             .copied()
             .find(|t| t.name() == name)
+            .or_else(|| {
+                FRAMEWORK_NAMES
+                    .iter()
+                    .find(|(n, _)| framework_names && *n == name)
+                    .map(|&(_, t)| t)
+            })
             .ok_or_else(|| {
                 let hint = ALL
                     .iter()
@@ -226,8 +273,13 @@ impl FromStr for Device {
                     })
                     .map(|t| format!("; did you mean {:?}?", t.name()))
                     .unwrap_or_default();
+                let or_framework = match framework_names {
+                    true => ", or 'cpu', 'cuda', 'cuda:1'",
+                    false => "",
+                };
                 bad(format!(
-                    "expected a DLPack device name such as 'kDLCPU' or 'kDLCUDA:0'{hint}"
+                    "expected a DLPack device name such as 'kDLCPU' or 'kDLCUDA:0'\
+                     {or_framework}{hint}"
                 ))
             })?;
         Device::new(kind, id).map_err(|_| bad("the device id must be >= 0".into()))
@@ -263,6 +315,20 @@ mod tests {
     }
 
     #[test]
+    fn framework_names_read_as_their_dlpack_devices() {
+        for (text, want) in [
+            ("cpu", Device::CPU),
+            ("cpu:2", Device::new(DeviceType::Cpu, 2).unwrap()),
+            ("cuda", Device::cuda(0)),
+            ("cuda:1", Device::cuda(1)),
+            ("gpu:3", Device::cuda(3)),
+            ("xpu:1", Device::new(DeviceType::OneApi, 1).unwrap()),
+        ] {
+            assert_eq!(text.parse::<Device>().unwrap(), want, "{text}");
+        }
+    }
+
+    #[test]
     fn host_devices_print_without_default_id() {
         assert_eq!(Device::CPU.to_string(), "kDLCPU");
         assert_eq!(Device::cuda(0).to_string(), "kDLCUDA:0");
@@ -281,7 +347,10 @@ mod tests {
     fn bad_strings_are_rejected_with_the_text() {
         for s in [
             "kDLCUDA:x",
-            "cuda",
+            "Cuda",
+            "cuda:-1",
+            "cuda:+1",
+            "cuda:",
             "",
             "kDLCPU:",
             "kDLCUDA:-1",
@@ -291,8 +360,13 @@ mod tests {
             let e = s.parse::<Device>().unwrap_err().to_string();
             assert!(e.contains(&format!("{s:?}")), "{e}");
         }
-        let e = "cuda".parse::<Device>().unwrap_err().to_string();
-        assert!(e.contains("kDLCUDA"), "{e}");
+        let e = "CUDA".parse::<Device>().unwrap_err().to_string();
+        assert!(e.contains("did you mean \"kDLCUDA\""), "{e}");
+        let e = "cuda:99999999999"
+            .parse::<Device>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("99999999999 does not fit in 32 bits"), "{e}");
         assert!(Device::from_dlpack(5, 0).is_err());
         assert!(Device::from_dlpack(99, 0).is_err());
     }

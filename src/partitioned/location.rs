@@ -53,7 +53,7 @@ impl Location {
 
     /// Parses the device string of a location, citing invariant 8 on failure.
     pub fn parse_device(text: &str, position: &[usize]) -> Result<Device> {
-        text.parse().map_err(|e| {
+        Device::from_dlpack_name(text).map_err(|e| {
             Error::protocol(
                 "location",
                 Some(position),

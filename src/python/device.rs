@@ -6,7 +6,6 @@ use pyo3::types::{PyTuple, PyType};
 use crate::device::Device;
 
 use super::errors::{to_py, DeviceError};
-use super::location::parse_framework_device;
 
 /// A DLPack device such as `Device('kDLCUDA:1')`; compares equal to its string form.
 #[pyclass(name = "Device", module = "dlpart", frozen)]
@@ -27,15 +26,7 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
         Err(_) => None,
     };
     if let Some(s) = text {
-        if s.starts_with("kDL") {
-            return s.parse().map_err(to_py);
-        }
-        return parse_framework_device(&s).map_err(|why| {
-            DeviceError::new_err(format!(
-                "invalid device {s:?}: {why}; expected a DLPack name such as 'kDLCPU' or \
-                 'kDLCUDA:0', or 'cpu', 'cuda', 'cuda:1'"
-            ))
-        });
+        return s.parse().map_err(to_py);
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
         if let Ok((kind, id)) = t.extract::<(i32, i32)>() {

@@ -269,28 +269,7 @@ pub(crate) fn framework_device(
         return Ok(None);
     };
     let text = obj.str()?.to_string();
-    parse_framework_device(&text)
+    text.parse::<Device>()
         .map(Some)
-        .map_err(|why| to_py(Error::protocol(key, Some(position), why, None)))
-}
-
-/// `'cpu'`, `'cuda'`, `'cuda:1'`, `'gpu:0'`, `'xpu:0'` or a `kDL` name, as a [`Device`].
-pub(crate) fn parse_framework_device(text: &str) -> Result<Device, String> {
-    if text.starts_with("kDL") {
-        return text.parse().map_err(|e: Error| e.to_string());
-    }
-    let (name, index) = text.split_once(':').unwrap_or((text, ""));
-    let kind = match name {
-        "cpu" => "kDLCPU",
-        "cuda" | "gpu" => "kDLCUDA",
-        "xpu" => "kDLOneAPI",
-        _ => return Err(format!("unknown device {text:?}")),
-    };
-    if !index.is_empty() && !index.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("unknown device {text:?}"));
-    }
-    let id = if index.is_empty() { "0" } else { index };
-    format!("{kind}:{id}")
-        .parse()
-        .map_err(|e: Error| e.to_string())
+        .map_err(|e| to_py(Error::protocol(key, Some(position), e.to_string(), None)))
 }
