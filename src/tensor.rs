@@ -624,6 +624,32 @@ impl Tensor {
         Ok(view)
     }
 
+    /// A copy on `device` (Python's `Tensor.to`): the one way data crosses devices, as
+    /// [`ops::to_device`](crate::ops::to_device). The same device, or host memory to
+    /// `kDLCPU`, gives a contiguous copy; a device this build or machine lacks is an error
+    /// naming it, before anything is allocated.
+    ///
+    /// ```
+    /// use dlpart::{Device, Tensor};
+    ///
+    /// let t = Tensor::from(ndarray::array![[1.0f32, 2.0], [3.0, 4.0]]).view(&[0, 1], &[2, 1])?;
+    /// let c = t.to_device(Device::CPU)?;
+    /// assert!(c.is_contiguous());
+    /// assert_eq!(c.to_array::<f32>()?, ndarray::array![[2.0f32], [4.0]].into_dyn());
+    /// // Without the `cuda` feature (or a GPU), CUDA is refused, not emulated.
+    /// # #[cfg(not(feature = "cuda"))]
+    /// assert!(t.to_device(Device::cuda(0)).is_err());
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        crate::ops::to_device(self, device)
+    }
+
+    /// A contiguous copy on the same device (Python's `Tensor.copy`).
+    pub fn copy(&self) -> Result<Tensor> {
+        crate::ops::to_device(self, self.device)
+    }
+
     /// A copy of host data into a new C-order `ndarray`; unlike [`Tensor::as_array`] it also
     /// takes data that is not aligned for `T` (DLPack producers may hand such data out).
     pub fn to_array<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
@@ -1211,6 +1237,32 @@ mod cache {
 mod tests {
     use super::*;
     use num_complex::Complex;
+
+    #[test]
+    fn copy_is_contiguous_and_owns_its_memory() {
+        let base = Tensor::from(ndarray::Array2::from_shape_fn((3, 4), |(i, j)| {
+            (10 * i + j) as i64
+        }));
+        // Columns 1..3 read backwards along the rows: gaps and a negative stride.
+        let mut view = base.view(&[0, 1], &[3, 2]).unwrap();
+        view.data = view.data.wrapping_add(2 * 4 * 8);
+        view.strides = Axes::from(&[-4isize, 1][..]);
+        let c = view.copy().unwrap();
+        assert!(c.is_contiguous());
+        assert_ne!(c.data_ptr(), view.data_ptr());
+        let want = ndarray::array![[21i64, 22], [11, 12], [1, 2]].into_dyn();
+        assert_eq!(c.to_array::<i64>().unwrap(), want);
+        base.as_array_mut::<i64>().unwrap().fill(-1);
+        assert_eq!(c.to_array::<i64>().unwrap(), want);
+        let minus_ones = ndarray::ArrayD::from_elem(vec![3, 2], -1i64);
+        assert_eq!(
+            view.to_device(Device::CPU)
+                .unwrap()
+                .to_array::<i64>()
+                .unwrap(),
+            minus_ones
+        );
+    }
 
     #[test]
     #[cfg_attr(miri, ignore = "the cache is off under Miri")]

@@ -34,7 +34,7 @@ impl PyTensor {
 
 /// A contiguous copy of `t` on its own device.
 pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
-    crate::ops::to_device(t, t.device()).map_err(to_py)
+    t.copy().map_err(to_py)
 }
 
 /// `t` placed on `target`, copying only where it must and only if `copy` allows.
@@ -289,7 +289,7 @@ impl PyTensor {
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
         let d = target_device_arg(device)?;
         let t = self.inner.clone();
-        py.detach(|| crate::ops::to_device(&t, d))
+        py.detach(|| t.to_device(d))
             .map(PyTensor::new)
             .map_err(to_py)
     }
