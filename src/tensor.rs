@@ -259,6 +259,66 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A new host tensor of `dtype` holding `bytes`: its elements in C order, each
+    /// `dtype.itemsize()` bytes as this machine lays that dtype out. The way to build tensors
+    /// of the dtypes without an [`Element`] type (the float8 types; float16 and bfloat16
+    /// without the `half` feature); [`Tensor::to_bytes`] reads them back.
+    ///
+    /// ```
+    /// use dlpart::{DType, Tensor};
+    ///
+    /// // float8_e4m3fn: 0x38 is 1.0, 0xC0 is -2.0.
+    /// let t = Tensor::from_bytes(&[0x38, 0xC0, 0x00, 0x38], &[2, 2], DType::Float8E4M3Fn)?;
+    /// assert_eq!(t.dtype(), DType::Float8E4M3Fn);
+    /// let column = t.view(&[0, 1], &[2, 1])?;
+    /// assert_eq!(column.to_bytes()?, vec![0xC0, 0x38]);
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType) -> Result<Self> {
+        let n = checked_numel(shape)?;
+        let want = n.checked_mul(dtype.itemsize());
+        if want != Some(bytes.len()) {
+            return Err(Error::shape(
+                format!(
+                    "{} bytes do not fill a {dtype} tensor of {} bytes per element and shape",
+                    bytes.len(),
+                    dtype.itemsize()
+                ),
+                tuple_string(shape),
+            ));
+        }
+        let t = Tensor::zeros(shape, dtype)?;
+        // SAFETY: `t` is a fresh contiguous allocation of exactly `bytes.len()` bytes, not yet
+        // shared with anyone.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.data, bytes.len()) };
+        Ok(t)
+    }
+
+    /// The bytes of host data's elements in C order, each `dtype().itemsize()` bytes as in
+    /// memory: every dtype reads this way, those without an [`Element`] type (the float8
+    /// types) included. Device memory is refused as by [`Tensor::to_array`]; copy it to the
+    /// host first ([`Tensor::to_device`]).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        if !self.device.is_host_accessible() {
+            return Err(Error::UnsupportedDevice {
+                device: self.device.to_string(),
+                op: "to_bytes".into(),
+            });
+        }
+        // A contiguous copy first where there are gaps or another order: dlpart's own kernel.
+        let c = match self.is_contiguous() {
+            true => self.clone(),
+            false => self.copy()?,
+        };
+        let _claim = access::tensors([&c], [])?;
+        if c.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `c` is contiguous host memory of `numel * itemsize` bytes from `data`, kept
+        // alive by `c.owner`, and claimed for reading above so no dlpart write races it.
+        Ok(unsafe { std::slice::from_raw_parts(c.data.cast_const(), c.nbytes()) }.to_vec())
+    }
+
     /// A writable host tensor over the buffer of `a`, without copying: the tensor takes the
     /// array's allocation and keeps it alive, and its shape and strides (in elements, of any
     /// sign) are the array's own, so Fortran-order, sliced and reversed arrays stay zero-copy.
@@ -870,7 +930,8 @@ raw_view!(RawArrayView => false, RawArrayViewMut => true);
 /// Rust element types with a dlpart dtype: `bool`, the fixed-width integers, `f32`/`f64`,
 /// [`Complex<f32>`](num_complex::Complex) (complex64) and `Complex<f64>` (complex128), and with
 /// the `half` feature `half::f16` (float16) and `half::bf16` (bfloat16). The float8 types
-/// have none: their tensors move like any other, but Rust reads them only as bytes.
+/// have none: their tensors move like any other, and Rust reads and builds them as bytes
+/// ([`Tensor::to_bytes`], [`Tensor::from_bytes`]).
 ///
 /// | Rust type | dtype | item size |
 /// |---|---|---|
@@ -1237,6 +1298,29 @@ mod cache {
 mod tests {
     use super::*;
     use num_complex::Complex;
+
+    #[test]
+    fn bytes_in_and_out_in_c_order() {
+        let bytes: Vec<u8> = (0..12).collect();
+        let t = Tensor::from_bytes(&bytes, &[3, 2], DType::Float16).unwrap();
+        assert_eq!(t.dtype(), DType::Float16);
+        assert_eq!(t.to_bytes().unwrap(), bytes);
+        // Rows backwards, second column: elements (2, 1), (1, 1), (0, 1).
+        let mut v = t.view(&[0, 1], &[3, 1]).unwrap();
+        v.data = v.data.wrapping_add(2 * 2 * 2);
+        v.strides = Axes::from(&[-2isize, 1][..]);
+        assert_eq!(v.to_bytes().unwrap(), vec![10, 11, 6, 7, 2, 3]);
+        // The same bytes through a typed reading: little-endian u16 pairs.
+        let u = Tensor::from_slice(&[0x0100u16, 0x0302], &[2]).unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(u.to_bytes().unwrap(), vec![0, 1, 2, 3]);
+        }
+        let e = Tensor::from_bytes(&bytes, &[4, 2], DType::Float16).unwrap_err();
+        assert!(e.to_string().contains("12 bytes do not fill"), "{e}");
+        assert!(e.to_string().contains("(4, 2)"), "{e}");
+        let empty = Tensor::from_bytes(&[], &[0, 3], DType::Float8E5M2).unwrap();
+        assert_eq!(empty.to_bytes().unwrap(), Vec::<u8>::new());
+    }
 
     #[test]
     fn copy_is_contiguous_and_owns_its_memory() {
