@@ -513,16 +513,22 @@ def _opt_block(x):
 
 
 def _devices_arg(devices):
-    """One device (a name, a `Device`, a DLPack pair) or a sequence of them (a tuple too,
-    unless it is a ``(type, id)`` pair of ints)."""
+    """One device (any `DeviceLike`: a name, a `Device`, a DLPack pair, a ``torch.device``) or
+    a sequence of them (a tuple too, unless it is a ``(type, id)`` pair of ints)."""
     if devices is None or isinstance(devices, (str, Device)) or _is_device_pair(devices):
         return devices
     try:
         return list(devices)
     except TypeError:
+        pass
+    # Not a sequence: one device, if the one-device parser reads it (a torch.device).
+    try:
+        Device(devices)
+    except DeviceError:
         raise TypeError(f"devices must be a device (a name such as 'cuda:0', a dlpart.Device, a "
-                        f"DLPack (type, id) pair) or a list of them, not "
+                        f"DLPack (type, id) pair, a torch.device) or a list of them, not "
                         f"{type(devices).__name__} {devices!r}") from None
+    return devices
 
 
 def _is_device_pair(value) -> bool:

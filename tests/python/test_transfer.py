@@ -59,3 +59,20 @@ def test_devices_may_be_given_as_any_sequence_and_a_pair_is_one_device():
                                       x)
     one = pa.repartition((2, 1), devices=(1, 1), transfer=True)  # a (type, id) pair
     assert [str(p.device) for p in one.partitions.values()] == ["kDLCPU:1"] * 2
+
+
+def test_one_torch_device_is_one_device_as_a_list_of_one_is():
+    torch = pytest.importorskip("torch")
+    dlpart._core._note_host_devices(2)  # JAX's emulated host devices, as its adapter notes
+    x = np.arange(12.0).reshape(4, 3)
+    pa = dlpart.partition(x, (2, 1))
+    for device, name in ((torch.device("cpu"), "kDLCPU"), (torch.device("cpu", 1), "kDLCPU:1")):
+        one = pa.repartition((1, 3), devices=device, transfer=True)
+        listed = pa.repartition((1, 3), devices=[device] * 3, transfer=True)
+        for out in (one, listed):
+            assert [str(p.device) for p in out.partitions.values()] == [name] * 3
+            np.testing.assert_array_equal(
+                np.from_dlpack(out.assemble(device="cpu", transfer=True)), x)
+    # What is neither one device nor a sequence of them is still named.
+    with pytest.raises(TypeError, match="devices must be a device .* not object"):
+        pa.repartition((1, 3), devices=object())
