@@ -180,6 +180,9 @@ impl Layout {
                 devices,
                 process_grid,
             } => {
+                if devices.is_empty() {
+                    return Err(no_devices(shape, process_grid.as_deref()));
+                }
                 let pg = process_grid
                     .clone()
                     .unwrap_or_else(|| default_process_grid(shape.len(), devices.len()));
@@ -294,6 +297,31 @@ fn check_blocks(shape: &[usize], block: &[usize]) -> Result<()> {
     crate::grid::check_count(&blocks)
 }
 
+/// The error of a dealt placement with no devices to deal over: a process grid given alone,
+/// or blocks dealt over an empty list.
+fn no_devices(shape: &[usize], process_grid: Option<&[usize]>) -> Error {
+    let Some(pg) = process_grid else {
+        return Error::shape(
+            "block-cyclic blocks are dealt over devices: give at least one (devices=[...] in \
+             Python, Layout::block_cyclic's devices in Rust)",
+            "no devices",
+        );
+    };
+    let cells = pg
+        .iter()
+        .try_fold(1usize, |n, &k| n.checked_mul(k))
+        .filter(|_| pg.len() == shape.len());
+    let cells = cells.map_or(String::new(), |n| format!(" ({n} in all)"));
+    Error::shape(
+        format!(
+            "a process grid deals the target partitions over devices, one per process-grid \
+             cell{cells}: give them (devices=[...] in Python, Layout::dealt or \
+             Layout::block_cyclic in Rust)"
+        ),
+        format!("process grid {} and no devices", tuple_string(pg)),
+    )
+}
+
 fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Result<()> {
     let count = pg.iter().try_fold(1usize, |n, &k| n.checked_mul(k));
     if pg.len() != shape.len() || pg.contains(&0) || count != Some(devices.len()) {
@@ -379,7 +407,7 @@ mod tests {
             .resolve(&[8, 8])
             .unwrap_err()
             .to_string()
-            .contains("0 devices"));
+            .contains("dealt over devices: give at least one"));
         let tiny = Layout::block_cyclic(&[1], vec![Device::CPU]);
         let e = tiny.resolve(&[1 << 40]).unwrap_err().to_string();
         assert!(e.contains("too many partitions"), "{e}");
@@ -415,11 +443,13 @@ mod tests {
             .process_grid(&[1, 3]);
         let expect = vec![devs[0], devs[1], devs[0], devs[1]];
         assert_eq!(dealt.target(&src, &|i| devs[i]).unwrap().devices, expect);
-        let no_devices = Layout::tiling(&[2, 2]).process_grid(&[1, 1]);
-        assert!(no_devices
-            .target(&src, &|i| devs[i])
-            .unwrap_err()
-            .to_string()
-            .contains("0 devices"));
+        // A process grid alone names the devices it lacks, one per cell.
+        let no_devices = Layout::tiling(&[2, 2]).process_grid(&[1, 3]);
+        let e = no_devices.target(&src, &|i| devs[i]).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("one per process-grid cell (3 in all)"), "{e}");
+        assert!(e.contains("devices=[...] in Python"), "{e}");
+        assert!(e.ends_with("process grid (1, 3) and no devices"), "{e}");
     }
 }

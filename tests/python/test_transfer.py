@@ -76,3 +76,14 @@ def test_one_torch_device_is_one_device_as_a_list_of_one_is():
     # What is neither one device nor a sequence of them is still named.
     with pytest.raises(TypeError, match="devices must be a device .* not object"):
         pa.repartition((1, 3), devices=object())
+
+
+def test_a_process_grid_without_devices_asks_for_one_device_per_cell():
+    x = np.arange(12.0).reshape(4, 3)
+    pa = dlpart.partition(x, (2, 1))
+    with pytest.raises(ValueError) as e:
+        pa.repartition((1, 3), process_grid=(1, 3))
+    assert "one per process-grid cell (3 in all): give them (devices=[...] in Python" in str(e.value)
+    assert str(e.value).endswith("process grid (1, 3) and no devices")
+    dealt = pa.repartition((1, 3), devices=["cpu"] * 3, process_grid=(1, 3))
+    np.testing.assert_array_equal(np.from_dlpack(dealt.assemble()), x)
