@@ -298,13 +298,25 @@ fn stacked_grid(
     axis: usize,
     ndim: usize,
 ) -> Result<(Grid, Vec<usize>)> {
-    if axis >= ndim {
-        return Err(spmd_error(format!(
-            "partitions stacked along axis {axis} have {ndim} axes"
-        )));
-    }
     let (r0, k0) = all[0];
     let base = &metas[r0].parts[k0].1;
+    if axis >= ndim {
+        // An argument out of range for the arrays given (every rank reads the same metadata,
+        // so every rank returns this same error).
+        let what = match ndim {
+            0 => "from_local: 0-d partitions have no axis to stack along".to_string(),
+            _ => format!(
+                "from_local: axis out of range for {ndim}-d partitions (0 <= axis < {ndim})"
+            ),
+        };
+        return Err(Error::shape(
+            what,
+            format!(
+                "axis={axis} (partition {k0} of rank {r0} has shape {})",
+                tuple_string(base)
+            ),
+        ));
+    }
     let mut splits = vec![0usize];
     for &(r, k) in all {
         let s = &metas[r].parts[k].1;

@@ -182,6 +182,34 @@ fn stacked_partitions_follow_each_other_in_rank_order() {
     assert!(out[1].1.is_none());
 }
 
+#[test]
+fn a_stacking_axis_beyond_the_partitions_axes_is_an_argument_error_on_every_rank() {
+    // Rank 1 holds nothing: it learns of the others' number of axes from the metadata.
+    let errors = ThreadComm::run(3, |comm| {
+        let parts = match comm.rank() {
+            1 => vec![],
+            _ => vec![Tensor::from(ndarray::Array2::<f32>::zeros((2, 3)))],
+        };
+        let e = from_stacked(comm, parts, 2).unwrap_err();
+        (e.kind().to_string(), e.to_string())
+    });
+    for (kind, message) in &errors {
+        assert_eq!(kind, "ValueError", "{message}");
+        assert_eq!(message, &errors[0].1);
+        assert!(message.contains("axis=2"), "{message}");
+        assert!(
+            message.contains("2-d partitions (0 <= axis < 2)"),
+            "{message}"
+        );
+    }
+    // 0-d partitions have no axis at all.
+    let errors = ThreadComm::run(2, |comm| {
+        let t = Tensor::from(ndarray::arr0(1.0f32).into_dyn());
+        from_stacked(comm, vec![t], 0).unwrap_err().to_string()
+    });
+    assert_same_error(&errors, "0-d partitions have no axis to stack along");
+}
+
 /// Every rank's error message, after each rank made its own contribution.
 fn errors_of(f: impl Fn(&ThreadComm) -> crate::Result<PartitionedArray> + Sync) -> Vec<String> {
     ThreadComm::run(4, |comm| f(comm).unwrap_err().to_string())

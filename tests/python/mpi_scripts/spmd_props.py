@@ -257,6 +257,11 @@ def errors():
     claim = {(min(rank, 2), 0): np.zeros((1, 4), np.float32)}
     expect_collective_error("overlap", lambda: dlpart.mpi.from_local(claim, comm),
                             dlpart.ProtocolError, "cover the same box")
+    # An axis the arrays lack is an argument error, the same on every rank (rank 2 holds none).
+    rows = np.zeros((2, 4), np.float32) if rank != 2 else []
+    expect_collective_error("an axis beyond the arrays' axes",
+                            lambda: dlpart.mpi.from_local(rows, comm, axis=2), ValueError,
+                            "from_local: axis out of range for 2-d partitions (0 <= axis < 2): axis=2")
     a = dlpart.mpi.from_local(np.zeros((2, 4), np.float32), comm, axis=0)
     tiling = (1, 2) if rank == 2 else (2, 1)
     expect_collective_error("layouts", lambda: a.repartition(tiling), dlpart.ProtocolError,
