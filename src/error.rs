@@ -2,8 +2,8 @@
 //!
 //! Every variant carries the offending values as fields, so that callers can match on them and
 //! messages can name them. The Python layer maps variants onto exception classes:
-//! [`Error::Buffer`], [`Error::DLPackField`], [`Error::UnsupportedDType`] and
-//! [`Error::UnsupportedDevice`] become `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
+//! [`Error::Buffer`], [`Error::DLPackField`], [`Error::UnsupportedDType`],
+//! [`Error::UnsupportedDevice`] and [`Error::NoNewMemory`] become `BufferError`; [`Error::Protocol`] becomes `dlpart.ProtocolError` (a `ValueError`);
 //! [`Error::InvalidDevice`] and [`Error::DeviceMismatch`] become `dlpart.DeviceError` (a
 //! `ValueError`); [`Error::IndexOutOfRange`] becomes `IndexError`; [`Error::BackendUnavailable`]
 //! becomes `dlpart.BackendUnavailableError` (a `RuntimeError`); [`Error::OutOfMemory`] becomes
@@ -127,6 +127,21 @@ pub enum Error {
         device: String,
         /// What was asked of it.
         op: String,
+    },
+
+    /// New memory asked for on a device whose memory dlpart does not make (managed and ROCm
+    /// host memory): data there is read and written in place, but a new tensor there would be
+    /// plain memory mislabelled as that kind. `advice` says what the calling operation can do
+    /// instead (see [`Error::advise`]).
+    #[error(
+        "cannot allocate new memory on {device}: dlpart makes only kDLCPU, kDLCUDA and pinned \
+         kDLCUDAHost memory; {advice}"
+    )]
+    NoNewMemory {
+        /// The device asked for.
+        device: Device,
+        /// How to get the result on a device dlpart allocates on.
+        advice: String,
     },
 
     /// A device string or `(type, id)` pair that does not name a DLPack device.
@@ -327,6 +342,30 @@ impl Error {
         }
     }
 
+    /// [`Error::NoNewMemory`] on `device`, with the advice any caller can follow: copy the
+    /// data onto a device dlpart allocates on first.
+    pub fn no_new_memory(device: Device) -> Self {
+        Error::NoNewMemory {
+            device,
+            advice: "copy the data onto one of them first (`to('cpu')` in Python, \
+                     `ops::to_device` or `PartitionedArray::to` in Rust)"
+                .into(),
+        }
+    }
+
+    /// This error with `advice` in place of an [`Error::NoNewMemory`]'s own: the operation that
+    /// asked for the memory knows which of its options puts the result elsewhere. Other errors
+    /// are returned unchanged.
+    pub fn advise(self, advice: &str) -> Self {
+        match self {
+            Error::NoNewMemory { device, .. } => Error::NoNewMemory {
+                device,
+                advice: advice.into(),
+            },
+            e => e,
+        }
+    }
+
     /// Shorthand for [`Error::Shape`].
     pub fn shape(what: impl Into<String>, found: impl Into<String>) -> Self {
         Error::Shape {
@@ -369,6 +408,7 @@ impl Error {
             | Error::DLPackField { .. }
             | Error::UnsupportedDType { .. }
             | Error::UnsupportedDevice { .. }
+            | Error::NoNewMemory { .. }
             | Error::ReadOnly { .. } => "BufferError",
             Error::Protocol { .. } | Error::ProtocolMany { .. } | Error::DistArray { .. } => {
                 "ProtocolError"
@@ -400,6 +440,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// of the `transfer` argument.
 pub(crate) const ALLOW_TRANSFER: &str = "allow the move with transfer (transfer=True in Python, \
                                          `true` in Rust)";
+
+/// The [`Error::NoNewMemory`] advice of a repartition (Python's `repartition`, Rust's
+/// `repartition` with a [`crate::Layout`]).
+pub(crate) const REPARTITION_ELSEWHERE: &str =
+    "repartition onto one of them (devices='cpu' with transfer=True in Python, a layout \
+     `.on(Device::CPU)` with transfer `true` in Rust)";
+
+/// The [`Error::NoNewMemory`] advice of an assemble.
+pub(crate) const ASSEMBLE_ELSEWHERE: &str =
+    "assemble onto one of them (device='cpu' with transfer=True in Python, \
+     `Some(Device::CPU)` with transfer `true` in Rust)";
+
+/// The [`Error::NoNewMemory`] advice of a move whose target is such a device.
+pub(crate) const TARGET_ELSEWHERE: &str = "name one of them as the target instead";
 
 #[cfg(test)]
 mod tests {

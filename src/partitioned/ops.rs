@@ -7,7 +7,10 @@ use std::borrow::Borrow;
 use crate::backend::backend_for;
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
+use crate::error::{
+    tuple_string, Devices, Error, Result, ALLOW_TRANSFER, ASSEMBLE_ELSEWHERE,
+    REPARTITION_ELSEWHERE, TARGET_ELSEWHERE,
+};
 use crate::grid::Grid;
 use crate::layout::Layout;
 use crate::ops;
@@ -78,7 +81,8 @@ impl PartitionedArray {
         let target = layout.target(&self.grid, &|i| src[i].device())?;
         let dtype = self.dtype.unwrap_or(DType::Float32);
         let plan = Plan::new(&self.grid, &target.grid)?;
-        let out = ops::repartition(&plan, &src, &target.devices, transfer)?;
+        let out = ops::repartition(&plan, &src, &target.devices, transfer)
+            .map_err(|e| e.advise(REPARTITION_ELSEWHERE))?;
         Ok(Self::from_tensors_unchecked(target.grid, out, dtype))
     }
 
@@ -108,6 +112,11 @@ impl PartitionedArray {
     /// The whole array as one new tensor, on `device` or else on the partitions' common device.
     /// Partitions on other devices than the target need `transfer`.
     pub fn assemble(&self, device: Option<Device>, transfer: bool) -> Result<Tensor> {
+        self.assemble_on(device, transfer)
+            .map_err(|e| e.advise(ASSEMBLE_ELSEWHERE))
+    }
+
+    fn assemble_on(&self, device: Option<Device>, transfer: bool) -> Result<Tensor> {
         let tensors = self.tensors()?;
         let devices = distinct_devices(&tensors);
         let target = match device {
@@ -143,7 +152,7 @@ impl PartitionedArray {
                 if t.device() == device {
                     Ok((*t).clone())
                 } else {
-                    ops::to_device(t, device)
+                    ops::to_device(t, device).map_err(|e| e.advise(TARGET_ELSEWHERE))
                 }
             })
             .collect::<Result<Vec<_>>>()?;

@@ -323,13 +323,72 @@ fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
         let e = pa
             .repartition(&Layout::tiling(&[1, 1]).on(device), true)
             .unwrap_err();
-        assert!(matches!(e, Error::UnsupportedDevice { .. }), "{e}");
-        assert!(e.to_string().contains(&device.to_string()), "{e}");
+        assert!(
+            matches!(e, Error::NoNewMemory { device: d, .. } if d == device),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("repartition onto one of them"),
+            "{e}"
+        );
         assert!(crate::ops::to_device(&t, device).is_err());
+        let e = pa.to(device).unwrap_err();
+        assert!(
+            e.to_string().contains("name one of them as the target"),
+            "{e}"
+        );
         // SAFETY: `t`'s eight elements, in C order, relabelled as host memory of `kind`.
         let there = unsafe { view_2x2(&t, [2, 1], device) };
         let e = crate::ops::to_device(&there, there.device()).unwrap_err();
-        assert!(e.to_string().contains("allocating new memory"), "{e}");
+        assert!(e.to_string().contains("cannot allocate new memory"), "{e}");
+        // Each operation that would allocate there names its own way out.
+        let held = PartitionedArray::partition(&there, &Layout::tiling(&[2, 1])).unwrap();
+        let e = held
+            .repartition(&Layout::tiling(&[1, 2]), true)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("repartition onto one of them (devices='cpu'"),
+            "{e}"
+        );
+        let e = held.assemble(None, true).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("assemble onto one of them (device='cpu'"),
+            "{e}"
+        );
+        let idx = Tensor::from_slice(&[1i64], &[1]).unwrap();
+        let e = held.gather(&idx, 0, true).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("copy the data onto one of them first"),
+            "{e}"
+        );
+        // The ways named work, and give the data back.
+        let on_cpu = Layout::tiling(&[1, 2]).on(Device::CPU);
+        let cols = held.repartition(&on_cpu, true).unwrap();
+        assert_eq!(cols.devices(), vec![Device::CPU]);
+        let whole = held.assemble(Some(Device::CPU), true).unwrap();
+        assert_eq!(
+            whole.to_array::<i32>().unwrap(),
+            there.to_array::<i32>().unwrap()
+        );
+        let row = held
+            .to(Device::CPU)
+            .unwrap()
+            .gather(&idx, 0, false)
+            .unwrap();
+        assert_eq!(
+            row.assemble(None, false)
+                .unwrap()
+                .to_array::<i32>()
+                .unwrap(),
+            there
+                .to_array::<i32>()
+                .unwrap()
+                .slice(ndarray::s![1..2, ..])
+                .into_dyn()
+        );
         // Read and copied to kDLCPU, as any host memory.
         let here = crate::ops::to_device(&there, Device::CPU).unwrap();
         assert_eq!(here.device(), Device::CPU);

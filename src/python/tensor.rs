@@ -16,6 +16,7 @@ use super::capsule::{consume_capsule, export_capsule};
 use super::device::{device_arg, target_device_arg, PyDevice};
 use super::dlpack_call::{call_legacy, call_numpy, call_versioned, Keywords};
 use super::errors::{to_py, BackendUnavailableError, DeviceError};
+use crate::error::TARGET_ELSEWHERE;
 
 /// A strided n-d array on one device, exchanged zero-copy through DLPack.
 ///
@@ -34,7 +35,8 @@ impl PyTensor {
 
 /// A contiguous copy of `t` on its own device.
 pub(crate) fn copy_tensor(t: &Tensor) -> PyResult<Tensor> {
-    t.copy().map_err(to_py)
+    t.copy()
+        .map_err(|e| to_py(e.advise("copy it onto one of them instead (t.to('cpu'))")))
 }
 
 /// `t` placed on `target`, copying only where it must and only if `copy` allows.
@@ -58,7 +60,7 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
     }
     // A copy on the target device, as the array API's from_dlpack allows: what dlpart cannot
     // place there is a BufferError (memory running out stays a MemoryError).
-    match crate::ops::to_device(&t, to) {
+    match crate::ops::to_device(&t, to).map_err(|e| e.advise(TARGET_ELSEWHERE)) {
         Ok(c) => Ok((c, true)),
         Err(e @ crate::Error::OutOfMemory { .. }) => Err(to_py(e)),
         Err(e) => Err(PyBufferError::new_err(format!(
@@ -291,7 +293,7 @@ impl PyTensor {
         let t = self.inner.clone();
         py.detach(|| t.to_device(d))
             .map(PyTensor::new)
-            .map_err(to_py)
+            .map_err(|e| to_py(e.advise(TARGET_ELSEWHERE)))
     }
 
     /// A contiguous copy on the same device.

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
+use crate::error::{
+    tuple_string, Devices, Error, Result, ALLOW_TRANSFER, ASSEMBLE_ELSEWHERE, REPARTITION_ELSEWHERE,
+};
 use crate::grid::Grid;
 use crate::layout::{stay_by, Layout, Placement};
 use crate::ops;
@@ -193,6 +195,7 @@ pub(super) fn repartition_target_with(
         }
         Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
     });
+    let stage = stage.map_err(|e| e.advise(REPARTITION_ELSEWHERE));
     let ((stage, target), peers) = agreed(
         comm,
         "repartition",
@@ -398,7 +401,8 @@ pub(super) fn assemble_with(
             transfer,
             rounds,
         )
-    })();
+    })()
+    .map_err(|e| e.advise(ASSEMBLE_ELSEWHERE));
     let (stage, peers) = agreed(
         comm,
         "assemble",

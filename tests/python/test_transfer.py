@@ -87,3 +87,40 @@ def test_a_process_grid_without_devices_asks_for_one_device_per_cell():
     assert str(e.value).endswith("process grid (1, 3) and no devices")
     dealt = pa.repartition((1, 3), devices=["cpu"] * 3, process_grid=(1, 3))
     np.testing.assert_array_equal(np.from_dlpack(dealt.assemble()), x)
+
+
+@pytest.mark.parametrize("kind", [13, 11])  # kDLCUDAManaged, kDLROCMHost
+def test_new_memory_on_managed_or_rocm_host_memory_names_each_operations_way_out(kind):
+    """dlpart makes no managed or ROCm host memory: each operation that would make some says
+    what its caller can pass instead (transfer=True alone is not it), and that works."""
+    import re
+
+    ref = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = dlpart.from_dlpack(dlpart._core._testing.make_capsule(
+        ref.tobytes(), [3, 4], strides=[4, 1], device=(kind, 0)))
+    pa = dlpart.partition(t, (3, 1))
+    repartition = "repartition onto one of them (devices='cpu' with transfer=True in Python"
+    assemble = "assemble onto one of them (device='cpu' with transfer=True in Python"
+    cases = [
+        (lambda: pa.repartition((1, 2)), repartition),
+        (lambda: pa.repartition((1, 2), transfer=True), repartition),
+        (lambda: pa.assemble(), assemble),
+        (lambda: pa.assemble(transfer=True), assemble),
+        (lambda: t.copy(), "copy it onto one of them instead (t.to('cpu'))"),
+        (lambda: pa.gather([0], transfer=True), "copy the data onto one of them first (`to('cpu')`"),
+        (lambda: dlpart.partition(ref, (3, 1)).to(t.device), "name one of them as the target"),
+        (lambda: dlpart.from_dlpack(ref).to(t.device), "name one of them as the target"),
+    ]
+    for make, advice in cases:
+        with pytest.raises(BufferError, match=re.escape(advice)) as e:
+            make()
+        assert str(e.value).startswith(f"cannot allocate new memory on {t.device}: dlpart makes "
+                                       "only kDLCPU, kDLCUDA and pinned kDLCUDAHost memory")
+    # The ways named work.
+    cols = pa.repartition((1, 2), devices="cpu", transfer=True)
+    assert cols.devices == ["kDLCPU"]
+    np.testing.assert_array_equal(np.from_dlpack(cols.assemble()), ref)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu", transfer=True)), ref)
+    np.testing.assert_array_equal(np.from_dlpack(t.to("cpu").copy()), ref)
+    np.testing.assert_array_equal(np.from_dlpack(pa.to("cpu").gather([2, 0]).assemble()),
+                                  ref[[2, 0]])

@@ -48,7 +48,7 @@ use crate::access;
 use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
-use crate::error::{tuple_string, Error, Result, ALLOW_TRANSFER};
+use crate::error::{tuple_string, Error, Result};
 use crate::plan::Plan;
 use crate::tensor::{contiguous_strides, HostBuffer, Tensor};
 
@@ -203,13 +203,7 @@ pub(crate) fn host_allocator(device: Device) -> Result<Option<Arc<dyn Backend>>>
             }),
             Err(e) => Err(e),
         },
-        _ => Err(Error::UnsupportedDevice {
-            device: device.to_string(),
-            op: format!(
-                "allocating new memory (dlpart makes kDLCPU, kDLCUDA and pinned kDLCUDAHost \
-                 memory; move the data to one of them: {ALLOW_TRANSFER})"
-            ),
-        }),
+        _ => Err(Error::no_new_memory(device)),
     }
 }
 
