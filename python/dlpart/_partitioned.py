@@ -399,7 +399,9 @@ class PartitionedArray:
         return out
 
     def to(self, device: DeviceLike) -> "PartitionedArray":
-        """Every partition copied onto ``device`` (an explicit transfer), same grid."""
+        """Every partition copied onto ``device`` (an explicit transfer), same grid. Data on a
+        device without dlpart kernels (kDLOneAPI) raises `dlpart.BackendUnavailableError`:
+        only its own library can move it."""
         self.fetch()
         return PartitionedArray._wrap(self._core.to(Device(device)))
 
@@ -550,6 +552,21 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer, op) -> List[Te
     producer's array-API namespace, on the data's own device."""
     src = pa.tensors()
     ops = pa._core.plan_ops([list(x) for x in dst_splits])
+    # The partitions' own library makes memory only on the devices they are on: a target
+    # elsewhere is beyond any transfer dlpart could make, and is said so before transfer=True
+    # is asked for.
+    held = {str(t.device) for t in src}
+    beyond = sorted({str(d) for d in dst_devs} - held)
+    if beyond:
+        moves = sorted({f"{src[s].device} -> {dst_devs[d]}" for s, _, d, _, _ in ops
+                        if str(dst_devs[d]) in beyond})
+        foreign = sorted(d for d in held | set(beyond) if Device(d).kind not in _NATIVE)
+        raise _core.BackendUnavailableError(
+            f"{op}: dlpart has no kernels for {', '.join(foreign)}; such data is copied by its "
+            f"own library, which makes memory only on the devices the partitions are on "
+            f"({', '.join(sorted(held))}), not on {', '.join(beyond)}"
+            f"{' (' + ', '.join(moves) + ')' if moves else ''}: move the data with that "
+            f"library first")
     # Only the boxes the plan copies cross devices, not every pair of source and target.
     crossing = sorted({f"{src[s].device} -> {dst_devs[d]}" for s, _, d, _, _ in ops
                        if src[s].device != dst_devs[d]})
@@ -577,12 +594,7 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer, op) -> List[Te
     dtype = native[0].dtype if native else None
     outs = []
     for k, (pos, start, shape) in enumerate(_boxes(dst_splits)):
-        dev = by_device.get(str(dst_devs[k]))
-        if dev is None:
-            raise DeviceError(
-                f"{op}: no partition lives on {dst_devs[k]}. Partitions on devices without "
-                f"dlpart kernels are copied by their own library, which dlpart can ask for "
-                f"memory only on the devices they are on: move them with that library first")
+        dev = by_device[str(dst_devs[k])]  # every target device holds a partition (above)
         outs.append(xp.empty(tuple(shape), dtype=dtype, device=dev))
     for s, s_start, d, d_start, shape in ops:
         dst_box = tuple(slice(a, a + n) for a, n in zip(d_start, shape))

@@ -218,6 +218,19 @@ pub fn check_present(device: Device) -> Result<()> {
     }
 }
 
+/// Whether dlpart has kernels for every one of `devices`: the [`Error::BackendUnavailable`]
+/// of the first without any (kDLOneAPI, ...), whose data only its own library can copy, so
+/// that an operation says so before it suggests a transfer that could not run. Host memory
+/// and CUDA devices pass (a CUDA backend that cannot load reports that when used).
+pub(crate) fn check_kernels(devices: impl IntoIterator<Item = Device>) -> Result<()> {
+    for d in devices {
+        if !d.is_host_accessible() && d.kind != DeviceType::Cuda {
+            backend_for(d)?;
+        }
+    }
+    Ok(())
+}
+
 /// The device dlpart's own scratch copies of data on `device` go on: host memory of any
 /// kind is worked on as `kDLCPU` memory (the CPU backend reads and writes every host kind),
 /// so that dlpart allocates no pinned or managed memory for its own use.

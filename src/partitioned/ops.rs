@@ -81,6 +81,11 @@ impl PartitionedArray {
         let target = layout.target(&self.grid, &|i| src[i].device())?;
         let dtype = self.dtype.unwrap_or(DType::Float32);
         let plan = Plan::new(&self.grid, &target.grid)?;
+        // Devices without dlpart kernels: said first, rather than a transfer suggested that
+        // could not run.
+        let mut devices = distinct_devices(&src);
+        devices.extend(distinct_devices_of(target.devices.iter().copied()));
+        crate::backend::check_kernels(devices)?;
         let out = ops::repartition(&plan, &src, &target.devices, transfer)
             .map_err(|e| e.advise(REPARTITION_ELSEWHERE))?;
         Ok(Self::from_tensors_unchecked(target.grid, out, dtype))
@@ -144,18 +149,11 @@ impl PartitionedArray {
 
     /// Every partition copied onto `device` (an explicit transfer), over the same grid.
     /// Partitions already there are shared, not copied.
+    /// Data on a device without dlpart kernels (kDLOneAPI) is refused with
+    /// [`Error::BackendUnavailable`]: only its own library can copy it.
     pub fn to(&self, device: Device) -> Result<Self> {
         let tensors = self.tensors()?;
-        let moved = tensors
-            .iter()
-            .map(|t| {
-                if t.device() == device {
-                    Ok((*t).clone())
-                } else {
-                    ops::to_device(t, device).map_err(|e| e.advise(TARGET_ELSEWHERE))
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let moved = moved_to_device(&tensors, device)?;
         let dtype = self.dtype.unwrap_or(DType::Float32);
         Ok(Self::from_tensors_unchecked(
             self.grid.clone(),
@@ -180,6 +178,8 @@ impl PartitionedArray {
         if away.is_empty() {
             return Ok(None);
         }
+        // A move no transfer could make is not one to suggest transfer for.
+        crate::backend::check_kernels(away.iter().copied().chain([target]))?;
         if !transfer {
             return Err(Error::DeviceMismatch {
                 op: op.into(),
@@ -187,17 +187,7 @@ impl PartitionedArray {
                 reason: format!("partitions would be moved to another device; {ALLOW_TRANSFER}"),
             });
         }
-        tensors
-            .iter()
-            .map(|t| {
-                if t.device() == target {
-                    Ok((*t).clone())
-                } else {
-                    ops::to_device(t, target)
-                }
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        moved_to_device(tensors, target).map(Some)
     }
 
     /// `out[.., k, ..] = self[.., indices[k], ..]` along `axis`, like `numpy.take`, with global
@@ -460,13 +450,45 @@ fn check_crossing(op: &str, from: Device, to: Device, transfer: bool) -> Result<
     Ok(())
 }
 
+/// Each of `tensors` on `device` (an explicit transfer): those already there shared, the
+/// others copied. Every move is checked for kernels on both sides before anything is copied.
+pub(crate) fn moved_to_device<T: Borrow<Tensor>>(
+    tensors: &[T],
+    device: Device,
+) -> Result<Vec<Tensor>> {
+    let away: Vec<Device> = distinct_devices(tensors)
+        .into_iter()
+        .filter(|&d| d != device)
+        .collect();
+    if !away.is_empty() {
+        crate::backend::check_kernels(away.into_iter().chain([device]))?;
+    }
+    tensors
+        .iter()
+        .map(|t| {
+            let t = t.borrow();
+            if t.device() == device {
+                Ok(t.clone())
+            } else {
+                ops::to_device(t, device).map_err(|e| e.advise(TARGET_ELSEWHERE))
+            }
+        })
+        .collect()
+}
+
 fn distinct_devices<T: Borrow<Tensor>>(tensors: &[T]) -> Vec<Device> {
+    distinct_devices_of(tensors.iter().map(|t| t.borrow().device()))
+}
+
+/// The distinct devices of `devices`, in order of first appearance.
+fn distinct_devices_of(devices: impl IntoIterator<Item = Device>) -> Vec<Device> {
     let mut out: Vec<Device> = Vec::new();
-    for t in tensors {
-        let d = t.borrow().device();
-        if !out.contains(&d) {
+    let mut last = None;
+    for d in devices {
+        if last != Some(d) && !out.contains(&d) {
             out.push(d);
         }
+        last = Some(d);
     }
     out
 }

@@ -399,6 +399,41 @@ fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
     }
 }
 
+/// Partitions on a device without dlpart kernels (kDLOneAPI) cannot be moved by dlpart at
+/// all: `to`, and a repartition or assemble onto another device, say so (BackendUnavailable)
+/// with or without transfer, rather than ask for a transfer that could not run.
+#[test]
+fn data_on_a_device_without_kernels_is_refused_by_name_not_sent_to_transfer() {
+    let (t, _) = global(&[4, 2]);
+    let one_api = Device::new(DeviceType::OneApi, 0).unwrap();
+    // SAFETY: the 2x2 view covers the first four of `t`'s elements.
+    let there = unsafe { view_2x2(&t, [2, 1], one_api) };
+    let pa = PartitionedArray::partition(&there, &Layout::tiling(&[2, 1])).unwrap();
+    let unavailable = |e: Error| {
+        assert!(
+            matches!(
+                &e,
+                Error::BackendUnavailable {
+                    backend: "kDLOneAPI",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
+    };
+    unavailable(pa.to(Device::CPU).unwrap_err());
+    for transfer in [false, true] {
+        unavailable(pa.assemble(Some(Device::CPU), transfer).unwrap_err());
+        let on_cpu = Layout::tiling(&[1, 1]).on(Device::CPU);
+        unavailable(pa.repartition(&on_cpu, transfer).unwrap_err());
+    }
+    // Host data asked onto such a device is refused the same way.
+    let host = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+    unavailable(host.to(one_api).unwrap_err());
+    unavailable(host.assemble(Some(one_api), false).unwrap_err());
+}
+
 #[test]
 fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
     for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {

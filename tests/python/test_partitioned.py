@@ -489,8 +489,12 @@ def test_oneapi_partitions_repartition_on_their_own_device():
     whole = pa.assemble()
     assert whole.device == "kDLOneAPI:0"
     np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(whole)), ref)
-    with pytest.raises(dlpart.DeviceError, match="kDLOneAPI:0 -> kDLCPU"):
-        pa.repartition((3, 1), devices="kDLCPU")
+    # dpctl makes memory only on its own devices: no transfer could take the data to the host.
+    for transfer in (False, True):
+        with pytest.raises(dlpart.BackendUnavailableError, match="kDLOneAPI:0 -> kDLCPU"):
+            pa.repartition((3, 1), devices="kDLCPU", transfer=transfer)
+    with pytest.raises(dlpart.BackendUnavailableError, match="no kernels for kDLOneAPI:0"):
+        pa.to("cpu")
     # The result goes on through dpctl as its source did; dlpart's own kernels are not there.
     np.testing.assert_array_equal(dpt.asnumpy(dpt.from_dlpack(out.assemble())), ref)
     with pytest.raises(dlpart.BackendUnavailableError, match="no kernels for kDLOneAPI:0"):
@@ -559,6 +563,29 @@ def test_devices_without_kernels_cross_only_where_the_plan_copies():
                                                      transfer=True).assemble()).a, x)
     with pytest.raises(BufferError, match="kDLOneAPI:0; copy it to host memory with its own"):
         np.asarray(cols.partitions[(0, 0)].tensor)
+
+
+def test_devices_without_kernels_are_not_told_to_pass_transfer_where_it_cannot_help():
+    """dlpart cannot move data off a device it has no kernels for: `to` and a layout or
+    assemble onto a device no partition is on raise BackendUnavailableError, with or
+    without transfer=True, instead of asking for transfer=True and then refusing it."""
+    x = np.arange(24.0).reshape(4, 6)
+    pa = dlpart.from_partitioned({"shape": (4, 6), "partition_tiling": (2, 1), "partitions": {
+        (i, 0): {"start": (2 * i, 0), "shape": (2, 6), "data": OneApiStandIn(x[2 * i:2 * i + 2].copy(), 0),
+                 "location": []} for i in range(2)}})
+    with pytest.raises(dlpart.BackendUnavailableError, match="no kernels for kDLOneAPI:0"):
+        pa.to("cpu")
+    for transfer in (False, True):
+        for make in (lambda: pa.assemble(device="cpu", transfer=transfer),
+                     lambda: pa.repartition((1, 2), devices="cpu", transfer=transfer),
+                     lambda: pa.repartition((1, 2), devices="kDLOneAPI:1", transfer=transfer)):
+            with pytest.raises(dlpart.BackendUnavailableError,
+                               match=r"makes memory only on the devices the partitions are on "
+                                     r"\(kDLOneAPI:0\), not on kDLCPU|not on kDLOneAPI:1") as e:
+                make()
+            assert "transfer=True" not in str(e.value) and "kDLOneAPI:0 -> " in str(e.value)
+    # Onto the device they are on, the library's own copies still serve.
+    np.testing.assert_array_equal(OneApiNamespace.from_dlpack(pa.assemble()).a, x)
 
 
 def test_location_tuples_are_draft_2_and_read_back_the_same():
