@@ -9,7 +9,7 @@ __all__ = [
     "prepare_gather", "prepare_scatter", "_testing", "set_num_threads",
     "get_num_threads", "reload_log_levels", "_note_host_devices", "_MpiComm",
     "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
-    "_spmd_assemble", "_spmd_fail", "_spmd_check", "_spmd_gather", "_spmd_scatter",
+    "_spmd_assemble", "_spmd_fail", "_spmd_check", "_spmd_to", "_spmd_gather", "_spmd_scatter",
     "_spmd_from_distarray", "_distarray_import", "_distarray_describe", "DISTARRAY_VERSION",
 ]
 
@@ -221,6 +221,10 @@ def _spmd_assemble(
 def _spmd_fail(comm: _MpiComm, kind: str, message: str) -> None: ...
 def _spmd_check(comm: _MpiComm, error: Optional[Tuple[str, str]] = None,
                 call: str = "check_together") -> None: ...
+def _spmd_to(
+    comm: _MpiComm, pa: _PartitionedArray, device: Optional[DeviceLike] = None,
+    error: Optional[ErrorTuple] = None,
+) -> _PartitionedArray: ...
 def _spmd_gather(
     comm: _MpiComm, pa: _PartitionedArray, indices: Tensor, axis: int
 ) -> Tuple[_PartitionedArray, TrafficTuple]: ...

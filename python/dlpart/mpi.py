@@ -297,8 +297,9 @@ def from_partitioned(obj: Any, comm: Any) -> "SpmdArray":
 class SpmdArray(PartitionedArray):
     """A `dlpart.PartitionedArray` spread over the ranks of an MPI communicator: this rank holds
     the partitions in ``locals``; the others are ``None`` here. ``repartition``,
-    ``repartition_into``, ``assemble``, ``gather`` and ``scatter`` are collective. ``traffic`` holds the bytes the
-    operation that made this array moved on this rank (`Traffic`), or None."""
+    ``repartition_into``, ``assemble``, ``gather``, ``scatter`` and ``to`` are collective.
+    ``traffic`` holds the bytes the operation that made this array moved on this rank
+    (`Traffic`), or None."""
 
     __slots__ = ("comm", "traffic")
 
@@ -327,6 +328,31 @@ class SpmdArray(PartitionedArray):
                 if rank is not None:
                     found.setdefault(rank, str(device))
         return [found.get(r, "kDLCPU") for r in range(self.comm.size)]
+
+    def tensors(self) -> List[Tensor]:
+        """Every partition's tensor in C order, where this rank holds them all (one rank, or a
+        replicated array such as heat's ``split=None``); otherwise a ValueError naming a
+        partition held elsewhere. This rank's own are ``[a.partitions[p].tensor for p in
+        a.locals]``. Not collective."""
+        for pos, _, _, data, locs in self._core.entries():
+            if data is None:
+                owner = next((r for *_, r in locs if r is not None), None)
+                raise ValueError(
+                    f"SpmdArray.tensors: partition {tuple(pos)} is rank {owner}'s, and rank "
+                    f"{self.comm.rank} holds only its locals {self.locals}: take those with "
+                    f"[a.partitions[p].tensor for p in a.locals], or assemble the array")
+        return super().tensors()
+
+    def to(self, device: DeviceLike) -> "SpmdArray":
+        """Every partition this rank holds copied onto ``device`` (an explicit transfer;
+        partitions already there are shared, not copied), over the same grid and ranks, with
+        the same ``locals`` (collective). Each rank names its own device and the ranks may
+        name different ones (``f"cuda:{comm.rank % gpus}"``); every rank learns the others',
+        so the result's locations name each partition's new device on every rank. A failure
+        on any rank (a device not here, data on a device without dlpart kernels) is raised on
+        every rank, and nothing changes."""
+        core = _core._spmd_to(self.comm, self._core, device)
+        return SpmdArray._spmd(core, self.comm, None, None)
 
     def repartition(self, tiling: Optional[Sequence[int]] = None, *,
                     splits: Optional[SplitsLike] = None,

@@ -465,6 +465,36 @@ fn _spmd_assemble(
         .map_err(to_py)
 }
 
+/// See `dlpart.mpi.SpmdArray.to`: this rank's `device`, or its `error` as `(exception class
+/// name, message)` met reading it.
+#[pyfunction]
+#[pyo3(signature = (comm, pa, device=None, error=None))]
+fn _spmd_to(
+    py: Python<'_>,
+    comm: &MpiComm,
+    pa: PyRef<'_, PyPartitioned>,
+    device: Option<&Bound<'_, PyAny>>,
+    error: Option<(String, String)>,
+) -> PyResult<PyPartitioned> {
+    let device = match (failure(error), device) {
+        (Some(e), _) => Err(e),
+        (None, Some(d)) => device_arg(d).map_err(|e| Error::Collective {
+            rank: comm.rank,
+            kind: e
+                .get_type(py)
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+            message: e.value(py).to_string(),
+        }),
+        (None, None) => Err(Error::buffer("no device and no error given")),
+    };
+    let inner = &pa.inner();
+    py.detach(|| spmd::to_in(comm, inner, device))
+        .map(wrap)
+        .map_err(to_py)
+}
+
 /// See `dlpart.mpi.SpmdArray.gather`; returns the array and `(sent, received, local)`.
 #[pyfunction]
 fn _spmd_gather<'py>(
@@ -505,6 +535,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_spmd_assemble, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_fail, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_check, m)?)?;
+    m.add_function(wrap_pyfunction!(_spmd_to, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_gather, m)?)?;
     m.add_function(wrap_pyfunction!(_spmd_scatter, m)?)?;
     Ok(())

@@ -12,6 +12,7 @@
 //!   copied locally and never sent (module `exchange`).
 //! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
 //!   index served by the rank holding it.
+//! - [`to`]: each rank's partitions moved onto a device of its own (module `moved`).
 //!
 //! Device buffers go to the communicator directly when it takes them
 //! ([`Communicator::accepts_device`]: a CUDA-aware MPI). Otherwise they are staged through
@@ -34,6 +35,7 @@
 mod agree;
 mod exchange;
 mod local;
+mod moved;
 mod take;
 mod thread;
 mod wire;
@@ -46,6 +48,9 @@ pub(crate) use exchange::repartition_target;
 pub use exchange::{assemble, owners, repartition, repartition_into, repartition_to, SpmdTarget};
 pub(crate) use local::from_local_in;
 pub use local::{from_local, from_stacked, with_ranks, LocalParts};
+pub use moved::to;
+#[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
+pub(crate) use moved::to_in;
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;
 

@@ -956,3 +956,99 @@ fn a_view_one_rank_holds_of_its_target_fails_every_rank_before_any_write() {
         }
     }
 }
+
+/// `to` puts each rank's partitions on the device that rank names (the ranks naming different
+/// ones: kDLCPU:1 is a framework's emulated host device), keeping the grid, owners and
+/// `locals`; every rank's locations name each partition's new device, partitions already there
+/// are shared rather than copied, and the moved array assembles to the reference.
+#[test]
+fn to_puts_each_ranks_partitions_on_its_own_device_and_every_rank_learns_them() {
+    crate::backend::note_host_devices(2);
+    let a = reference(&[6, 3]);
+    let emulated = |r: usize| Device::new(crate::DeviceType::Cpu, (r % 2) as i32).unwrap();
+    let out = ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = Tensor::from(block(&a, &[2 * me, 0], &[2, 3]));
+        let pa = from_stacked(comm, vec![rows.clone()], 0).unwrap();
+        let moved = to(comm, &pa, emulated(me)).unwrap();
+        let mine = moved.data()[me].tensor().unwrap().clone();
+        let remote = (0..3)
+            .filter(|&f| matches!(moved.data()[f], Data::Remote))
+            .count();
+        let locations: Vec<(Option<i64>, Device)> = (0..moved.len())
+            .map(|f| (moved.locations(f)[0].rank, moved.locations(f)[0].device))
+            .collect();
+        let whole = assemble(comm, &moved, Some(0), Some(Device::CPU), true)
+            .unwrap()
+            .map(|t| t.to_array::<f32>().unwrap());
+        (
+            moved.grid().splits().to_vec(),
+            moved.locals().unwrap().to_vec(),
+            (mine.device(), mine.to_array::<f32>().unwrap()),
+            (mine.data_ptr() == rows.data_ptr(), remote),
+            locations,
+            whole,
+        )
+    });
+    for (r, (splits, locals, (device, values), (shared, remote), locations, whole)) in
+        out.iter().enumerate()
+    {
+        assert_eq!(splits, &[vec![0, 2, 4, 6], vec![0, 3]]);
+        assert_eq!(locals, &[vec![r, 0]]);
+        assert_eq!(*device, emulated(r));
+        assert_eq!(values, &block(&a, &[2 * r, 0], &[2, 3]));
+        // kDLCPU data asked onto kDLCPU is shared; onto kDLCPU:1 it is copied.
+        assert_eq!(*shared, r % 2 == 0, "rank {r}");
+        assert_eq!(*remote, 2, "rank {r}: the others' partitions stay remote");
+        let want: Vec<(Option<i64>, Device)> =
+            (0..3).map(|o| (Some(o as i64), emulated(o))).collect();
+        assert_eq!(locations, &want, "rank {r}'s locations");
+        assert_eq!(whole.as_ref(), (r == 0).then_some(&a));
+    }
+}
+
+/// A rank that cannot move its partitions (a device it lacks, data on a device without dlpart
+/// kernels) and ranks moving different arrays fail every rank with the same error.
+#[test]
+fn to_fails_every_rank_when_one_rank_cannot_move() {
+    let a = reference(&[6, 2]);
+    let cases: [(&str, &str); 3] = [
+        ("DeviceError", "rank 1: invalid device \"kDLCPU:99\""),
+        (
+            "BackendUnavailableError",
+            "rank 2: the kDLOneAPI backend is unavailable",
+        ),
+        ("ProtocolError", "ranks 0 and 1 asked for different arrays"),
+    ];
+    for (case, (kind, want)) in cases.iter().enumerate() {
+        let errors = ThreadComm::run(3, |comm| {
+            let me = comm.rank();
+            let mut rows = Tensor::from(block(&a, &[2 * me, 0], &[2, 2]));
+            if case == 1 && me == 2 {
+                // SAFETY: the 2x2 view with rows.strides() covers exactly `rows`' memory.
+                rows = unsafe {
+                    crate::partitioned::tests::view_2x2(
+                        &rows,
+                        [2, 1],
+                        Device::new(crate::DeviceType::OneApi, 0).unwrap(),
+                    )
+                };
+            }
+            let pa = from_stacked(comm, vec![rows.clone()], 0).unwrap();
+            // The same blocks side by side: another grid, which rank 1 moves in case 2.
+            let pb = from_stacked(comm, vec![rows], 1).unwrap();
+            let device = match (case, me) {
+                (0, 1) => Device::new(crate::DeviceType::Cpu, 99).unwrap(),
+                _ => Device::CPU,
+            };
+            let which = if (case, me) == (2, 1) { &pb } else { &pa };
+            let e = to(comm, which, device).unwrap_err();
+            (e.kind().to_string(), e.to_string())
+        });
+        for (k, message) in &errors {
+            assert_eq!(message, &errors[0].1);
+            assert_eq!(k, kind, "{message}");
+            assert!(message.contains(want), "{message} lacks {want}");
+        }
+    }
+}

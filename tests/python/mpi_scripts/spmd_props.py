@@ -5,8 +5,8 @@ partitions per rank, a rank with none, targets by split points, tilings, block-c
 process grids. Checked against numpy on every rank: the local partitions of each result, the
 whole assembled on rank 0 and on every rank, repartition_into, the byte counts (boxes that stay
 on a rank are never sent; computed here from box intersections), the dicts (the same on every
-rank but for data and locals), gather and scatter with global indices, and the errors: a rank that disagrees or fails makes every rank
-raise the same error within seconds.
+rank but for data and locals), gather and scatter with global indices, `to`, and the errors: a
+rank that disagrees or fails makes every rank raise the same error within seconds.
 
 usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -432,9 +432,57 @@ def communicators_dlpart_cannot_use():
         np.zeros((2, 4)), "world", axis=0), TypeError, "mpi4py communicator, not str")
 
 
+def moves():
+    """SpmdArray.to: each rank's partitions onto a device of its own (the ranks name different
+    ones; kDLCPU:1 is an emulated host device, as JAX's), the grid, locals and values kept,
+    every rank's dict naming each partition's new device; a device one rank lacks, or ranks
+    moving different arrays, fail every rank. SpmdArray.tensors names a partition held
+    elsewhere rather than blaming a dict."""
+    dlpart._core._note_host_devices(2)
+    ref = np.arange(2 * size * 3, dtype=np.float32).reshape(2 * size, 3)
+    mine = ref[2 * rank:2 * rank + 2].copy()
+    a = dlpart.mpi.from_local(mine, comm, axis=0)
+    b = a.to(f"kDLCPU:{rank % 2}")
+    assert isinstance(b, dlpart.mpi.SpmdArray) and b.comm is a.comm
+    assert b.splits == a.splits and b.locals == a.locals == [(rank, 0)]
+    held = b.partitions[(rank, 0)].tensor
+    assert held.device == f"kDLCPU:{rank % 2}"
+    np.testing.assert_array_equal(np.asarray(held), ref[2 * rank:2 * rank + 2])
+    # kDLCPU data asked onto kDLCPU is shared; onto kDLCPU:1 it is a copy.
+    assert (held.data_ptr == a.partitions[(rank, 0)].tensor.data_ptr) == (rank % 2 == 0)
+    d = b.__partitioned__
+    for (r, _), entry in d["partitions"].items():
+        assert dlpart.Device(entry["location"][0][2]) == f"kDLCPU:{r % 2}", (r, entry["location"])
+        assert (entry["data"] is None) == (r != rank)
+    same_everywhere(sorted((k, v["location"]) for k, v in d["partitions"].items()), "to's dict")
+    np.testing.assert_array_equal(
+        np.from_dlpack(b.assemble(root=None, device="cpu", transfer=True)), ref)
+    back = b.to("cpu")
+    assert back.partitions[(rank, 0)].tensor.device == "kDLCPU"
+    np.testing.assert_array_equal(np.from_dlpack(back.assemble(root=None)), ref)
+    expect_collective_error("a device one rank lacks", lambda: a.to("kDLCPU:7" if rank == 1 else "cpu"),
+                            dlpart.DeviceError, 'rank 1: invalid device "kDLCPU:7"')
+    expect_collective_error("a device name one rank cannot read",
+                            lambda: a.to("nowhere:0" if rank == 1 else "cpu"), dlpart.DeviceError,
+                            "rank 1: invalid device")
+    other = dlpart.mpi.from_local(mine, comm, axis=1)
+    expect_collective_error("ranks moving different arrays",
+                            lambda: (other if rank == 1 else a).to("cpu"), dlpart.ProtocolError,
+                            "ranks 0 and 1 asked for different arrays")
+    if size > 1:
+        try:
+            a.tensors()
+        except ValueError as e:
+            assert f"is rank {(rank + 1) % size if rank == 0 else 0}'s" in str(e), e
+            assert f"rank {rank} holds only its locals [({rank}, 0)]" in str(e), e
+        else:
+            raise AssertionError("tensors() of a spread array")
+
+
 def finish():
     heat_form()
     errors()
+    moves()
     communicators_dlpart_cannot_use()
     comm.Barrier()
 
