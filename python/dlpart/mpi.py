@@ -1,7 +1,9 @@
 """SPMD partitioned arrays over MPI (mpi4py): each rank holds its own partitions of one global
 array, and repartitioning moves the boxes between ranks.
 
-Every function and method here is *collective*: all ranks of the communicator call it, in the
+Every function here and every method of `SpmdArray` that computes or moves data is
+*collective* (the readers of this rank's own view are not: ``tensors()``, ``__distarray__``,
+``__partitioned__``, ``partitions``, ``fetch``): all ranks of the communicator call it, in the
 same order, with the same global arguments (the layout, the root). Ranks that disagree, or a
 rank that fails (bad input, a failed import, a read-only target, a failed allocation or GPU
 copy), make every rank raise the same error (`dlpart.ProtocolError`, or the failed rank's error
