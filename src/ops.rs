@@ -325,14 +325,22 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
         });
     }
     check_distinct(out, "out")?;
-    if out.shape() != shape || out.dtype() != dtype || out.device() != device {
+    if out.shape() != shape || out.dtype() != dtype {
         return Err(Error::shape(
             format!(
-                "out must have shape {}, dtype {dtype} and device {device}",
+                "out must have shape {} and dtype {dtype}",
                 tuple_string(shape)
             ),
             format!("{out:?}"),
         ));
+    }
+    // Host memory of any kind is written from host memory of any kind in place.
+    if !one_memory(device, out.device()) {
+        return Err(Error::DeviceMismatch {
+            op: "gather".into(),
+            devices: Devices::move_(device, out.device()),
+            reason: "the source and out must be on one device, or both in host memory".into(),
+        });
     }
     Ok(())
 }
@@ -454,11 +462,12 @@ pub(crate) fn scatter_operands(
         });
     }
     check_distinct(out, "out")?;
-    if values.device() != out.device() {
+    // Host values write host memory of any kind in place.
+    if !one_memory(values.device(), out.device()) {
         return Err(Error::DeviceMismatch {
             op: "scatter".into(),
             devices: Devices::move_(values.device(), out.device()),
-            reason: "values and out must be on one device".into(),
+            reason: "values and out must be on one device, or both in host memory".into(),
         });
     }
     Ok(idx)
@@ -471,7 +480,7 @@ pub(crate) fn scatter_operands(
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     let runner = transfer_runner(t.device(), device)?;
     let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
-    if plain_copy(t.device(), device) {
+    if one_memory(t.device(), device) {
         let job = BoxCopy::whole(t, &out);
         // SAFETY: `out` was just allocated: it shares no memory with `t`.
         let copied = unsafe { runner.copy_boxes_unchecked(&[job]) };
@@ -491,7 +500,7 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
     if device.is_host_accessible() {
         crate::backend::cpu::host_allocator(device)?;
     }
-    if plain_copy(here, device) {
+    if one_memory(here, device) {
         let runner = backend_for(here)?;
         backend_for(device)?;
         return Ok(runner);
@@ -514,10 +523,12 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
     Ok(backend)
 }
 
-/// Whether data moves from `here` to `device` by a copy on `here`'s backend (the same device,
-/// or host memory to host memory) rather than by a transfer.
-fn plain_copy(here: Device, device: Device) -> bool {
-    here == device || (here.is_host_accessible() && device.is_host_accessible())
+/// Whether one backend reads and writes memory on `a` and on `b` alike: the same device, or
+/// host memory of any kinds (`kDLCPU`, `kDLCUDAHost`, `kDLCUDAManaged`, `kDLROCMHost`), which
+/// the CPU backend addresses alike. Data then moves from one to the other by a plain copy
+/// rather than a transfer, and a gather or scatter between them runs in place.
+pub(crate) fn one_memory(a: Device, b: Device) -> bool {
+    a == b || (a.is_host_accessible() && b.is_host_accessible())
 }
 
 #[cfg(test)]
@@ -617,6 +628,81 @@ mod tests {
             src.to_array::<i32>().unwrap().as_slice(),
             Some(&[2, 1, 2, 3, 1][..])
         );
+    }
+
+    /// `t`'s memory, layout and owner under the label `device`.
+    ///
+    /// # Safety
+    /// `device` must be host-accessible for the tensor to be read or written.
+    unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
+        // SAFETY: the same memory and layout, kept alive by `t`'s owner, cloned here.
+        unsafe {
+            Tensor::from_raw_parts(
+                t.data_ptr(),
+                t.shape().to_vec(),
+                t.strides().to_vec(),
+                t.dtype(),
+                device,
+                false,
+                t.owner().clone(),
+            )
+        }
+    }
+
+    fn values_of(t: &Tensor) -> Vec<i32> {
+        t.to_array::<i32>().unwrap().into_raw_vec_and_offset().0
+    }
+
+    #[test]
+    fn gather_and_scatter_run_in_place_between_host_kinds() {
+        use crate::{DeviceType, PreparedGather, PreparedScatter};
+        let rows = |v: &[i64]| Tensor::from_slice(v, &[v.len()]).unwrap();
+        for kind in [
+            DeviceType::CudaHost,
+            DeviceType::CudaManaged,
+            DeviceType::RocmHost,
+        ] {
+            let device = Device::new(kind, 0).unwrap();
+            let backing = arange(&[4, 3]);
+            // SAFETY: host memory of another kind, which the CPU reads and writes alike.
+            let there = unsafe { labelled(&backing, device) };
+            let values = Tensor::from_slice(&[-1i32, -2, -3], &[1, 3]).unwrap();
+            scatter(&values, &rows(&[2]), &there, 0).unwrap();
+            let mut want: Vec<i32> = (0..12).collect();
+            want[6..9].copy_from_slice(&[-1, -2, -3]);
+            assert_eq!(values_of(&backing), want, "{device}");
+            let out = Tensor::zeros(&[2, 3], DType::Int32).unwrap();
+            let got = gather(&there, &rows(&[3, -2]), 0, Some(&out)).unwrap();
+            assert_eq!(got.device(), Device::CPU);
+            assert_eq!(values_of(&out), vec![9, 10, 11, -1, -2, -3], "{device}");
+            // Prepared: the same checks, the same copies.
+            PreparedScatter::new(&values, &rows(&[0]), &there, 0)
+                .unwrap()
+                .run()
+                .unwrap();
+            PreparedGather::new(&there, &rows(&[0, 3]), 0, Some(&out))
+                .unwrap()
+                .run()
+                .unwrap();
+            assert_eq!(values_of(&out), vec![-1, -2, -3, 9, 10, 11], "{device}");
+        }
+    }
+
+    #[test]
+    fn gather_and_scatter_between_host_and_device_memory_name_the_devices() {
+        let rows = Tensor::from_slice(&[1i64], &[1]).unwrap();
+        let host = arange(&[2, 3]);
+        let block = Tensor::from_slice(&[-1i32; 3], &[1, 3]).unwrap();
+        // SAFETY: never read or written: the devices are refused first.
+        let on_gpu = unsafe { labelled(&block, Device::cuda(0)) };
+        let e = gather(&host, &rows, 0, Some(&on_gpu)).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+        assert!(e.to_string().contains("kDLCPU -> kDLCUDA:0"), "{e}");
+        let e = scatter(&on_gpu, &rows, &host, 0).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+        assert!(e.to_string().contains("kDLCUDA:0 -> kDLCPU"), "{e}");
+        assert_eq!(values_of(&host), (0..6).collect::<Vec<_>>());
+        assert_eq!(values_of(&block), vec![-1; 3]);
     }
 
     #[test]

@@ -235,7 +235,7 @@ impl Operands {
 /// Refuses a backend that does not run on `device` (host memory is one place for the CPU).
 fn check_backend(backend: &dyn Backend, device: Device, op: &str) -> Result<()> {
     let here = backend.device();
-    if here == device || (here.is_host_accessible() && device.is_host_accessible()) {
+    if crate::ops::one_memory(here, device) {
         return Ok(());
     }
     Err(Error::DeviceMismatch {

@@ -416,6 +416,7 @@ impl Tensor {
     /// This tensor's host memory labelled `kDLCPU` (the CPU reads and writes every
     /// host-accessible kind alike), for dlpart's own host-to-host work; `None` for memory the
     /// host cannot reach.
+    #[cfg(feature = "python")]
     pub(crate) fn as_cpu(&self) -> Option<Tensor> {
         if !self.device.is_host_accessible() {
             return None;

@@ -50,7 +50,10 @@ def gather(x: Any, indices: Any, axis: int = 0,
     ``indices`` may be any integer DLPack array or a Python sequence; negative indices and
     axes count from the end. An out-of-range index raises `IndexError` before anything is
     written (numpy's ``mode='raise'``); an ``out`` that refers to some element more than once
-    (a zero stride) raises `BufferError`, as it would make threads race.
+    (a zero stride) raises `BufferError`, as it would make threads race. ``out`` is on ``x``'s
+    device, or in host memory of any kind where ``x`` is (``kDLCPU``, pinned ``kDLCUDAHost``,
+    ``kDLCUDAManaged``, ``kDLROCMHost``: written in place alike); device memory against host
+    memory raises `dlpart.DeviceError`.
     """
     # The extension checks the axis (negative ones count from the end) against the array it
     # imports, and turns indices that are no DLPack array into one (`_indices`): a call on
@@ -66,7 +69,8 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     """``out[.., indices[i], ..] = values[.., i, ..]`` along ``axis``, like numpy's fancy
     assignment: the last of duplicate indices wins. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride raises `BufferError`);
-    nothing is written unless every index is in range."""
+    nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
+    in host memory of any kind where ``out`` is (as for `gather`)."""
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None

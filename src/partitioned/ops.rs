@@ -295,7 +295,7 @@ impl PartitionedArray {
             // device with no backend, or a move between devices dlpart cannot make.
             backend_for(t.device())?;
             // Host memory of any kind is written from host values in place (below).
-            if t.device() != values.device() && !both_host(t.device(), values.device()) {
+            if !ops::one_memory(values.device(), t.device()) {
                 ops::transfer_runner(values.device(), t.device())?;
             }
         }
@@ -319,11 +319,8 @@ impl PartitionedArray {
             } else {
                 ops::gather(&rows, &groups.at[s], axis, None)?
             };
-            if picked.device() != t.device() {
-                if let (Some(p), Some(t)) = (picked.as_cpu(), t.as_cpu()) {
-                    ops::scatter(&p, &groups.local[s], &t, axis)?;
-                    continue;
-                }
+            // Host values write host memory of any kind in place.
+            if !ops::one_memory(picked.device(), t.device()) {
                 picked = ops::to_device(&picked, t.device())?;
             }
             ops::scatter(&picked, &groups.local[s], t, axis)?;
@@ -491,9 +488,4 @@ fn distinct_devices_of(devices: impl IntoIterator<Item = Device>) -> Vec<Device>
         last = Some(d);
     }
     out
-}
-
-/// Whether `a` and `b` are both host memory, which the CPU backend reads and writes alike.
-fn both_host(a: Device, b: Device) -> bool {
-    a.is_host_accessible() && b.is_host_accessible()
 }

@@ -282,7 +282,7 @@ struct Prepared {
 /// `t` on `dev`: itself when it is there (host memory counting as the host).
 fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
     let here = t.device();
-    if here == dev || (here.is_host_accessible() && dev.is_host_accessible()) {
+    if ops::one_memory(here, dev) {
         Ok(t.clone())
     } else {
         Err(Error::DeviceMismatch {
@@ -343,7 +343,8 @@ pub fn scatter(
                 return Err(Error::ReadOnly { what });
             }
             ops::check_distinct(t, &what)?;
-            if t.device() != values.device() {
+            // Host values write host memory of any kind in place.
+            if !ops::one_memory(values.device(), t.device()) {
                 return Err(Error::DeviceMismatch {
                     op: "scatter".into(),
                     devices: Devices::move_(values.device(), t.device()),

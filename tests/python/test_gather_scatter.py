@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import dlpart
+from dlpart._core import _testing
 from test_props_partitioned import DTYPES, Producer, random_array, same, to_numpy
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -180,7 +181,7 @@ def test_bad_outs_are_refused_before_writing():
         dlpart.gather(x, idx, axis=0, out=ro)
     for bad in [np.zeros((3, 5), np.float32), np.zeros((6, 3), np.float32),
                 np.zeros((3, 6), np.float64), np.zeros(18, np.float32)]:
-        with pytest.raises(ValueError, match=r"out must have shape \(3, 6\), dtype float32"):
+        with pytest.raises(ValueError, match=r"out must have shape \(3, 6\) and dtype float32"):
             dlpart.gather(x, idx, axis=0, out=bad)
         assert not bad.any()
 
@@ -194,6 +195,50 @@ def test_bad_outs_are_refused_before_writing():
     with pytest.raises(ValueError, match=r"values must have shape \(4, 3\) and dtype float32"):
         dlpart.scatter(values.astype(np.float64), np.array([0, 5, 5]), x.copy(), axis=1)
     assert same(target, x)
+
+
+def _labelled(a, device):
+    """A dlpart copy of `a` whose DLPack device is `device` (host memory of that kind)."""
+    a = np.ascontiguousarray(a)
+    return dlpart.from_dlpack(_testing.make_capsule(a.tobytes(), list(a.shape),
+                                                    dtype=(2, 8 * a.itemsize, 1), device=device))
+
+
+HOST_KINDS = {"kDLCUDAHost": (3, 0), "kDLCUDAManaged": (13, 0), "kDLROCMHost": (11, 0)}
+
+
+@pytest.mark.parametrize("kind", sorted(HOST_KINDS))
+def test_host_memory_of_any_kind_is_gathered_and_scattered_in_place(kind):
+    x = np.arange(12.0).reshape(4, 3)
+    there = _labelled(x, HOST_KINDS[kind])
+    assert str(there.device).startswith(kind)
+    dlpart.scatter(np.full((2, 3), -1.0), [3, 0], there)  # numpy values, kDLCPU
+    expect = x.copy()
+    expect[[3, 0]] = -1.0
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+    out = np.zeros((2, 3))
+    assert dlpart.gather(there, [1, -1], out=out) is not None
+    np.testing.assert_array_equal(out, np.take(expect, [1, -1], 0))
+    # Host memory of two other kinds than kDLCPU, both ways.
+    other = _labelled(np.zeros((2, 3)), HOST_KINDS["kDLCUDAHost" if kind != "kDLCUDAHost"
+                                                   else "kDLROCMHost"])
+    dlpart.gather(there, [2, 1], out=other)
+    np.testing.assert_array_equal(np.from_dlpack(other), np.take(expect, [2, 1], 0))
+    dlpart.scatter(other, [0, 3], there)
+    expect[[0, 3]] = expect[[2, 1]]
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+
+
+def test_device_memory_against_host_memory_is_a_device_error():
+    x = np.arange(12.0).reshape(4, 3)
+    gpu = _labelled(np.zeros((1, 3)), (2, 0))  # host bytes labelled kDLCUDA:0, never touched
+    with pytest.raises(dlpart.DeviceError, match=r"kDLCPU -> kDLCUDA:0"):
+        dlpart.gather(x, [0], out=gpu)
+    with pytest.raises(dlpart.DeviceError, match=r"kDLCUDA:0 -> kDLCPU"):
+        dlpart.scatter(gpu, [0], x)
+    with pytest.raises(dlpart.DeviceError, match=r"kDLCUDA:0 -> kDLCUDAHost"):
+        dlpart.scatter(gpu, [0], _labelled(x, (3, 0)))
+    assert same(x, np.arange(12.0).reshape(4, 3))
 
 
 def test_indices_must_be_a_1d_integer_array():

@@ -155,21 +155,37 @@ PINNED, CUDA = (3, 0), (2, 0)
 
 
 def test_device_errors_are_those_of_gather_and_scatter():
+    # Device memory against host memory: a DeviceError naming both, before anything is read.
     err = _same_error(
-        lambda: dlpart.prepare_scatter(OnDevice(np.ones((4, 2), np.float32), PINNED), [0, 1],
+        lambda: dlpart.prepare_scatter(OnDevice(np.ones((4, 2), np.float32), CUDA), [0, 1],
                                        X.copy(), axis=1),
-        lambda: dlpart.scatter(OnDevice(np.ones((4, 2), np.float32), PINNED), [0, 1], X.copy(),
+        lambda: dlpart.scatter(OnDevice(np.ones((4, 2), np.float32), CUDA), [0, 1], X.copy(),
                                axis=1), "scatter")
-    assert isinstance(err, dlpart.DeviceError) and "kDLCUDAHost -> kDLCPU" in str(err)
-    pinned_out = OnDevice(np.zeros((1, 6), np.float32), PINNED)
-    err = _same_error(lambda: dlpart.prepare_gather(X, [0], out=pinned_out),
-                      lambda: dlpart.gather(X, [0], out=pinned_out), "gather")
-    assert "device kDLCPU" in str(err)
+    assert isinstance(err, dlpart.DeviceError) and "kDLCUDA:0 -> kDLCPU" in str(err)
+    gpu_out = OnDevice(np.zeros((1, 6), np.float32), CUDA)
+    err = _same_error(lambda: dlpart.prepare_gather(X, [0], out=gpu_out),
+                      lambda: dlpart.gather(X, [0], out=gpu_out), "gather")
+    assert isinstance(err, dlpart.DeviceError) and "kDLCPU -> kDLCUDA:0" in str(err)
     if dlpart.backend_status("kDLCUDA:0") is None:
         return  # a real CUDA backend: host bytes must not pass for device memory there
     err = _same_error(lambda: dlpart.prepare_gather(OnDevice(X, CUDA), [0]),
                       lambda: dlpart.gather(OnDevice(X, CUDA), [0]), "gather")
     assert isinstance(err, dlpart.BackendUnavailableError)
+
+
+@pytest.mark.parametrize("device", [PINNED, (13, 0), (11, 0)])  # pinned, managed, ROCm host
+def test_host_memory_of_any_kind_is_read_and_written_in_place(device):
+    there = dlpart.from_dlpack(OnDevice(X, device))  # dlpart's copy of X, labelled `device`
+    s = dlpart.prepare_scatter(np.full((1, 6), -1, np.float32), [2], there)
+    s()
+    expect = X.copy()
+    expect[2] = -1
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+    out = np.zeros((2, 6), np.float32)
+    g = dlpart.prepare_gather(there, [2, 0], out=out)
+    g()
+    np.testing.assert_array_equal(out, expect[[2, 0]])
+    assert g.out.data_ptr == out.ctypes.data
 
 
 def test_operands_sharing_memory_are_refused_and_disjoint_views_run():
