@@ -3,7 +3,7 @@
 //! Every operation validates first and writes second, so an error leaves every output
 //! untouched. Data never crosses devices unless the caller passes `transfer = true`.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -376,12 +376,64 @@ pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
 /// than once (a zero stride) is refused before anything is written. To copy the same indices
 /// between the same tensors again and again, [`PreparedGather`](crate::PreparedGather) checks
 /// all this once.
+///
+/// `indices` is a 1-d list, or one index (a 0-d tensor): then, as in numpy, `axis` is
+/// dropped (`numpy.take(x, 2, 0)` is `x[2]`), and `out` has `src`'s shape without it.
 pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
     let backend = backend_for(src.device())?;
-    let out = backend.gather_from_caller(src, indices, axis, out)?;
+    let (list, one) = index_list(indices)?;
+    if !one {
+        let out = backend.gather_from_caller(src, indices, axis, out)?;
+        backend.synchronize()?;
+        return Ok(out);
+    }
+    let out = one_index_out(backend.as_ref(), src, axis, out)?;
+    backend.gather_from_caller(src, &list, axis, Some(&out.with_unit_axis(axis)))?;
     backend.synchronize()?;
     Ok(out)
+}
+
+/// `indices` as the 1-d list the backends take, and whether it is one index: a 0-d tensor,
+/// numpy's scalar index, for which a gather or scatter drops the axis (it runs over a slab of
+/// one, [`Tensor::with_unit_axis`]). Indices of more axes are refused.
+pub(crate) fn index_list(indices: &Tensor) -> Result<(Cow<'_, Tensor>, bool)> {
+    match indices.ndim() {
+        0 => Ok((Cow::Owned(indices.with_unit_axis(0)), true)),
+        1 => Ok((Cow::Borrowed(indices), false)),
+        _ => Err(Error::shape(
+            "indices must be one index (0-d) or a 1-d list: indices of more axes, whose shape \
+             numpy.take puts in place of the axis, are not supported (flatten them, and \
+             reshape the result)",
+            format!("shape {}", tuple_string(indices.shape())),
+        )),
+    }
+}
+
+/// `shape` less `axis`: a gather's output, or a scatter's values, for one index.
+pub(crate) fn without_axis(shape: &[usize], axis: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s.remove(axis);
+    s
+}
+
+/// The output of a gather of one index from `src` along `axis`, of `src`'s shape without
+/// the axis: `out` checked as [`check_out`] checks it, or allocated on `backend` when not
+/// given.
+pub(crate) fn one_index_out<B: Backend + ?Sized>(
+    backend: &B,
+    src: &Tensor,
+    axis: usize,
+    out: Option<&Tensor>,
+) -> Result<Tensor> {
+    let shape = without_axis(src.shape(), axis);
+    match out {
+        Some(o) => {
+            check_out(o, &shape, src.dtype(), src.device())?;
+            Ok(o.clone())
+        }
+        None => backend.empty(&shape, src.dtype()),
+    }
 }
 
 /// [`Backend::gather_from_caller`] by way of the normalised copy of the indices: what every
@@ -425,27 +477,33 @@ pub(crate) fn gather_operands<B: Backend + ?Sized>(
 /// (the last of duplicate indices wins); an `out` that is read-only or refers to some element
 /// more than once (a zero stride) is refused before anything is written.
 /// [`PreparedScatter`](crate::PreparedScatter) checks all this once for a scatter that runs
-/// again and again.
+/// again and again. For one index (a 0-d `indices`) `values` has `out`'s shape without
+/// `axis`, as numpy's `out[.., i, ..] = values` takes it.
 pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
     let backend = backend_for(out.device())?;
-    let idx = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
-    backend.scatter(values, &idx, axis, out)?;
+    let (idx, values) = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
+    backend.scatter(&values, &idx, axis, out)?;
     backend.synchronize()
 }
 
 /// What [`scatter`] checks before it writes, on the backend of `out`'s device, once `axis` is
-/// known to be in range; returns the indices normalised into dlpart's own memory.
+/// known to be in range; returns the indices normalised into dlpart's own memory, and the
+/// values as the backend takes them (with the axis of extent 1 back, for one index).
 pub(crate) fn scatter_operands(
     backend: &dyn Backend,
     values: &Tensor,
     indices: &Tensor,
     out: &Tensor,
     axis: usize,
-) -> Result<Tensor> {
-    let idx = backend.normalise_indices(indices, axis, out.shape()[axis])?;
+) -> Result<(Tensor, Tensor)> {
+    let (list, one) = index_list(indices)?;
+    let idx = backend.normalise_indices(&list, axis, out.shape()[axis])?;
     let mut shape = Axes::from(out.shape());
     shape[axis] = idx.shape()[0];
+    if one {
+        shape = without_axis(out.shape(), axis).into();
+    }
     if values.shape() != &*shape || values.dtype() != out.dtype() {
         return Err(Error::shape(
             format!(
@@ -470,7 +528,11 @@ pub(crate) fn scatter_operands(
             reason: "values and out must be on one device, or both in host memory".into(),
         });
     }
-    Ok(idx)
+    let values = match one {
+        true => values.with_unit_axis(axis),
+        false => values.clone(),
+    };
+    Ok((idx, values))
 }
 
 /// A copy of `t` on `device`: the one way data crosses devices. The same device (or host
@@ -703,6 +765,58 @@ mod tests {
         assert!(e.to_string().contains("kDLCUDA:0 -> kDLCPU"), "{e}");
         assert_eq!(values_of(&host), (0..6).collect::<Vec<_>>());
         assert_eq!(values_of(&block), vec![-1; 3]);
+    }
+
+    #[test]
+    fn one_index_drops_the_axis_as_numpy_does() {
+        use crate::{PreparedGather, PreparedScatter};
+        let src = arange(&[4, 3]);
+        let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
+        // numpy.take(arange(12).reshape(4, 3), 2, 0) == [6, 7, 8]; (-1, axis 1) == [2, 5, 8, 11]
+        let row = gather(&src, &one(2), 0, None).unwrap();
+        assert_eq!(row.shape(), &[3]);
+        assert_eq!(values_of(&row), vec![6, 7, 8]);
+        let col = Tensor::zeros(&[4], DType::Int32).unwrap();
+        let got = gather(&src, &one(-1), 1, Some(&col)).unwrap();
+        assert_eq!((got.shape(), got.data_ptr()), (&[4][..], col.data_ptr()));
+        assert_eq!(values_of(&col), vec![2, 5, 8, 11]);
+        // An out with the axis kept is the wrong shape, as numpy's `out=` would be.
+        let kept = Tensor::zeros(&[4, 1], DType::Int32).unwrap();
+        let e = gather(&src, &one(0), 1, Some(&kept))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("out must have shape (4,)"), "{e}");
+        // Scatter: out[:, 1] = values, values without the axis.
+        let out = arange(&[4, 3]);
+        let values = Tensor::from_slice(&[-1i32, -2, -3, -4], &[4]).unwrap();
+        scatter(&values, &one(1), &out, 1).unwrap();
+        assert_eq!(
+            values_of(&out),
+            vec![0, -1, 2, 3, -2, 5, 6, -3, 8, 9, -4, 11]
+        );
+        let e = scatter(&values.with_unit_axis(1), &one(1), &out, 1).unwrap_err();
+        assert!(e.to_string().contains("values must have shape (4,)"), "{e}");
+        let e = gather(&src, &one(4), 0, None).unwrap_err();
+        assert!(matches!(e, Error::IndexOutOfRange { index: 4, .. }), "{e}");
+        // Prepared: the caller's shapes, the same copies.
+        let g = PreparedGather::new(&src, &one(-4), 0, None).unwrap();
+        g.run().unwrap();
+        assert_eq!((g.out().shape(), g.num_indices()), (&[3][..], 1));
+        assert_eq!(values_of(g.out()), vec![0, 1, 2]);
+        let s = PreparedScatter::new(g.out(), &one(3), &out, 0).unwrap();
+        assert_eq!(s.values().shape(), &[3]);
+        s.run().unwrap();
+        assert_eq!(values_of(&out)[9..], [0, 1, 2]);
+        assert!(format!("{g:?}").contains("out: Tensor(shape=(3,)"), "{g:?}");
+        // Indices of more axes: refused by name, before anything is written.
+        let square = Tensor::from_slice(&[0i64, 1, 2, 3], &[2, 2]).unwrap();
+        let e = gather(&src, &square, 0, None).unwrap_err().to_string();
+        assert!(
+            e.contains("not supported") && e.ends_with("shape (2, 2)"),
+            "{e}"
+        );
+        assert!(scatter(&src, &square, &out, 0).is_err());
+        assert!(PreparedGather::new(&src, &square, 0, None).is_err());
     }
 
     #[test]

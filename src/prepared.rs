@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::backend::{backend_for, Backend};
 use crate::device::Device;
 use crate::error::{Devices, Error, Result};
-use crate::ops::{check_axis, gather_operands, scatter_operands};
+use crate::ops::{check_axis, gather_operands, index_list, one_index_out, scatter_operands};
 use crate::tensor::Tensor;
 
 /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, as [`ops::gather`](crate::ops::gather),
@@ -55,6 +55,9 @@ use crate::tensor::Tensor;
 /// ```
 pub struct PreparedGather {
     op: Operands,
+    /// The output as the caller sees it: `op.out` itself, or for one index (0-d indices)
+    /// `op.out` without the axis of extent 1 the kernels write.
+    out: Tensor,
 }
 
 impl PreparedGather {
@@ -78,10 +81,19 @@ impl PreparedGather {
     ) -> Result<Self> {
         check_axis(src, axis, "source")?;
         check_backend(backend.as_ref(), src.device(), "gather")?;
-        let (indices, new_out) = gather_operands(backend.as_ref(), src, indices, axis, out)?;
+        let (list, one) = index_list(indices)?;
+        // One index drops the axis, as in numpy: the kernels write a slab of one.
+        let shown = match one {
+            true => Some(one_index_out(backend.as_ref(), src, axis, out)?),
+            false => None,
+        };
+        let slab = shown.as_ref().map(|o| o.with_unit_axis(axis));
+        let (indices, new_out) =
+            gather_operands(backend.as_ref(), src, &list, axis, slab.as_ref().or(out))?;
         if out.is_some() {
             check_apart(src, &new_out, "source")?;
         }
+        let out = shown.unwrap_or_else(|| new_out.clone());
         let op = Operands {
             backend,
             read: src.clone(),
@@ -89,7 +101,7 @@ impl PreparedGather {
             axis,
             out: new_out,
         };
-        Ok(PreparedGather { op })
+        Ok(PreparedGather { op, out })
     }
 
     /// Copies the selected slices of the source into `out`, and returns when they are there.
@@ -106,7 +118,7 @@ impl PreparedGather {
 
     /// The tensor each run writes: the caller's, or the one allocated when none was given.
     pub fn out(&self) -> &Tensor {
-        &self.op.out
+        &self.out
     }
 
     /// The axis along which slices are selected (non-negative).
@@ -114,7 +126,8 @@ impl PreparedGather {
         self.op.axis
     }
 
-    /// The number of indices, which is `out`'s extent along the axis.
+    /// The number of indices, which is `out`'s extent along the axis (1 for one index, which
+    /// drops the axis).
     pub fn num_indices(&self) -> usize {
         self.op.num_indices()
     }
@@ -122,7 +135,8 @@ impl PreparedGather {
 
 impl fmt::Debug for PreparedGather {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.op.debug(f, "PreparedGather", "src")
+        self.op
+            .debug(f, "PreparedGather", ("src", &self.op.read), &self.out)
     }
 }
 
@@ -136,6 +150,9 @@ impl fmt::Debug for PreparedGather {
 /// `values` may not share memory with `out`. See [`PreparedGather`] for an example.
 pub struct PreparedScatter {
     op: Operands,
+    /// The values as the caller gave them: `op.read` itself, or for one index (0-d indices)
+    /// `op.read` without the axis of extent 1 the kernels read.
+    values: Tensor,
 }
 
 impl PreparedScatter {
@@ -158,16 +175,19 @@ impl PreparedScatter {
     ) -> Result<Self> {
         check_axis(out, axis, "output")?;
         check_backend(backend.as_ref(), out.device(), "scatter")?;
-        let indices = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
+        let (indices, read) = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
         check_apart(values, out, "values")?;
         let op = Operands {
             backend,
-            read: values.clone(),
+            read,
             indices,
             axis,
             out: out.clone(),
         };
-        Ok(PreparedScatter { op })
+        Ok(PreparedScatter {
+            op,
+            values: values.clone(),
+        })
     }
 
     /// Copies the values into the selected slices of `out`, and returns when they are there.
@@ -180,7 +200,7 @@ impl PreparedScatter {
 
     /// The tensor whose slices are copied out.
     pub fn values(&self) -> &Tensor {
-        &self.op.read
+        &self.values
     }
 
     /// The tensor each run writes into.
@@ -193,7 +213,8 @@ impl PreparedScatter {
         self.op.axis
     }
 
-    /// The number of indices, which is `values`'s extent along the axis.
+    /// The number of indices, which is `values`'s extent along the axis (1 for one index,
+    /// which drops the axis).
     pub fn num_indices(&self) -> usize {
         self.op.num_indices()
     }
@@ -201,7 +222,8 @@ impl PreparedScatter {
 
 impl fmt::Debug for PreparedScatter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.op.debug(f, "PreparedScatter", "values")
+        self.op
+            .debug(f, "PreparedScatter", ("values", &self.values), &self.op.out)
     }
 }
 
@@ -221,13 +243,20 @@ impl Operands {
         self.indices.shape()[0]
     }
 
-    /// The `Debug` form of the prepared operation `name`, whose read tensor is `read`.
-    fn debug(&self, f: &mut fmt::Formatter<'_>, name: &str, read: &str) -> fmt::Result {
+    /// The `Debug` form of the prepared operation `name`, with the tensors as the caller
+    /// sees them: `read`, named `label`, and `out`.
+    fn debug(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        (label, read): (&str, &Tensor),
+        out: &Tensor,
+    ) -> fmt::Result {
         f.debug_struct(name)
             .field("axis", &self.axis)
             .field("indices", &self.num_indices())
-            .field(read, &self.read)
-            .field("out", &self.out)
+            .field(label, read)
+            .field("out", out)
             .finish()
     }
 }

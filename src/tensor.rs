@@ -472,6 +472,38 @@ impl Tensor {
         Ok(t)
     }
 
+    /// The same elements with an axis of extent 1 inserted at `axis` (at most `ndim`): the
+    /// slab of one that a gather or scatter with one index (which drops the axis, as numpy's
+    /// do) runs over.
+    pub(crate) fn with_unit_axis(&self, axis: usize) -> Self {
+        debug_assert!(axis <= self.ndim());
+        let (mut shape, mut strides) = (self.shape.to_vec(), self.strides.to_vec());
+        // Any stride reaches the one element along an axis of extent 1; this one keeps a
+        // C-ordered tensor C-ordered.
+        let stride = match axis < self.ndim() {
+            true => strides[axis].saturating_mul(shape[axis] as isize),
+            false => 1,
+        };
+        shape.insert(axis, 1);
+        strides.insert(axis, stride);
+        let mut t = self.clone();
+        t.shape = shape.into();
+        t.strides = strides.into();
+        t
+    }
+
+    /// The same elements without axis `axis`, whose extent is 1.
+    pub(crate) fn without_unit_axis(&self, axis: usize) -> Self {
+        debug_assert_eq!(self.shape[axis], 1);
+        let (mut shape, mut strides) = (self.shape.to_vec(), self.strides.to_vec());
+        shape.remove(axis);
+        strides.remove(axis);
+        let mut t = self.clone();
+        t.shape = shape.into();
+        t.strides = strides.into();
+        t
+    }
+
     /// A view of the box `start .. start + shape`, sharing this tensor's memory.
     pub fn view(&self, start: &[usize], shape: &[usize]) -> Result<Self> {
         if start.len() != self.ndim() || shape.len() != self.ndim() {

@@ -559,6 +559,45 @@ fn prepared_gathers_and_scatters_follow_changing_data() {
     }
 }
 
+/// One index (a 0-d tensor, host or device) drops the axis, as numpy's take and assignment
+/// do: the kernels run over a slab of one, inserted into the caller's output or values.
+#[test]
+fn one_index_drops_the_axis_on_every_backend() {
+    let test = "one_index_drops_the_axis_on_every_backend";
+    for be in backends(test) {
+        eprintln!("RUN {test} on {}", be.device());
+        let _running = Running(be.device());
+        let b = be.as_ref();
+        let host: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let src = upload(b, &Tensor::from_slice(&host, &[3, 4]).unwrap());
+        let one = Tensor::from_slice(&[-2i64], &[]).unwrap();
+        for (k, idx) in [one.clone(), upload(b, &one)].iter().enumerate() {
+            // numpy.take(arange(12).reshape(3, 4), -2, 1) == [2, 6, 10]
+            let g = PreparedGather::on(be.clone(), &src, idx, 1, None).unwrap();
+            g.run().unwrap();
+            assert_eq!(g.out().shape(), &[3], "indices {k}");
+            assert_eq!(
+                download_f32(b, g.out()),
+                vec![2.0, 6.0, 10.0],
+                "indices {k}"
+            );
+            // a[-2] = [-1, -2, -3, -4]
+            let dst = upload(b, &Tensor::from_slice(&host, &[3, 4]).unwrap());
+            let vals = upload(
+                b,
+                &Tensor::from_slice(&[-1f32, -2., -3., -4.], &[4]).unwrap(),
+            );
+            PreparedScatter::on(be.clone(), &vals, idx, &dst, 0)
+                .unwrap()
+                .run()
+                .unwrap();
+            let mut want = host.clone();
+            want[4..8].copy_from_slice(&[-1.0, -2.0, -3.0, -4.0]);
+            assert_eq!(download_f32(b, &dst), want, "indices {k}");
+        }
+    }
+}
+
 #[test]
 fn out_of_range_indices_are_reported_and_nothing_is_written() {
     on_every_backend(

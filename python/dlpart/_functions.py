@@ -12,26 +12,32 @@ __all__ = ["gather", "prepare_gather", "prepare_scatter", "scatter"]
 
 
 def _indices(indices):
-    """Index arrays as given (any DLPack array); Python ints as an int64 array; other sequences
-    and scalars as the 1-d integer array numpy makes of them."""
+    """Index arrays as given (any DLPack array); one index (a Python or numpy int) as a 0-d
+    int64 array, which drops the axis as numpy does; Python sequences of ints as an int64
+    array; other sequences as the 1-d integer array numpy makes of them."""
     if hasattr(indices, "__dlpack__") or isinstance(indices, Tensor):
         return indices
     import numpy as np
 
-    if isinstance(indices, (list, tuple, range)) and all(
+    one = isinstance(indices, int) and not isinstance(indices, bool)
+    if one or isinstance(indices, (list, tuple, range)) and all(
             isinstance(i, int) and not isinstance(i, bool) for i in indices):
         # Python ints (numpy would make [] float64, mix int64 and uint64 into float64, and
         # wrap on a cast): int64, each checked to fit; one that does not is beyond any axis.
-        big = next((i for i in indices if not -(2**63) <= i < 2**63), None)
+        big = next((i for i in ([indices] if one else indices)
+                    if not -(2**63) <= i < 2**63), None)
         if big is not None:
             raise IndexError(f"index {big} is out of bounds: indices must fit in 64 bits")
         return np.array(indices, dtype=np.int64)
     arr = np.asarray(indices)
     if arr.ndim > 1:
-        raise ValueError(f"indices must be 1-d: shape {arr.shape}")
+        raise ValueError(
+            "indices must be one index (0-d) or a 1-d list: indices of more axes, whose shape "
+            "numpy.take puts in place of the axis, are not supported (flatten them, and "
+            f"reshape the result): shape {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, found {arr.dtype} in {indices!r}")
-    return np.ascontiguousarray(arr.reshape(-1))
+    return arr if arr.ndim == 0 else np.ascontiguousarray(arr)
 
 
 @overload
@@ -47,13 +53,15 @@ def gather(x: Any, indices: Any, axis: int = 0,
 
     ``x`` is any DLPack array (the result is a `dlpart.Tensor` on its device, or ``out``) or a
     `dlpart.PartitionedArray` (the result is partitioned; see `PartitionedArray.gather`).
-    ``indices`` may be any integer DLPack array or a Python sequence; negative indices and
-    axes count from the end. An out-of-range index raises `IndexError` before anything is
-    written (numpy's ``mode='raise'``); an ``out`` that refers to some element more than once
-    (a zero stride) raises `BufferError`, as it would make threads race. ``out`` is on ``x``'s
-    device, or in host memory of any kind where ``x`` is (``kDLCPU``, pinned ``kDLCUDAHost``,
-    ``kDLCUDAManaged``, ``kDLROCMHost``: written in place alike); device memory against host
-    memory raises `dlpart.DeviceError`.
+    ``indices`` may be any 1-d integer DLPack array or a Python sequence, or one index (a
+    Python or numpy int, a 0-d array), which drops the axis as numpy does: ``gather(x, 2)`` is
+    ``x[2]``, and ``out`` then has ``x``'s shape without the axis. Indices of more axes raise
+    `ValueError`. Negative indices and axes count from the end. An out-of-range index raises
+    `IndexError` before anything is written (numpy's ``mode='raise'``); an ``out`` that refers
+    to some element more than once (a zero stride) raises `BufferError`, as it would make
+    threads race. ``out`` is on ``x``'s device, or in host memory of any kind where ``x`` is
+    (``kDLCPU``, pinned ``kDLCUDAHost``, ``kDLCUDAManaged``, ``kDLROCMHost``: written in place
+    alike); device memory against host memory raises `dlpart.DeviceError`.
     """
     # The extension checks the axis (negative ones count from the end) against the array it
     # imports, and turns indices that are no DLPack array into one (`_indices`): a call on
@@ -67,7 +75,8 @@ def gather(x: Any, indices: Any, axis: int = 0,
 
 def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     """``out[.., indices[i], ..] = values[.., i, ..]`` along ``axis``, like numpy's fancy
-    assignment: the last of duplicate indices wins. ``out`` is any writable DLPack array or a
+    assignment: the last of duplicate indices wins; for one index (as in `gather`) ``values``
+    has ``out``'s shape without the axis. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride raises `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
     in host memory of any kind where ``out`` is (as for `gather`)."""
@@ -87,7 +96,8 @@ def prepare_gather(x: Any, indices: Any, axis: int = 0,
                    out: Optional[Any] = None) -> PreparedGather:
     """`gather` checked once, for the same copy made again and again (the faces of a halo
     exchange, at every time step): ``g = prepare_gather(x, indices, axis, out)``, then each
-    ``g()`` does ``out[.., i, ..] = x[.., indices[i], ..]`` and returns ``None``.
+    ``g()`` does ``out[.., i, ..] = x[.., indices[i], ..]`` and returns ``None`` (for one
+    index, as in `gather`, ``out`` has no such axis).
 
     Everything `gather` checks is checked here, once, with the same errors: the axis, each
     index (read once into dlpart's own memory, so later changes to ``indices`` do not

@@ -409,8 +409,9 @@ class PartitionedArray:
                transfer: bool = False) -> "PartitionedArray":
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
-        axes and has one slab along ``axis``. Of an array of handles, only the partitions
-        holding an index are fetched."""
+        axes and has one slab along ``axis``; one index (an int, a 0-d array) drops the axis,
+        as numpy does. Of an array of handles, only the partitions holding an index are
+        fetched."""
         from ._functions import _indices
 
         idx = _indices(indices)
@@ -432,7 +433,8 @@ class PartitionedArray:
                 transfer: bool = False) -> None:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
-        unless every index is in range. ``values`` may view this array's own memory: they are
+        unless every index is in range. For one index (an int, a 0-d array) ``values`` has the
+        array's shape without ``axis``, as numpy takes it. ``values`` may view this array's own memory: they are
         read as they were before the call, as numpy's fancy assignment does. Of an array of
         handles, only the partitions holding an index are fetched."""
         from ._functions import _indices

@@ -13,8 +13,8 @@ DeviceLike = Union[Device, str, Tuple[int, int]]
 #: ``__dlpack__`` signatures differ in ways a ``Protocol`` would reject.
 ArrayLike = Any
 
-#: Indices for gather and scatter: an integer array of any DLPack producer, a Python sequence
-#: of ints, or one int.
+#: Indices for gather and scatter: a 1-d integer array of any DLPack producer, a Python
+#: sequence of ints, or one index (an int or a 0-d array), which drops the axis as in numpy.
 IndicesLike = Any
 
 #: A ``__partitioned__`` dict. Its values differ by key (a shape tuple, a dict of partitions,

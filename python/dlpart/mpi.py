@@ -424,9 +424,10 @@ class SpmdArray(PartitionedArray):
         """``numpy.take(self, indices, axis)`` across the ranks (collective; every rank passes the
         same indices): each index is served by the rank holding it, the picked slabs travel in
         one exchange. The result keeps this array's split points on the other axes, one
-        slab along ``axis``; each partition goes to the rank of the source partition holding
-        its first element. An index out of range raises on every rank before anything moves.
-        A rank's partitions live on one device (``transfer`` is accepted for the signature)."""
+        slab along ``axis`` (none for one index, which drops the axis as numpy does); each
+        partition goes to the rank of the source partition holding its first element. An
+        index out of range raises on every rank before anything moves. A rank's partitions
+        live on one device (``transfer`` is accepted for the signature)."""
         from ._functions import _indices
 
         idx, ax = _checked(self.comm, lambda: (_as_tensor(_indices(indices)),

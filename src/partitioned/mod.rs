@@ -245,6 +245,41 @@ impl PartitionedArray {
         }
     }
 
+    /// The same array without axis `axis`, whose extent is 1 (a gather of one index, which
+    /// drops the axis as numpy's does): the same partitions, data and locations, in the same
+    /// order, each tensor without the axis.
+    pub(crate) fn without_unit_axis(self, axis: usize) -> Result<Self> {
+        debug_assert_eq!(self.shape()[axis], 1);
+        let mut splits = self.grid.splits().to_vec();
+        splits.remove(axis);
+        let mut shape = self.shape().to_vec();
+        shape.remove(axis);
+        let data = self
+            .data
+            .into_iter()
+            .map(|d| match d {
+                Data::Tensor(t) => Data::Tensor(t.without_unit_axis(axis)),
+                other => other,
+            })
+            .collect();
+        let locals = self.locals.map(|positions| {
+            positions
+                .into_iter()
+                .map(|mut p| {
+                    p.remove(axis);
+                    p
+                })
+                .collect()
+        });
+        Ok(PartitionedArray {
+            grid: Grid::from_splits(&shape, splits)?,
+            dtype: self.dtype,
+            data,
+            locations: self.locations,
+            locals,
+        })
+    }
+
     /// States the dtype of an array whose data is not here yet (heat's `dtype` key); a dtype
     /// that contradicts the data held is refused (invariant 6).
     pub fn with_dtype(self, dtype: DType) -> Result<Self> {

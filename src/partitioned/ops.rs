@@ -198,9 +198,20 @@ impl PartitionedArray {
     /// devices need `transfer`. An out-of-range index is an error before anything is written.
     ///
     /// Only the partitions holding an index need data here ([`serving`](Self::serving)):
-    /// the others may hold handles not fetched yet.
+    /// the others may hold handles not fetched yet. One index (a 0-d `indices`) drops the
+    /// axis, as in numpy.
     pub fn gather(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
         self.check_axis(axis)?;
+        let (list, one) = ops::index_list(indices)?;
+        let taken = self.gather_list(&list, axis, transfer)?;
+        match one {
+            true => taken.without_unit_axis(axis),
+            false => Ok(taken),
+        }
+    }
+
+    /// [`gather`](Self::gather) of a 1-d list of indices.
+    fn gather_list(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
         let idx = host_indices(indices, axis, self.shape()[axis])?;
         let groups = Groups::new(&self.grid, axis, &idx);
         let src = self.tensors_where(|f| groups.serves_partition(&self.grid, f))?;
@@ -254,6 +265,8 @@ impl PartitionedArray {
     /// `transfer`. Nothing is written unless every check passes. `values` may view this
     /// array's own memory: they are read as they were before the call (copied aside first).
     /// Only the partitions holding an index need data here ([`serving`](Self::serving)).
+    /// For one index (a 0-d `indices`) `values` has this array's shape without `axis`, as
+    /// numpy's `a[.., i, ..] = values` takes it.
     pub fn scatter(
         &self,
         values: &Tensor,
@@ -262,14 +275,23 @@ impl PartitionedArray {
         transfer: bool,
     ) -> Result<()> {
         self.check_axis(axis)?;
-        let idx = host_indices(indices, axis, self.shape()[axis])?;
-        let want = self.shape_with(axis, idx.len());
+        let (list, one) = ops::index_list(indices)?;
+        let idx = host_indices(&list, axis, self.shape()[axis])?;
+        let want = match one {
+            true => ops::without_axis(self.shape(), axis),
+            false => self.shape_with(axis, idx.len()),
+        };
         if values.shape() != want.as_slice() {
             return Err(Error::shape(
                 format!("scatter values must have shape {}", tuple_string(&want)),
                 format!("values of shape {}", tuple_string(values.shape())),
             ));
         }
+        // The slab of one that one index writes.
+        let values = &match one {
+            true => values.with_unit_axis(axis),
+            false => values.clone(),
+        };
         let dtype = self.dtype.unwrap_or(values.dtype());
         if values.dtype() != dtype {
             return Err(Error::DTypeMismatch {
@@ -333,7 +355,8 @@ impl PartitionedArray {
     /// holding at least one index. An array of handles needs only these fetched.
     pub fn serving(&self, indices: &Tensor, axis: usize) -> Result<Vec<Vec<usize>>> {
         self.check_axis(axis)?;
-        let idx = host_indices(indices, axis, self.shape()[axis])?;
+        let (list, _) = ops::index_list(indices)?;
+        let idx = host_indices(&list, axis, self.shape()[axis])?;
         let groups = Groups::new(&self.grid, axis, &idx);
         Ok((0..self.len())
             .filter(|&f| groups.serves_partition(&self.grid, f))

@@ -452,6 +452,46 @@ fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
 }
 
 #[test]
+fn one_index_drops_the_axis_as_numpy_does() {
+    let (t, a) = global(&[7, 5]);
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();
+    let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
+    // numpy.take(a, -2, 1) is a[:, 3], and keeps the split points of axis 0.
+    let got = pa.gather(&one(-2), 1, false).unwrap();
+    assert_eq!((got.shape(), got.grid().tiling()), (&[7][..], vec![3]));
+    let whole = got.assemble(None, false).unwrap();
+    assert_eq!(
+        whole.to_array::<i32>().unwrap(),
+        a.slice(s![.., 3]).into_dyn()
+    );
+    // Down to a 0-d array: one element of a 1-d one.
+    let (v, _) = global(&[5]);
+    let line = PartitionedArray::partition(&v, &Layout::tiling(&[2])).unwrap();
+    let got = line.gather(&one(3), 0, false).unwrap();
+    assert_eq!((got.shape(), got.len()), (&[][..], 1));
+    let whole = got.assemble(None, false).unwrap();
+    assert_eq!(
+        whole.to_array::<i32>().unwrap().into_raw_vec_and_offset().0,
+        [3]
+    );
+    // Scatter: a[4] = values, values without the axis.
+    let values = Tensor::from_slice(&[-1i32, -2, -3, -4, -5], &[5]).unwrap();
+    pa.scatter(&values, &one(4), 0, false).unwrap();
+    let mut want = a.clone();
+    want.slice_mut(s![4, ..])
+        .assign(&ndarray::arr1(&[-1, -2, -3, -4, -5]));
+    assert_eq!(t.to_array::<i32>().unwrap(), want);
+    let e = pa
+        .scatter(&values.with_unit_axis(0), &one(4), 0, false)
+        .unwrap_err();
+    assert!(e.to_string().contains("must have shape (5,)"), "{e}");
+    assert_eq!(
+        pa.serving(&one(-1), 0).unwrap(),
+        vec![vec![2, 0], vec![2, 1]]
+    );
+}
+
+#[test]
 fn gather_and_scatter_take_global_indices() {
     let (t, a) = global(&[7, 5]);
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();

@@ -46,28 +46,40 @@ fn index_tensor(v: &[i64]) -> Result<Tensor> {
     Tensor::from_slice(v, &[v.len()])
 }
 
-/// The indices (any integer dtype, host memory) read once, normalised to `[0, len)`, and a
-/// writer holding what the ranks must agree on.
-fn read_indices(indices: &Tensor, axis: usize, pa: &PartitionedArray) -> Result<Vec<i64>> {
+/// The indices (any integer dtype, host memory) read once, normalised to `[0, len)`, and
+/// whether they are one index (a 0-d tensor: the axis is dropped, as in numpy).
+fn read_indices(indices: &Tensor, axis: usize, pa: &PartitionedArray) -> Result<Index> {
     if axis >= pa.ndim() {
         return Err(Error::shape(
             format!("axis {axis} is out of range for a {}-d array", pa.ndim()),
             format!("shape {}", tuple_string(pa.shape())),
         ));
     }
-    let owned = ops::to_device(indices, Device::CPU)?;
+    let (list, one) = ops::index_list(indices)?;
+    let owned = ops::to_device(&list, Device::CPU)?;
     let idx = ops::normalise_indices(&owned, axis, pa.shape()[axis])?;
-    Ok(idx.as_array::<i64>()?.iter().copied().collect())
+    Ok(Index {
+        list: idx.as_array::<i64>()?.iter().copied().collect(),
+        one,
+    })
 }
 
-fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &[i64]) -> Writer {
+/// Indices read by [`read_indices`].
+struct Index {
+    /// The indices, normalised.
+    list: Vec<i64>,
+    /// Whether they are one index, given as a 0-d tensor (`list` then holds it).
+    one: bool,
+}
+
+fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &Index) -> Writer {
     let mut w = Writer::default();
     w.usize(axis).usizes(src_owners);
     for s in pa.grid().splits() {
         w.usizes(s);
     }
-    w.usize(idx.len());
-    for &i in idx {
+    w.usize(usize::from(idx.one)).usize(idx.list.len());
+    for &i in &idx.list {
         w.u64(i as u64);
     }
     w
@@ -87,11 +99,12 @@ pub fn gather(
 ) -> Result<(PartitionedArray, Traffic)> {
     let (me, size) = (comm.rank(), comm.size());
     let stage = (|| {
-        let idx = read_indices(indices, axis, pa)?;
+        let index = read_indices(indices, axis, pa)?;
+        let idx = &index.list;
         let src_owners = owners(pa)?;
         let dtype = dtype_of(pa)?;
         let item = dtype.itemsize();
-        let slabs = Slabs::new(pa.grid(), axis, &idx);
+        let slabs = Slabs::new(pa.grid(), axis, idx);
         let mut splits = pa.grid().splits().to_vec();
         splits[axis] = vec![0, idx.len()];
         let mut shape = pa.shape().to_vec();
@@ -176,8 +189,9 @@ pub fn gather(
             recv_displs: &recv_displs,
         };
         let buffers = segments.prepare(comm, send.as_ref(), dev, dtype, item, None)?;
-        let fp = fingerprint(&print(pa, &src_owners, axis, &idx).0);
+        let fp = fingerprint(&print(pa, &src_owners, axis, &index).0);
         Ok(Prepared {
+            one: index.one,
             grid,
             out_owner,
             out_dev,
@@ -258,10 +272,16 @@ pub fn gather(
             .sum(),
     };
     let out = spmd_array(p.grid, p.outs, &p.out_owner, &p.out_dev, &peers, dtype)?;
+    let out = match p.one {
+        true => out.without_unit_axis(axis)?,
+        false => out,
+    };
     Ok((out, traffic))
 }
 
 struct Prepared {
+    /// One index: the result drops the axis.
+    one: bool,
     grid: Grid,
     out_owner: Vec<usize>,
     out_dev: Vec<Device>,
@@ -309,11 +329,15 @@ pub fn scatter(
 ) -> Result<()> {
     let me = comm.rank();
     let stage = (|| {
-        let idx = read_indices(indices, axis, pa)?;
+        let index = read_indices(indices, axis, pa)?;
+        let idx = &index.list;
         let src_owners = owners(pa)?;
         let dtype = dtype_of(pa)?;
         let mut want = pa.shape().to_vec();
         want[axis] = idx.len();
+        if index.one {
+            want.remove(axis);
+        }
         if values.shape() != want.as_slice() || values.dtype() != dtype {
             return Err(Error::shape(
                 format!(
@@ -323,7 +347,7 @@ pub fn scatter(
                 format!("{values:?}"),
             ));
         }
-        let slabs = Slabs::new(pa.grid(), axis, &idx);
+        let slabs = Slabs::new(pa.grid(), axis, idx);
         let mut writes = Vec::new();
         // This rank's partitions, and the copies it holds of other ranks' (a replicated
         // array, as heat's split=None): every copy is written, or they would part ways.
@@ -353,11 +377,11 @@ pub fn scatter(
             }
             writes.push((f, s));
         }
-        let mut w = print(pa, &src_owners, axis, &idx);
+        let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
-        Ok((writes, slabs, fingerprint(&w.0)))
+        Ok((writes, slabs, fingerprint(&w.0), index.one))
     })();
-    let ((writes, slabs, _), _) = agreed(
+    let ((writes, slabs, _, one), _) = agreed(
         comm,
         "scatter",
         stage,
@@ -374,6 +398,11 @@ pub fn scatter(
             .iter()
             .map(|&(f, _)| pa.data()[f].tensor().expect("checked"));
         let values = &ops::apart_from(values, held)?;
+        // One index writes a slab of one.
+        let values = &match one {
+            true => values.with_unit_axis(axis),
+            false => values.clone(),
+        };
         for (f, s) in writes {
             let t = pa.data()[f].tensor().expect("checked");
             let r = pa.grid().region_at(f);

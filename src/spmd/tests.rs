@@ -706,6 +706,33 @@ fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
 }
 
 #[test]
+fn one_index_drops_the_axis_across_ranks_as_numpy_does() {
+    let a = reference(&[6, 4]);
+    ThreadComm::run(3, |comm| {
+        let me = comm.rank();
+        let rows = Tensor::from(block(&a, &[2 * me, 0], &[2, 4]));
+        let pa = from_stacked(comm, vec![rows], 0).unwrap();
+        let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
+        // numpy.take(a, -3, 0) is a[3], served by rank 1.
+        let (got, _) = gather(comm, &pa, &one(-3), 0).unwrap();
+        assert_eq!(got.shape(), &[4]);
+        let whole = assemble(comm, &got, None, None, false).unwrap().unwrap();
+        assert_eq!(
+            whole.to_array::<f32>().unwrap(),
+            a.slice(ndarray::s![3, ..]).into_dyn()
+        );
+        // a[:, 1] = values, values without the axis, on every rank.
+        let values = Tensor::from(ArrayD::<f32>::from_elem(IxDyn(&[6]), -1.0));
+        scatter(comm, &pa, &values, &one(1), 1).unwrap();
+        let mut want = a.clone();
+        want.slice_mut(ndarray::s![.., 1]).fill(-1.0);
+        assert_eq!(assembled(comm, &pa).unwrap_or_else(|| want.clone()), want);
+        let e = scatter(comm, &pa, &values, &one(1), 0).unwrap_err();
+        assert!(e.to_string().contains("must have shape (4,)"), "{e}");
+    });
+}
+
+#[test]
 fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
     let a = reference(&[6, 2]);
     let out = ThreadComm::run(3, |comm| {

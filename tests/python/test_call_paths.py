@@ -78,7 +78,7 @@ def test_gathers_and_scatters_release_every_import_also_when_they_fail(face):
 def test_indices_that_are_no_array_are_converted_by_the_extension():
     x = np.arange(20.0).reshape(5, 4)
     for indices in ([0, -1, 2], (3,), range(2), 4, np.int32(-2)):
-        want = np.take(x, np.asarray(indices).reshape(-1), axis=0)
+        want = np.take(x, indices, axis=0)  # one index drops the axis
         np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(x, indices)), want)
         np.testing.assert_array_equal(np.from_dlpack(_core.gather(x, indices, 0, None)), want)
     out = np.zeros(4)
@@ -106,7 +106,10 @@ def test_python_index_sequences_keep_their_values_or_raise():
         with pytest.raises(IndexError, match="out of bounds"):
             dlpart.scatter(np.full((len(huge), 4), -1.0), huge, out)
         np.testing.assert_array_equal(out, x)
-    with pytest.raises(ValueError, match=r"indices must be 1-d: shape \(2, 2\)"):
+    with pytest.raises(IndexError, match="out of bounds"):
+        dlpart.gather(x, 2**64 - 1)
+    with pytest.raises(ValueError, match=r"indices must be one index \(0-d\) or a 1-d list: .* "
+                                         r"not supported .*: shape \(2, 2\)"):
         dlpart.gather(x, [[0, 1], [2, 3]])
 
 

@@ -241,10 +241,58 @@ def test_device_memory_against_host_memory_is_a_device_error():
     assert same(x, np.arange(12.0).reshape(4, 3))
 
 
-def test_indices_must_be_a_1d_integer_array():
+@settings(max_examples=150, **SETTINGS)
+@given(case=cases(names=NATIVE), data=st.data())
+def test_one_index_drops_the_axis_as_numpy_does(case, data):
+    """A Python int, a numpy integer or a 0-d array selects one slice without its axis, in
+    every form of gather and scatter: `np.take(x, i, axis)` and `out[.., i, ..] = values`."""
+    name, ref, x, axis, _ = case
+    n = ref.shape[axis]
+    i = data.draw(st.integers(-n, n - 1))
+    form = data.draw(st.sampled_from(["int", "numpy int", "0-d array"]))
+    dtype = data.draw(st.sampled_from(INDEX_DTYPES if i >= 0 else INDEX_DTYPES[:4]))
+    index = {"int": i, "numpy int": np.dtype(dtype).type(i), "0-d array": np.array(i, dtype)}[form]
+    expect = np.take(ref, i, axis=axis)
+    assert expect.ndim == ref.ndim - 1
+    assert same(np.from_dlpack(dlpart.gather(x, index, axis=axis)), expect)
+    out = np.zeros_like(expect)
+    dlpart.gather(x, index, axis=axis, out=out)
+    assert same(out, expect)
+    g = dlpart.prepare_gather(x, index, axis=axis)
+    g()
+    assert same(np.from_dlpack(g.out), expect)
+    pa = dlpart.partition(x, tuple(min(2, max(k, 1)) for k in ref.shape))
+    assert same(np.from_dlpack(pa.gather(index, axis=axis).assemble()), expect)
+
+    values = random_array(np.random.default_rng(i % 7), expect.shape, name)
+    assigned = ref.copy()
+    assigned[along(axis, i)] = values
+    for write in ["scatter", "prepared", "partitioned"]:
+        target = ref.copy()
+        if write == "scatter":
+            dlpart.scatter(values, index, target, axis=axis)
+        elif write == "prepared":
+            dlpart.prepare_scatter(values, index, target, axis=axis)()
+        else:
+            dlpart.partition(target, (2,) + (1,) * (ref.ndim - 1)).scatter(values, index, axis)
+        assert same(target, assigned), write
+    with pytest.raises(ValueError, match="values must have shape"):
+        dlpart.scatter(np.expand_dims(values, axis), index, ref.copy(), axis=axis)
+
+
+def test_indices_must_be_one_index_or_a_1d_integer_array():
     x = np.arange(6.0)
-    for idx in [np.array([[0, 1]]), np.array(1), np.array([0.0, 1.0]), np.array([True])]:
-        with pytest.raises((ValueError, TypeError)):
+    # numpy.take puts the shape of such indices in place of the axis; dlpart does not.
+    for idx in [np.array([[0, 1]]), [[0], [1]]]:
+        with pytest.raises(ValueError, match=r"indices must be one index \(0-d\) or a 1-d list: "
+                                             r"indices of more axes.* are not supported"):
+            dlpart.gather(x, idx)
+        with pytest.raises(ValueError, match="are not supported"):
+            dlpart.partition(x, (2,)).gather(idx)
+        with pytest.raises(ValueError, match="are not supported"):
+            dlpart.scatter(np.zeros((1, 2)), idx, x.copy())
+    for idx in [np.array([0.0, 1.0]), np.array([True]), True, 1.0]:
+        with pytest.raises((ValueError, TypeError), match="integer"):
             dlpart.gather(x, idx)
     with pytest.raises(ValueError, match="axis 1 is out of range"):
         dlpart.gather(x, np.array([0]), axis=1)

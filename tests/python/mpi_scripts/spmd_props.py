@@ -178,6 +178,18 @@ def random_case(case, seed):
     where[ax] = picks
     expect[tuple(where)] = want
     np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
+    # One index drops the axis, as numpy's take and assignment do.
+    one = int(rng.integers(-shape[ax], shape[ax])) if shape[ax] else None
+    if one is not None:
+        got = a.gather(one, axis=ax)
+        want = np.take(ref, one, axis=ax)
+        assert got.shape == want.shape, (got.shape, want.shape)
+        np.testing.assert_array_equal(np.from_dlpack(got.assemble(root=None)), want)
+        ones = np.ones_like(np.asarray(want))  # a 0-d array, not a scalar, for a 1-d array
+        target.scatter(ones, np.array(one), axis=ax)
+        where[ax] = one
+        expect[tuple(where)] = ones
+        np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
 
 
 def heat_form():
@@ -272,6 +284,8 @@ def errors():
                             f"index {2 * size} is out of bounds")
     expect_collective_error("different indices", lambda: a.gather([rank % 2]), dlpart.ProtocolError,
                             "asked for different gathers")
+    expect_collective_error("one index and a list of one", lambda: a.gather(0 if rank else [0]),
+                            dlpart.ProtocolError, "asked for different gathers")
     expect_collective_error("different calls", lambda: a.repartition((2, 1)) if rank == 0 else
                             a.gather([0]), dlpart.ProtocolError,
                             "rank 0 called repartition, rank 1 gather: every rank must make")
