@@ -11,12 +11,23 @@ from ._partitioned import PartitionedArray
 __all__ = ["gather", "prepare_gather", "prepare_scatter", "scatter"]
 
 
+def _native(a):
+    """``a``, or for an array whose bytes are not in native order (which DLPack cannot carry) a
+    copy in native order: for arguments read once, as numpy's own functions read them."""
+    dtype = getattr(a, "dtype", None)
+    if getattr(dtype, "isnative", True) is False:
+        return a.astype(dtype.newbyteorder("="))
+    return a
+
+
 def _indices(indices):
-    """Index arrays as given (any DLPack array); one index (a Python or numpy int) as a 0-d
+    """Index arrays as given (any DLPack array; in native byte order, `_native`); one index (a Python or numpy int) as a 0-d
     int64 array, which drops the axis as numpy does; Python sequences of ints as an int64
     array; other sequences as the 1-d integer array numpy makes of them."""
-    if hasattr(indices, "__dlpack__") or isinstance(indices, Tensor):
+    if isinstance(indices, Tensor):
         return indices
+    if hasattr(indices, "__dlpack__"):
+        return _native(indices)
     import numpy as np
 
     one = isinstance(indices, int) and not isinstance(indices, bool)
@@ -61,7 +72,9 @@ def gather(x: Any, indices: Any, axis: int = 0,
     to some element more than once (a zero stride) raises `BufferError`, as it would make
     threads race. ``out`` is on ``x``'s device, or in host memory of any kind where ``x`` is
     (``kDLCPU``, pinned ``kDLCUDAHost``, ``kDLCUDAManaged``, ``kDLROCMHost``: written in place
-    alike); device memory against host memory raises `dlpart.DeviceError`.
+    alike); device memory against host memory raises `dlpart.DeviceError`. ``x`` and
+    ``indices`` whose bytes are not in native order, which DLPack cannot carry, are read
+    through a copy in native order; such an ``out`` raises `BufferError`.
     """
     # The extension checks the axis (negative ones count from the end) against the array it
     # imports, and turns indices that are no DLPack array into one (`_indices`): a call on
@@ -79,7 +92,8 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     has ``out``'s shape without the axis. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride raises `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
-    in host memory of any kind where ``out`` is (as for `gather`)."""
+    in host memory of any kind where ``out`` is, and in either byte order (as for
+    `gather`)."""
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None
@@ -103,7 +117,8 @@ def prepare_gather(x: Any, indices: Any, axis: int = 0,
     index (read once into dlpart's own memory, so later changes to ``indices`` do not
     matter), ``out``'s shape, dtype, device and writability. ``out`` is allocated on ``x``'s
     device when not given (``g.out``); an ``out`` that shares memory with ``x`` raises
-    `BufferError`. The object holds ``x`` and ``out`` themselves (their DLPack imports: the
+    `BufferError`, and so do ``x`` and ``out`` in non-native byte order (no copy can stand in
+    for them). The object holds ``x`` and ``out`` themselves (their DLPack imports: the
     producers' memory stays valid until the object is dropped), so the caller may change the
     data of ``x`` between calls, and each call copies what is there then; the shapes cannot
     change. A call imports nothing and checks only what safety needs (a few comparisons):
@@ -120,7 +135,8 @@ def prepare_scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> Prepa
     ``None``.
 
     Everything `scatter` checks is checked here, once, with the same errors; ``values`` that
-    share memory with ``out`` raise `BufferError`. The object holds ``values``, ``out`` and
+    share memory with ``out`` raise `BufferError`, and so do ``values`` and ``out`` in
+    non-native byte order. The object holds ``values``, ``out`` and
     its own copy of the indices, so the caller may change the data of ``values`` between
     calls (not the shapes), and each call copies what is there then.
     """

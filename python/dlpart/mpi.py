@@ -443,9 +443,9 @@ class SpmdArray(PartitionedArray):
         error anywhere writes nothing anywhere. The ranks compare the indices and the values'
         shape and dtype, not the values' contents (that would cost a pass over them): each
         rank writes from its own ``values``."""
-        from ._functions import _indices
+        from ._functions import _indices, _native
 
-        v, idx, ax = _checked(self.comm, lambda: (_as_tensor(values), _as_tensor(_indices(indices)),
+        v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_native(values)), _as_tensor(_indices(indices)),
                                                   _axis(axis, self.ndim)))
         _core._spmd_scatter(self.comm, self._core, v, idx, ax)
 

@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use pyo3::exceptions::PyBufferError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -46,14 +48,69 @@ pub(super) fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     }
 }
 
-/// `indices` as a tensor: a dlpart tensor or any DLPack array as it is, anything else (a Python
-/// sequence or scalar) through `dlpart._functions._indices`, as int64. Asked here rather than
-/// in the Python wrapper: its `hasattr(indices, "__dlpack__")` cost about 400 instructions
+/// `x` as [`tensor_arg`] imports it, for an argument the call reads once (a gather's source,
+/// a scatter's values, indices): an array whose bytes are not in native order, which DLPack
+/// cannot carry, is read through a copy in native order, as numpy's own functions read it.
+/// Looked at only when the import fails: arrays in native order cost nothing more.
+pub(super) fn read_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+    tensor_arg(x).or_else(|e| match native_copy(x)? {
+        Some(copy) => tensor_arg(&copy),
+        None => Err(e),
+    })
+}
+
+/// `x` as [`tensor_arg`] imports it, for an argument `name` that is written in place or kept
+/// (`why` says which): no copy can stand in for it, so an array whose bytes are not in native
+/// order is refused by name, with `BufferError` as numpy's own DLPack export does.
+pub(super) fn in_place_arg(x: &Bound<'_, PyAny>, name: &str, why: &str) -> PyResult<PyTensor> {
+    tensor_arg(x).map_err(|e| match non_native(x) {
+        Some(dtype) => PyBufferError::new_err(format!(
+            "{name} has dtype {dtype}, whose bytes are not in native order, which DLPack \
+             cannot carry; {why}, so a copy in native order cannot stand in for it: pass \
+             {name} in native byte order"
+        )),
+        None => e,
+    })
+}
+
+/// The dtype (as numpy writes it, `'>i8'`) of `x` when `x` is an array whose dtype says its
+/// bytes are not in native order (numpy's `dtype.isnative`); `None` for anything else.
+fn non_native(x: &Bound<'_, PyAny>) -> Option<String> {
+    let py = x.py();
+    let dtype = x.getattr_opt(intern!(py, "dtype")).ok()??;
+    let native = dtype.getattr_opt(intern!(py, "isnative")).ok()??;
+    match native.extract::<bool>() {
+        Ok(false) => Some(
+            dtype
+                .getattr(intern!(py, "str"))
+                .and_then(|s| s.extract::<String>())
+                .unwrap_or_else(|_| dtype.to_string()),
+        ),
+        _ => None,
+    }
+}
+
+/// A copy of `x` in native byte order (`x.astype(x.dtype.newbyteorder("="))`) when its bytes
+/// are not (see [`non_native`]), else `None`.
+pub(super) fn native_copy<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if non_native(x).is_none() {
+        return Ok(None);
+    }
+    let dtype = x.getattr(intern!(x.py(), "dtype"))?;
+    let native = dtype.call_method1(intern!(x.py(), "newbyteorder"), ("=",))?;
+    x.call_method1(intern!(x.py(), "astype"), (native,))
+        .map(Some)
+}
+
+/// `indices` as a tensor: a dlpart tensor or any DLPack array as it is (read through a copy
+/// when its bytes are not in native order, [`read_arg`]), anything else (a Python sequence or
+/// scalar) through `dlpart._functions._indices`, as int64. Asked here rather than in the
+/// Python wrapper: its `hasattr(indices, "__dlpack__")` cost about 400 instructions
 /// (callgrind) on every call with an index array.
 pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     static INDICES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if indices.cast::<PyTensor>().is_ok() || is_producer(indices)? {
-        return tensor_arg(indices);
+        return read_arg(indices);
     }
     let convert = INDICES.import(indices.py(), "dlpart._functions", "_indices")?;
     tensor_arg(&convert.call1((indices,))?)
@@ -70,9 +127,11 @@ fn gather(
     axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
-    let (x, idx) = (tensor_arg(x)?, indices_arg(indices)?);
+    let (x, idx) = (read_arg(x)?, indices_arg(indices)?);
     let axis = axis_arg("gather", axis, x.inner.ndim(), "source")?;
-    let out = out.map(tensor_arg).transpose()?;
+    let out = out
+        .map(|o| in_place_arg(o, "out", "gather writes out in place"))
+        .transpose()?;
     let bytes = out.as_ref().map_or(usize::MAX, |o| o.inner.nbytes());
     let r = detach_unless_small(py, &x.inner, bytes, || {
         crate::ops::gather(&x.inner, &idx.inner, axis, out.as_ref().map(|o| &o.inner))
@@ -92,7 +151,8 @@ fn scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<()> {
-    let (v, idx, o) = (tensor_arg(values)?, indices_arg(indices)?, tensor_arg(out)?);
+    let (v, idx) = (read_arg(values)?, indices_arg(indices)?);
+    let o = in_place_arg(out, "out", "scatter writes out in place")?;
     let axis = axis_arg("scatter", axis, o.inner.ndim(), "output")?;
     detach_unless_small(py, &o.inner, v.inner.nbytes(), || {
         crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis)

@@ -1111,7 +1111,7 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
-        let (pa, idx) = (self.inner(), tensor_arg(indices)?);
+        let (pa, idx) = (self.inner(), read_arg(indices)?);
         let axis = axis_arg("gather", axis, pa.ndim(), "array")?;
         py.detach(|| pa.gather(&idx, axis, transfer))
             .map(wrap)
@@ -1128,7 +1128,7 @@ impl PyPartitioned {
         axis: i64,
         op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
-        let (pa, idx) = (self.inner(), tensor_arg(indices)?);
+        let (pa, idx) = (self.inner(), read_arg(indices)?);
         let axis = axis_arg(op, axis, pa.ndim(), "array")?;
         py.detach(|| pa.serving(&idx, axis)).map_err(to_py)
     }
@@ -1143,7 +1143,7 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<()> {
-        let (pa, v, idx) = (self.inner(), tensor_arg(values)?, tensor_arg(indices)?);
+        let (pa, v, idx) = (self.inner(), read_arg(values)?, read_arg(indices)?);
         let axis = axis_arg("scatter", axis, pa.ndim(), "array")?;
         py.detach(|| pa.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
@@ -1337,6 +1337,16 @@ fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<crate::tensor::Tensor> {
         Ok(t) => Ok(t.get().inner.clone()),
         Err(_) => Ok(import_array(x, None, None)?.inner),
     }
+}
+
+/// [`tensor_arg`] for an argument the call reads once (indices, a scatter's values): an array
+/// whose bytes are not in native order is read through a copy in native order (see
+/// `ops::read_arg`).
+fn read_arg(x: &Bound<'_, PyAny>) -> PyResult<crate::tensor::Tensor> {
+    tensor_arg(x).or_else(|e| match super::ops::native_copy(x)? {
+        Some(copy) => tensor_arg(&copy),
+        None => Err(e),
+    })
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

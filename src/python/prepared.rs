@@ -8,7 +8,7 @@ use crate::error::tuple_string;
 use crate::prepared::{PreparedGather, PreparedScatter};
 
 use super::errors::to_py;
-use super::ops::{indices_arg, tensor_arg};
+use super::ops::{in_place_arg, indices_arg};
 use super::tensor::{axis_arg, PyTensor};
 
 /// The methods both prepared classes share: `$class` wraps `inner`, shown by `__repr__` as
@@ -89,9 +89,12 @@ fn prepare_gather(
     axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPreparedGather> {
-    let (x, idx) = (tensor_arg(x)?, indices_arg(indices)?);
+    let x = in_place_arg(x, "x", "a prepared gather reads x itself at each call")?;
+    let idx = indices_arg(indices)?;
     let axis = axis_arg("prepare_gather", axis, x.inner.ndim(), "source")?;
-    let out = out.map(tensor_arg).transpose()?;
+    let out = out
+        .map(|o| in_place_arg(o, "out", "a prepared gather writes out itself at each call"))
+        .transpose()?;
     let out = out.as_ref().map(|o| &o.inner);
     let inner = py
         .detach(|| PreparedGather::new(&x.inner, &idx.inner, axis, out))
@@ -109,7 +112,14 @@ fn prepare_scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<PyPreparedScatter> {
-    let (v, idx, o) = (tensor_arg(values)?, indices_arg(indices)?, tensor_arg(out)?);
+    let why = "a prepared scatter reads values itself at each call";
+    let v = in_place_arg(values, "values", why)?;
+    let idx = indices_arg(indices)?;
+    let o = in_place_arg(
+        out,
+        "out",
+        "a prepared scatter writes out itself at each call",
+    )?;
     let axis = axis_arg("prepare_scatter", axis, o.inner.ndim(), "output")?;
     let inner = py
         .detach(|| PreparedScatter::new(&v.inner, &idx.inner, &o.inner, axis))

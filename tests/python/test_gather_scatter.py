@@ -316,6 +316,53 @@ def test_aliased_operands_behave_as_if_copied_first(case, data):
     assert same(out, expect)
 
 
+@pytest.mark.parametrize("order", [">", "<"])
+def test_arrays_in_either_byte_order_are_read_and_outs_must_be_native(order):
+    """DLPack carries native byte order only: indices and values, read once, are read through
+    a native copy, as np.take reads them; an out, written in place, is refused by name."""
+    native = np.dtype(order + "f8").isnative
+    x = np.arange(12.0).reshape(4, 3)
+    idx = np.array([2, -4, 2], order + "i8")
+    want = np.take(x, idx, 0)
+    for source in [x, x.astype(order + "f8")]:
+        np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(source, idx)), want)
+        np.testing.assert_array_equal(np.from_dlpack(dlpart.gather(source, idx[0])), want[0])
+    pa = dlpart.partition(x.copy(), (2, 1))
+    np.testing.assert_array_equal(np.from_dlpack(pa.gather(idx).assemble()), want)
+    g = dlpart.prepare_gather(x, idx)
+    g()
+    np.testing.assert_array_equal(np.from_dlpack(g.out), want)
+    values = np.array([[-1.0] * 3, [-2.0] * 3, [-3.0] * 3], order + "f8")
+    expect = x.copy()
+    expect[idx] = values
+    for target in ["array", "partitioned"]:
+        out = x.copy()
+        if target == "array":
+            dlpart.scatter(values, idx, out)
+        else:
+            dlpart.partition(out, (2, 1)).scatter(values, idx)
+        np.testing.assert_array_equal(out, expect)
+    if native:
+        return
+    f8 = order + "f8"
+    swapped_out = np.zeros((3, 3), f8)
+    with pytest.raises(BufferError, match=rf"out has dtype {f8}, whose bytes are not in native "
+                                          r"order.*gather writes out in place"):
+        dlpart.gather(x, idx, out=swapped_out)
+    target = x.astype(f8)
+    with pytest.raises(BufferError, match=rf"^out has dtype {f8}.*scatter writes out in place"):
+        dlpart.scatter(values, idx, target)
+    np.testing.assert_array_equal(target, x)
+    # Prepared operations keep x and values themselves: no copy can stand in for them.
+    with pytest.raises(BufferError, match=rf"^x has dtype {f8}.*reads x itself at each call"):
+        dlpart.prepare_gather(x.astype(f8), idx)
+    with pytest.raises(BufferError, match=rf"^values has dtype {f8}.*reads values itself"):
+        dlpart.prepare_scatter(values, idx, x.copy())
+    with pytest.raises(BufferError, match=rf"^out has dtype {f8}.*writes out itself"):
+        dlpart.prepare_gather(x, idx, out=swapped_out)
+    assert not swapped_out.any()
+
+
 def test_huge_unsigned_index_is_named_with_its_axis():
     with pytest.raises(IndexError, match=r"index 9223372036854775813 is out of bounds for axis 1 "
                                          r"with size 3"):

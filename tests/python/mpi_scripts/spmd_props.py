@@ -172,7 +172,11 @@ def random_case(case, seed):
     assert got.traffic.sent[rank] == 0
     blank = {k: np.zeros_like(v) for k, v in mine.items()}
     target = dlpart.mpi.from_local(blank, comm, shape=shape)
-    target.scatter(want, picks, axis=ax)
+    if rng.integers(2):  # read in either byte order, as numpy reads them
+        target.scatter(want.astype(want.dtype.newbyteorder()),
+                       picks.astype(picks.dtype.newbyteorder()), axis=ax)
+    else:
+        target.scatter(want, picks, axis=ax)
     expect = np.zeros_like(ref)
     where = [slice(None)] * ndim
     where[ax] = picks
