@@ -90,7 +90,8 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     """``out[.., indices[i], ..] = values[.., i, ..]`` along ``axis``, like numpy's fancy
     assignment: the last of duplicate indices wins; for one index (as in `gather`) ``values``
     has ``out``'s shape without the axis. ``out`` is any writable DLPack array or a
-    `dlpart.PartitionedArray` whose elements are distinct (a zero stride raises `BufferError`);
+    `dlpart.PartitionedArray` whose elements are distinct (a zero stride, or partitions
+    written that share memory, raise `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
     in host memory of any kind where ``out`` is, and in either byte order (as for
     `gather`)."""

@@ -434,7 +434,8 @@ class PartitionedArray:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range. For one index (an int, a 0-d array) ``values`` has the
-        array's shape without ``axis``, as numpy takes it. ``values`` may view this array's own memory: they are
+        array's shape without ``axis``, as numpy takes it. Partitions written that share
+        memory raise `BufferError`, as in `repartition_into`. ``values`` may view this array's own memory: they are
         read as they were before the call, as numpy's fancy assignment does. Of an array of
         handles, only the partitions holding an index are fetched."""
         from ._functions import _indices

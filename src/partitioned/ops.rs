@@ -262,9 +262,12 @@ impl PartitionedArray {
     /// `self[.., indices[k], ..] = values[.., k, ..]` along `axis`, like numpy's fancy
     /// assignment, with global indices (the last of duplicate indices wins). Each index is
     /// written by the partition that holds it, on its device; `values` on another device needs
-    /// `transfer`. Nothing is written unless every check passes. `values` may view this
-    /// array's own memory: they are read as they were before the call (copied aside first).
-    /// Only the partitions holding an index need data here ([`serving`](Self::serving)).
+    /// `transfer`. Nothing is written unless every check passes; partitions to write that
+    /// share memory are refused ([`Error::Buffer`]), as
+    /// [`repartition_into`](Self::repartition_into) refuses such targets. `values` may view
+    /// this array's own memory: they are read as they were before the call (copied aside
+    /// first). Only the partitions holding an index need data here
+    /// ([`serving`](Self::serving)).
     /// For one index (a 0-d `indices`) `values` has this array's shape without `axis`, as
     /// numpy's `a[.., i, ..] = values` takes it.
     pub fn scatter(
@@ -320,6 +323,13 @@ impl PartitionedArray {
             if !ops::one_memory(values.device(), t.device()) {
                 ops::transfer_runner(values.device(), t.device())?;
             }
+        }
+        // Partitions sharing memory would be written one after the other, each from its own
+        // values: what they hold would follow the order of the partitions, not numpy's (the
+        // last of duplicate indices wins). Refused, as repartition_into refuses such targets.
+        let written_tensors: Vec<&Tensor> = written.iter().map(|&f| targets(f)).collect();
+        if let Some(s) = crate::overlap::shared_targets(&written_tensors) {
+            return Err(s.targets_error(|j| tuple_string(&self.grid.position(written[j])), ""));
         }
         if !written.is_empty() {
             backend_for(values.device())?;

@@ -492,6 +492,55 @@ fn one_index_drops_the_axis_as_numpy_does() {
 }
 
 #[test]
+fn scatter_refuses_partitions_that_share_memory_and_writes_nothing() {
+    // Rows 0..2 and 2..4 of a 4x2 array, both over one 2x2 buffer: the scatter of rows 2 and
+    // 0 would leave what the partition written last was given, not numpy's last duplicate.
+    let shared = Tensor::from_slice(&[0.0f32; 4], &[2, 2]).unwrap();
+    let e = scatter_rows(&shared, shared.clone(), &[2, 0]).unwrap_err();
+    assert!(matches!(e, Error::Buffer { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "target partitions (0, 0) and (1, 0) share memory: their copies would race"
+    );
+    assert_eq!(
+        shared.to_array::<f32>().unwrap().sum(),
+        0.0,
+        "nothing written"
+    );
+    // Partly overlapping: the second partition's first row is the first one's last.
+    let base = Tensor::from_slice(&[0.0f32; 6], &[3, 2]).unwrap();
+    let (top, bottom) = (
+        base.view(&[0, 0], &[2, 2]).unwrap(),
+        base.view(&[1, 0], &[2, 2]),
+    );
+    assert!(scatter_rows(&top, bottom.unwrap(), &[0, 3]).is_err());
+    // Only the partitions written count: one of the two alone is written as asked.
+    scatter_rows(&shared, shared.clone(), &[1, 0]).unwrap();
+    assert_eq!(
+        shared
+            .to_array::<f32>()
+            .unwrap()
+            .into_raw_vec_and_offset()
+            .0,
+        [3.0, 4.0, 1.0, 2.0]
+    );
+}
+
+/// Scatters values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row blocks,
+/// `p0` over rows 0..2 and `p1` over rows 2..4.
+fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2]) -> Result<()> {
+    let pa = PartitionedArray::new(
+        Grid::even(&[4, 2], &[2, 1]).unwrap(),
+        vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
+        vec![vec![], vec![]],
+        None,
+    )
+    .unwrap();
+    let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    pa.scatter(&values, &Tensor::from_slice(rows, &[2]).unwrap(), 0, false)
+}
+
+#[test]
 fn gather_and_scatter_take_global_indices() {
     let (t, a) = global(&[7, 5]);
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();

@@ -377,6 +377,16 @@ pub fn scatter(
             }
             writes.push((f, s));
         }
+        // Partitions sharing memory would be written one after the other, each from its own
+        // values (see `PartitionedArray::scatter`).
+        let held: Vec<&Tensor> = writes
+            .iter()
+            .map(|&(f, _)| pa.data()[f].tensor().expect("checked"))
+            .collect();
+        if let Some(s) = crate::overlap::shared_targets(&held) {
+            let position = |j: usize| tuple_string(&pa.grid().position(writes[j].0));
+            return Err(s.targets_error(position, &format!(" of rank {me}")));
+        }
         let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
         Ok((writes, slabs, fingerprint(&w.0), index.one))

@@ -768,6 +768,38 @@ fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
 /// buffer, and must write their old contents (numpy's fancy assignment), though writing row 1
 /// changes what row 2 is read from. A written partition that repeats an element (stride 0) is
 /// refused on every rank before anything is written.
+/// Two partitions of rank 1 over the same memory: a scatter into both would leave what the one
+/// written last was given, not numpy's last duplicate. Refused on every rank, nothing written.
+#[test]
+fn scatter_into_partitions_sharing_memory_fails_every_rank() {
+    let a = reference(&[8, 2]);
+    let out = ThreadComm::run(2, |comm| {
+        let me = comm.rank();
+        let buffer = Tensor::from(block(&a, &[4 * me, 0], &[2, 2]));
+        let second = match me {
+            1 => buffer.clone(),
+            _ => Tensor::from(block(&a, &[4 * me + 2, 0], &[2, 2])),
+        };
+        let parts = vec![
+            (vec![4 * me, 0], buffer.clone()),
+            (vec![4 * me + 2, 0], second),
+        ];
+        let pa = from_local(comm, Ok(LocalParts::Placed(parts)), None).unwrap();
+        let values = Tensor::from(ArrayD::<f32>::zeros(IxDyn(&[2, 2])));
+        let rows = Tensor::from_slice(&[6i64, 4], &[2]).unwrap();
+        let e = scatter(comm, &pa, &values, &rows, 0).unwrap_err();
+        (e.to_string(), buffer.to_array::<f32>().unwrap())
+    });
+    for (rank, (e, mine)) in out.iter().enumerate() {
+        assert_eq!(
+            e,
+            "rank 1: target partitions (2, 0) and (3, 0) of rank 1 share memory: their copies \
+             would race"
+        );
+        assert_eq!(mine, &block(&a, &[4 * rank, 0], &[2, 2]), "nothing written");
+    }
+}
+
 #[test]
 fn scatter_reads_values_that_view_the_partitions_before_writing_them() {
     let a = reference(&[8, 2]);

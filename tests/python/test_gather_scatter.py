@@ -423,6 +423,27 @@ def test_partitioned_scatter_of_values_that_view_its_own_memory(rows, cols, tile
     assert same(x, expect)
 
 
+def test_partitioned_scatter_refuses_partitions_that_share_memory():
+    """Written one after the other, partitions over the same memory would keep what the last
+    one written was given, where numpy's last duplicate index wins: refused as
+    repartition_into refuses such targets, before anything is written."""
+    z = np.zeros((2, 3))
+    pa = dlpart.PartitionedArray((4, 3), [[0, 2, 4], [0, 3]], {
+        (0, 0): dlpart.Partition((0, 0), (0, 0), (2, 3), tensor=dlpart.from_dlpack(z)),
+        (1, 0): dlpart.Partition((1, 0), (2, 0), (2, 3), tensor=dlpart.from_dlpack(z))})
+    values = np.array([[1.0] * 3, [2.0] * 3])
+    with pytest.raises(BufferError, match=r"target partitions \(0, 0\) and \(1, 0\) share "
+                                          r"memory: their copies would race"):
+        pa.scatter(values, [2, 0])
+    with pytest.raises(BufferError, match="share memory"):
+        dlpart.scatter(values, [2, 0], pa)
+    assert not z.any()
+    with pytest.raises(BufferError, match="share memory"):
+        dlpart.partition(np.ones((4, 3)), (1, 1)).repartition_into(pa)
+    pa.scatter(values, [1, 0])  # one of them alone: written as numpy would
+    np.testing.assert_array_equal(z, values[::-1])
+
+
 def test_partitioned_scatter_names_the_shape_it_wants_and_the_one_it_got():
     pa = dlpart.partition(np.zeros((3, 2)), (2, 1))
     with pytest.raises(ValueError, match=r"values must have shape \(0, 2\): values of shape "
