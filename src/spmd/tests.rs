@@ -768,6 +768,35 @@ fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
 /// buffer, and must write their old contents (numpy's fancy assignment), though writing row 1
 /// changes what row 2 is read from. A written partition that repeats an element (stride 0) is
 /// refused on every rank before anything is written.
+/// Host values write host partitions of any kind (pinned, managed) in place, on every rank.
+#[test]
+fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
+    use crate::DeviceType;
+    let a = reference(&[4, 2]);
+    for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {
+        let out = ThreadComm::run(2, |comm| {
+            let me = comm.rank();
+            let buffer = Tensor::from(block(&a, &[2 * me, 0], &[2, 2]));
+            let device = Device::new(kind, 0).unwrap();
+            // SAFETY: the buffer's four elements, in C order, labelled as host memory of
+            // another kind, which the CPU reads and writes alike.
+            let there = unsafe { crate::partitioned::tests::view_2x2(&buffer, [2, 1], device) };
+            let pa = from_stacked(comm, vec![there], 0).unwrap();
+            let values = Tensor::from(ArrayD::<f32>::from_elem(IxDyn(&[2, 2]), -1.0));
+            let rows = Tensor::from_slice(&[3i64, 0], &[2]).unwrap();
+            scatter(comm, &pa, &values, &rows, 0).unwrap();
+            buffer.to_array::<f32>().unwrap()
+        });
+        let mut want = a.clone();
+        for row in [0, 3] {
+            want.slice_mut(ndarray::s![row, ..]).fill(-1.0);
+        }
+        for (rank, mine) in out.iter().enumerate() {
+            assert_eq!(mine, &block(&want, &[2 * rank, 0], &[2, 2]), "{kind:?}");
+        }
+    }
+}
+
 /// Two partitions of rank 1 over the same memory: a scatter into both would leave what the one
 /// written last was given, not numpy's last duplicate. Refused on every rank, nothing written.
 #[test]
