@@ -231,6 +231,19 @@ pub(crate) fn check_kernels(devices: impl IntoIterator<Item = Device>) -> Result
     Ok(())
 }
 
+/// [`check_present`] for a device to import data onto (`from_dlpack(x, device=...)`), where the
+/// producer, not dlpart, may be the one to put it there: a `kDLCUDA` device, or `kDLCUDAHost`
+/// memory, also needs a usable CUDA driver ([`Error::BackendUnavailable`] naming the device
+/// otherwise, the error moving data there with [`crate::ops::to_device`] gives), so that a
+/// device this machine lacks is named as such rather than left to the producer's refusal.
+pub fn check_reachable(device: Device) -> Result<()> {
+    check_present(device)?;
+    match device.kind {
+        DeviceType::Cuda | DeviceType::CudaHost => cuda::check_driver(device),
+        _ => Ok(()),
+    }
+}
+
 /// The device dlpart's own scratch copies of data on `device` go on: host memory of any
 /// kind is worked on as `kDLCPU` memory (the CPU backend reads and writes every host kind),
 /// so that dlpart allocates no pinned or managed memory for its own use.

@@ -49,6 +49,17 @@ pub(crate) fn target_device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
     Ok(d)
 }
 
+/// [`target_device_arg`] for the device an import is to put data on (`from_dlpack`'s and
+/// `from_partitioned`'s `device=`), checked before any producer is asked to move its data
+/// there (see [`crate::backend::check_reachable`]): a device this machine lacks raises what
+/// `Tensor.to` raises for it (`DeviceError`, or `BackendUnavailableError` without a CUDA
+/// driver), naming it, not the producer's `BufferError`.
+pub(crate) fn import_device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
+    let d = device_arg(obj)?;
+    crate::backend::check_reachable(d).map_err(to_py)?;
+    Ok(d)
+}
+
 #[pymethods]
 impl PyDevice {
     #[new]

@@ -23,7 +23,7 @@ use crate::layout::Layout;
 use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray};
 use crate::plan::Plan;
 
-use super::device::{device_arg, target_device_arg, PyDevice};
+use super::device::{device_arg, import_device_arg, target_device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
@@ -724,7 +724,7 @@ impl PyPartitioned {
     ) -> PyResult<(Self, Option<Py<PyAny>>)> {
         let device = device
             .filter(|d| !d.is_none())
-            .map(target_device_arg)
+            .map(import_device_arg)
             .transpose()?;
         let (pa, ns, order) = read_dict(py, d, Import::Yes { device, copy })?;
         let array = PyPartitioned::new(pa, Some(order));

@@ -13,7 +13,7 @@ use crate::error::tuple_string;
 use crate::tensor::Tensor;
 
 use super::capsule::{consume_capsule, export_capsule};
-use super::device::{device_arg, target_device_arg, PyDevice};
+use super::device::{device_arg, import_device_arg, target_device_arg, PyDevice};
 use super::dlpack_call::{call_legacy, call_numpy, call_versioned, Keywords};
 use super::errors::{to_py, BackendUnavailableError, DeviceError};
 use crate::error::TARGET_ELSEWHERE;
@@ -566,7 +566,7 @@ pub fn from_dlpack(
     copy: Option<bool>,
 ) -> PyResult<PyTensor> {
     let target = match device {
-        Some(d) if !d.is_none() => Some(target_device_arg(d)?),
+        Some(d) if !d.is_none() => Some(import_device_arg(d)?),
         _ => None,
     };
     import(x, target, copy)

@@ -104,3 +104,35 @@ def test_data_imported_from_an_emulated_host_device_can_be_copied_where_it_is():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_an_import_onto_a_device_not_here_raises_what_tensor_to_raises_naming_it():
+    """The device is checked before the producer is asked to move its data there: not the
+    producer's `BufferError` (numpy's "unsupported device requested"), but the error moving
+    the data there with `Tensor.to` gives (`DeviceError` past the last GPU,
+    `BackendUnavailableError` without a CUDA driver)."""
+    count = cuda_device_count()
+    missing = f"cuda:{count}"
+    x = np.arange(6.0).reshape(2, 3)
+    asked = []
+
+    class Counted:
+        def __dlpack__(self, **kw):
+            asked.append(kw)
+            return x.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return x.__dlpack_device__()
+
+    with pytest.raises((dlpart.DeviceError, dlpart.BackendUnavailableError)) as moved:
+        dlpart.from_dlpack(x).to(missing)
+    d = {"shape": (2, 3), "partition_tiling": (1, 1),
+         "partitions": {(0, 0): {"start": (0, 0), "shape": (2, 3), "data": Counted()}}}
+    for name, imported in [("from_dlpack", lambda: dlpart.from_dlpack(Counted(), device=missing)),
+                           ("from_partitioned", lambda: dlpart.from_partitioned(d, device=missing))]:
+        with pytest.raises(Exception) as info:
+            imported()
+        assert type(info.value) is type(moved.value), (name, info.value)
+        assert f"kDLCUDA:{count}" in str(info.value), (name, info.value)
+    assert asked == []
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), x)

@@ -66,21 +66,50 @@ use cudarc_driver::CudarcDriver;
 use driver::{Bound, Driver, Kernel};
 use jobs::{Launch, Mode, RawCopy, MAX_JOB_NUMEL};
 
+/// The driver's device count, or why the driver cannot be used here (the reason of the
+/// [`Error::BackendUnavailable`] it gave). Read once per process, as the driver fixes the
+/// count at `cuInit`.
+fn device_count() -> std::result::Result<i32, String> {
+    static COUNT: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
+    COUNT
+        .get_or_init(|| {
+            guarded(cudarc_driver::device_count).map_err(|e| match e {
+                Error::BackendUnavailable { reason, .. } => reason,
+                e => e.to_string(),
+            })
+        })
+        .clone()
+}
+
 /// Checks that `device` (`kDLCUDA:n`) exists here: [`Error::InvalidDevice`] when `n` is not
 /// below the driver's device count. Without a usable driver nothing can be counted, so this
 /// passes, and the backend's own [`Error::BackendUnavailable`] says what is missing when the
-/// device is used. The count is read once per process, as the driver fixes it at `cuInit`.
+/// device is used (or [`check_driver`], asked first).
 pub fn check_present(device: Device) -> Result<()> {
-    static COUNT: OnceLock<Option<i32>> = OnceLock::new();
     #[cfg(all(test, feature = "kernel-host-tests"))]
     if device.id >= emulated::EMULATED_ID_BASE {
         return emulated::backend_of(device).map(drop);
     }
-    let count = *COUNT.get_or_init(|| guarded(cudarc_driver::device_count).ok());
-    match count {
-        Some(n) if device.id >= n => Err(cudarc_driver::missing_device(device, n)),
+    match device_count() {
+        Ok(n) if device.id >= n => Err(cudarc_driver::missing_device(device, n)),
         _ => Ok(()),
     }
+}
+
+/// Checks that the CUDA driver can be used here, for `device` (a CUDA device, or pinned host
+/// memory) to be reachable at all: without it no library in this process reaches a GPU.
+/// [`Error::BackendUnavailable`] names `device` and says what is missing.
+pub fn check_driver(device: Device) -> Result<()> {
+    #[cfg(all(test, feature = "kernel-host-tests"))]
+    if device.id >= emulated::EMULATED_ID_BASE {
+        return Ok(());
+    }
+    device_count()
+        .map(drop)
+        .map_err(|reason| Error::BackendUnavailable {
+            backend: "cuda",
+            reason: format!("{device} cannot be used here: {reason}"),
+        })
 }
 
 /// Kernels on one CUDA device. Obtain it with [`CudaBackend::get`] (or
