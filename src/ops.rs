@@ -111,8 +111,13 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         });
     }
     if let Some(j) = dst.iter().position(|t| t.borrow().readonly()) {
+        // The tensor's form says why it is read-only where it knows (a legacy import).
         return Err(Error::ReadOnly {
-            what: format!("target partition {}", tuple_string(&dg.position(j))),
+            what: format!(
+                "target partition {} {:?}",
+                tuple_string(&dg.position(j)),
+                dst[j].borrow()
+            ),
         });
     }
     let devices: Vec<Device> = dst.iter().map(|t| t.borrow().device()).collect();

@@ -789,6 +789,17 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Whether the memory came from a legacy (unversioned) DLPack capsule: it has no flag to
+    /// say the memory may be written, so it is imported read-only (as numpy does), and a
+    /// write into it is refused for that reason, which the tensor's `Debug` form states.
+    fn is_legacy_import(&self) -> bool {
+        self.owner
+            .downcast_ref::<crate::dlpack::ForeignTensor>()
+            .is_some_and(|f| f.version().is_none())
+    }
+}
+
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -803,6 +814,12 @@ impl fmt::Debug for Tensor {
         }
         if self.readonly {
             f.write_str(", readonly=True")?;
+            if self.is_legacy_import() {
+                f.write_str(
+                    " (imported from a producer without DLPack 1.x versioned capsules, which \
+                     cannot mark memory writable)",
+                )?;
+            }
         }
         f.write_str(")")
     }

@@ -368,3 +368,36 @@ def test_a_device_dlpart_cannot_place_on_is_a_buffer_error_whatever_copy_says():
         assert str(c.device) == "kDLCPU:1" and c.data_ptr != t.data_ptr
         np.testing.assert_array_equal(np.frombuffer(c.__reduce__()[1][0]), np.arange(3.0))
     assert str(t.to("kDLCPU:1").device) == "kDLCPU:1"
+
+
+class LegacyProducer:
+    """A producer of the DLPack 0.x protocol: no `max_version`, legacy capsules only."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_data_of_a_legacy_producer_is_read_only_and_a_write_says_why():
+    y = np.zeros((2, 3))
+    assert dlpart.from_dlpack(LegacyProducer(y)).readonly
+    assert not dlpart.from_dlpack(y).readonly  # numpy's versioned capsule says it is writable
+    with pytest.raises(BufferError, match=r"readonly=True \(imported from a producer without "
+                                          r"DLPack 1\.x versioned capsules.*\) is read-only"):
+        dlpart.scatter(np.ones((1, 3)), [0], LegacyProducer(y))
+    assert (y == 0).all()  # nothing written
+    dlpart.scatter(np.ones((1, 3)), [0], y)
+    np.testing.assert_array_equal(y, [[1, 1, 1], [0, 0, 0]])
+    # a repartition into such data says so too, and writes nothing
+    z = np.zeros((2, 3))
+    target = dlpart.PartitionedArray((2, 3), [[0, 2], [0, 3]], {(0, 0): dlpart.Partition(
+        (0, 0), (0, 0), (2, 3), tensor=dlpart.from_dlpack(LegacyProducer(z)))})
+    with pytest.raises(BufferError, match=r"target partition \(0, 0\) .*readonly=True \(imported "
+                                          r"from a producer without DLPack 1\.x"):
+        dlpart.partition(np.ones((2, 3)), (1, 1)).repartition_into(target)
+    assert (z == 0).all()
