@@ -1,6 +1,6 @@
 """Type stubs for the dlpart._core extension module (checked against it by tests/python/test_stubs.py)."""
 
-from typing import Any, List, Optional, Sequence, Tuple, Union, final
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, final
 
 __all__ = [
     "__version__", "ProtocolError", "DeviceError", "BackendUnavailableError", "Device", "Tensor",
@@ -127,7 +127,7 @@ class _PartitionedArray:
     @staticmethod
     def from_dict(
         d: Any, device: Optional[DeviceLike] = None, copy: Optional[bool] = None
-    ) -> Tuple["_PartitionedArray", Any]: ...
+    ) -> Tuple["_PartitionedArray", Any, Optional[Callable[[Any], Any]], Any]: ...
     @staticmethod
     def from_parts(
         shape: Sequence[int], splits: Splits,

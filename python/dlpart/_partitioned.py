@@ -696,14 +696,12 @@ def from_partitioned(obj: Any, *, device: Optional[DeviceLike] = None,
     if isinstance(obj, PartitionedArray) and device is None and not copy:
         return obj
     d = _as_dict(obj)
-    core, namespace = _core._PartitionedArray.from_dict(d, device, copy)
+    # The dict is read once, in Rust: `get` and the first array come from that reading.
+    core, namespace, get_fn, first = _core._PartitionedArray.from_dict(d, device, copy)
     framework = None
-    if device is None and not copy:
-        for entry in d["partitions"].values():
-            if hasattr(entry.get("data"), "__dlpack__"):
-                framework = _framework_of(entry["data"])
-                break
-    pa = PartitionedArray._wrap(core, d.get("get"), namespace, framework)
+    if first is not None and device is None and not copy:
+        framework = _framework_of(first)
+    pa = PartitionedArray._wrap(core, get_fn, namespace, framework)
     pa._import = (device, copy)
     return pa
 

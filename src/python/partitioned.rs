@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use pyo3::exceptions::{PyBufferError, PyException, PyMemoryError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyException, PyKeyError, PyMemoryError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{
@@ -100,20 +100,28 @@ fn ints_into(
     out: &mut Vec<i64>,
 ) -> PyResult<()> {
     out.clear();
-    let bad = || {
+    // The exception of a user object (an `__index__`, an `__iter__` that raises), or of the
+    // conversion itself, is the cause.
+    let bad = |cause: Option<PyErr>| {
+        let py = obj.py();
+        if let Some(e) = cause.as_ref().filter(|e| fatal(py, e)) {
+            return e.clone_ref(py);
+        }
         let at = position
             .map(|p| format!(" at position {}", tuple_string(p)))
             .unwrap_or_default();
-        ProtocolError::new_err(format!(
+        let e = ProtocolError::new_err(format!(
             "__partitioned__[{key:?}]{at}: expected a tuple of ints, found {}",
             described(obj)
-        ))
+        ));
+        e.set_cause(py, cause);
+        e
     };
     let item = |x: &Bound<'_, PyAny>| -> PyResult<i64> {
         if x.is_instance_of::<PyBool>() {
-            return Err(bad());
+            return Err(bad(None));
         }
-        x.extract::<i64>().map_err(|_| bad())
+        x.extract::<i64>().map_err(|e| bad(Some(e)))
     };
     if let Ok(t) = obj.cast::<PyTuple>() {
         for x in t.iter_borrowed() {
@@ -123,8 +131,10 @@ fn ints_into(
             if x.is_exact_instance_of::<PyInt>() {
                 // SAFETY: `x` is a live exact int; `PyLong_AsLongLong` runs no Python code.
                 let v = unsafe { pyo3::ffi::PyLong_AsLongLong(x.as_ptr()) };
-                if v == -1 && PyErr::take(obj.py()).is_some() {
-                    return Err(bad()); // does not fit an int64
+                if v == -1 {
+                    if let Some(e) = PyErr::take(obj.py()) {
+                        return Err(bad(Some(e))); // does not fit an int64
+                    }
                 }
                 out.push(v);
                 continue;
@@ -134,14 +144,14 @@ fn ints_into(
         return Ok(());
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBool>() {
-        return Err(bad());
+        return Err(bad(None));
     }
     if let Ok(i) = obj.extract::<i64>() {
         out.push(i);
         return Ok(());
     }
-    for x in obj.try_iter().map_err(|_| bad())? {
-        out.push(item(&x?)?);
+    for x in obj.try_iter().map_err(|e| bad(Some(e)))? {
+        out.push(item(&x.map_err(|e| bad(Some(e)))?)?);
     }
     Ok(())
 }
@@ -191,22 +201,22 @@ fn stated_dtype(v: &Bound<'_, PyAny>) -> PyResult<DType> {
 /// failures of `data` keep their class (`BufferError`, `DeviceError`, ...); everything else is
 /// a `ProtocolError`.
 fn in_entry(py: Python<'_>, e: PyErr, key: &str, position: &[usize]) -> PyErr {
-    if !e.is_instance_of::<PyException>(py)
-        || e.is_instance_of::<ProtocolError>(py)
-        || e.is_instance_of::<PyMemoryError>(py)
-    {
+    let at = format!(
+        "__partitioned__[\"partitions\"] at position {}: {key:?}",
+        tuple_string(position)
+    );
+    blamed(py, e, &at, key == "data")
+}
+
+/// `e`, raised by a user object while what `at` names was read (`__partitioned__["shape"]`),
+/// as a `ProtocolError` saying so, with `e` as its cause; the DLPack failures of `data` keep
+/// their class. What [`in_entry`] lets pass, passes.
+fn blamed(py: Python<'_>, e: PyErr, at: &str, data: bool) -> PyErr {
+    if fatal(py, &e) || e.is_instance_of::<ProtocolError>(py) {
         return e;
     }
-    let what = e.value(py).str().map_or_else(
-        |_| "(an exception whose str() raised)".to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    let msg = format!(
-        "__partitioned__[\"partitions\"] at position {}: {key:?}: {}: {what}",
-        tuple_string(position),
-        type_name(e.value(py).as_any())
-    );
-    let keep = key == "data"
+    let msg = format!("{at}: {}", exception_text(py, &e));
+    let keep = data
         && (e.is_instance_of::<PyBufferError>(py)
             || e.is_instance_of::<DeviceError>(py)
             || e.is_instance_of::<BackendUnavailableError>(py));
@@ -217,6 +227,21 @@ fn in_entry(py: Python<'_>, e: PyErr, key: &str, position: &[usize]) -> PyErr {
     };
     wrapped.set_cause(py, Some(e));
     wrapped
+}
+
+/// Whether `e` must reach the caller as it is: a `MemoryError`, or a `BaseException` that is
+/// no `Exception` (`KeyboardInterrupt`).
+fn fatal(py: Python<'_>, e: &PyErr) -> bool {
+    !e.is_instance_of::<PyException>(py) || e.is_instance_of::<PyMemoryError>(py)
+}
+
+/// `e` as a message names it: `RuntimeError: what it says`.
+fn exception_text(py: Python<'_>, e: &PyErr) -> String {
+    let what = e.value(py).str().map_or_else(
+        |_| "(an exception whose str() raised)".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    format!("{}: {what}", type_name(e.value(py).as_any()))
 }
 
 /// Whether `obj` is a plain Python value (a string, a number, a container), which can be
@@ -239,9 +264,41 @@ fn missing_key(key: &str) -> PyErr {
     ProtocolError::new_err(format!("__partitioned__ is missing the key {key:?}"))
 }
 
-/// The optional key `key` of a mapping (`None` when absent or `None`).
-fn optional<'py>(d: &Bound<'py, PyAny>, key: &str) -> Option<Bound<'py, PyAny>> {
-    d.get_item(key).ok().filter(|v| !v.is_none())
+/// `d[key]`, or `None` when `d` has no such key.
+///
+/// A dict, a subclass's instance too, is read through the dict API, as `dict.get(d, key)`
+/// reads it: the items it holds, never what an overridden `__getitem__` or `get` would
+/// answer. So no method of a subclass runs (a `defaultdict` would insert a default for an
+/// absent optional key), and since the Python layer takes `get` from this reader, not from
+/// the dict, every part of dlpart sees the same values. Any other mapping is read through its
+/// `__getitem__`, a `KeyError` meaning absent. An exception a user object raises meanwhile
+/// (the mapping's `__getitem__`, a stored key's `__eq__`) is a `ProtocolError` naming the key,
+/// with that exception as its cause.
+fn dict_item<'py>(
+    d: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = d.py();
+    let found = match d.cast::<PyDict>() {
+        Ok(dict) => dict.get_item(key),
+        Err(_) => match d.get_item(key) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_instance_of::<PyKeyError>(py) => Ok(None),
+            Err(e) => Err(e),
+        },
+    };
+    found.map_err(|e| {
+        let at = format!("__partitioned__[{:?}]", key.to_string_lossy());
+        blamed(py, e, &at, false)
+    })
+}
+
+/// The optional key `key` of the dict (`None` when absent or `None`); see [`dict_item`].
+fn optional<'py>(
+    d: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(dict_item(d, key)?.filter(|v| !v.is_none()))
 }
 
 /// What a dict consumer does with each partition's data.
@@ -256,23 +313,34 @@ enum Import {
     },
 }
 
+/// A dict as [`read_dict`] read it.
+struct ReadDict<'py> {
+    array: PartitionedArray,
+    /// The array-API namespace of the first partition on a device without dlpart kernels.
+    namespace: Option<Py<PyAny>>,
+    /// Each partition's place in the dict's order, by flat index.
+    order: Vec<usize>,
+    /// The dict's `get` (checked callable), as this reader read it.
+    get: Option<Bound<'py, PyAny>>,
+    /// The first array imported (in the dict's order): its producer's framework is the one
+    /// data goes back out in.
+    first: Option<Bound<'py, PyAny>>,
+}
+
 /// Reads the dict's grid (invariants 1-5), then every entry's data and locations, into the
-/// model (invariants 6-10). Returns the array and the array-API namespace of the first
-/// partition on a device without dlpart kernels, if any.
+/// model (invariants 6-10).
 ///
 /// Keys are interned Python strings: looking entries up by Rust `&str` made a new Python
 /// string, hashed it, and dropped it for each of the seven lookups per entry. Positions,
 /// starts and shapes go into one [`EntryTable`] through reused buffers, not three `Vec`s
 /// per entry.
-#[allow(clippy::type_complexity)]
 fn read_dict<'py>(
     py: Python<'py>,
     d: &Bound<'py, PyAny>,
     import: Import,
-) -> PyResult<(PartitionedArray, Option<Py<PyAny>>, Vec<usize>)> {
+) -> PyResult<ReadDict<'py>> {
     let get = |key: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> {
-        d.get_item(key)
-            .map_err(|_| missing_key(&key.to_string_lossy()))
+        dict_item(d, key)?.ok_or_else(|| missing_key(&key.to_string_lossy()))
     };
     let shape = ints(&get(intern!(py, "shape"))?, "shape", None)?;
     let tiling = ints(
@@ -343,15 +411,16 @@ fn read_dict<'py>(
     let grid = py
         .detach(|| Grid::from_table(&shape, &tiling, &table))
         .map_err(to_py)?;
-    let locals = match optional(d, "locals") {
+    let locals = match optional(d, intern!(py, "locals"))? {
         None => None,
         Some(l) => Some(read_locals(&l, &grid)?),
     };
-    if let Some(g) = optional(d, "get") {
+    let get = optional(d, intern!(py, "get"))?;
+    if let Some(g) = &get {
         if !g.is_callable() {
             return Err(ProtocolError::new_err(format!(
                 "__partitioned__[\"get\"]: expected a callable, found {}",
-                type_name(&g)
+                type_name(g)
             )));
         }
     }
@@ -369,6 +438,8 @@ fn read_dict<'py>(
     // (later entries mostly state the same object: it is not read again).
     let mut stated: Option<(DType, Vec<usize>, Bound<'py, PyAny>)> = None;
     let mut first_data: Option<usize> = None;
+    // The object the first partition imported came from.
+    let mut first = None;
     let mut order = vec![0usize; n];
     let mut reader = LocationReader::default();
     // The grid checked every position: in range, each once.
@@ -433,7 +504,10 @@ fn read_dict<'py>(
                         native = Some(t.device());
                     }
                     datum = Data::Tensor(t);
-                    first_data.get_or_insert(flat);
+                    if first_data.is_none() {
+                        first_data = Some(flat);
+                        first = Some(obj.clone());
+                    }
                 }
                 (Import::Yes { .. }, false) => {
                     datum = Data::Handle(Handle::new(obj.clone().unbind()))
@@ -482,12 +556,18 @@ fn read_dict<'py>(
         }
     }
     let data = in_c_order(data, &order);
-    let mut pa =
+    let mut array =
         PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
     if let Some((dt, at, _)) = stated {
-        pa = pa.with_dtype_stated_at(dt, Some(&at)).map_err(to_py)?;
+        array = array.with_dtype_stated_at(dt, Some(&at)).map_err(to_py)?;
     }
-    Ok((pa, namespace, order))
+    Ok(ReadDict {
+        array,
+        namespace,
+        order,
+        get,
+        first,
+    })
 }
 
 /// An entry's values beyond its start and shape, looked up when the entry is first read,
@@ -618,7 +698,7 @@ fn read_locals(value: &Bound<'_, PyAny>, grid: &Grid) -> PyResult<Vec<Vec<usize>
 /// Checks a `__partitioned__` dict without importing its data.
 #[pyfunction]
 fn _validate_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<()> {
-    read_dict(py, d, Import::No).map(|_| ())
+    read_dict(py, d, Import::No).map(drop)
 }
 
 /// Split points per axis for `shape`: `tiling` cuts each axis like `numpy.array_split`,
@@ -712,23 +792,31 @@ pub(super) fn layout_arg(
 #[pymethods]
 impl PyPartitioned {
     /// Reads a `__partitioned__` dict, importing arrays through DLPack (onto `device`, as
-    /// `copy` says) and keeping handles as handles. Returns the array and the array-API
-    /// namespace of partitions on devices without dlpart kernels (or None).
+    /// `copy` says) and keeping handles as handles. Returns the array, the array-API
+    /// namespace of partitions on devices without dlpart kernels (or None), the dict's `get`
+    /// (or None) and the first array imported (or None): the Python layer reads nothing of the
+    /// dict itself, so that it sees what this reader saw.
     #[staticmethod]
     #[pyo3(signature = (d, device=None, copy=None))]
-    fn from_dict(
-        py: Python<'_>,
-        d: &Bound<'_, PyAny>,
-        device: Option<&Bound<'_, PyAny>>,
+    #[allow(clippy::type_complexity)]
+    fn from_dict<'py>(
+        py: Python<'py>,
+        d: &Bound<'py, PyAny>,
+        device: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
-    ) -> PyResult<(Self, Option<Py<PyAny>>)> {
+    ) -> PyResult<(
+        Self,
+        Option<Py<PyAny>>,
+        Option<Bound<'py, PyAny>>,
+        Option<Bound<'py, PyAny>>,
+    )> {
         let device = device
             .filter(|d| !d.is_none())
             .map(import_device_arg)
             .transpose()?;
-        let (pa, ns, order) = read_dict(py, d, Import::Yes { device, copy })?;
-        let array = PyPartitioned::new(pa, Some(order));
-        Ok((array, ns))
+        let read = read_dict(py, d, Import::Yes { device, copy })?;
+        let array = PyPartitioned::new(read.array, Some(read.order));
+        Ok((array, read.namespace, read.get, read.first))
     }
 
     /// An array from its parts: `shape`, `splits` and one `(position, start, shape, tensor,

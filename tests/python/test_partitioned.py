@@ -1,9 +1,11 @@
 """The __partitioned__ protocol: the spec's examples, dicts as real producers write them,
 validation, partition/assemble."""
 
+import collections
 import gc
 import os
 import pickle
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -433,6 +435,83 @@ def test_validate_reports_every_violation_without_importing():
         dlpart.validate(d)
     assert "(0, 1)" in str(info.value) and "(1, 1)" in str(info.value)
     dlpart.validate(valid())
+
+
+class ReadOnlyView(Mapping):
+    """A mapping over `d` that is no dict, counting the reads of each key; reading a key of
+    `failing` raises."""
+
+    def __init__(self, d, failing=()):
+        self.d, self.failing, self.reads = d, failing, collections.Counter()
+
+    def __getitem__(self, key):
+        self.reads[key] += 1
+        if key in self.failing:
+            raise RuntimeError(f"cannot read {key}")
+        return self.d[key]
+
+    def __iter__(self):
+        return iter(self.d)
+
+    def __len__(self):
+        return len(self.d)
+
+
+def handles_dict(ref, cls=dict):
+    get, _ = store_get(ref[:1], ref[1:])
+    return cls(shape=ref.shape, partition_tiling=(2, 1), get=get, partitions=cls({
+        (i, 0): cls(start=(i, 0), shape=(1, 3), data=Handle(i), location=[]) for i in range(2)}))
+
+
+def test_a_dict_is_read_for_its_items_whatever_its_class_overrides():
+    ref = np.arange(6.0).reshape(2, 3)
+
+    class Overriding(dict):
+        def get(self, *args):
+            raise RuntimeError("get")
+
+        def __getitem__(self, key):
+            raise RuntimeError("getitem")
+
+    d = handles_dict(ref, Overriding)
+    dlpart.validate(d)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), ref)
+    # A defaultdict is not asked for the optional keys it lacks: it would make them up.
+    d = collections.defaultdict(lambda: "made up", handles_dict(ref))
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_partitioned(d).assemble()), ref)
+    dlpart.validate(d)
+    assert set(d) == {"shape", "partition_tiling", "get", "partitions"}
+
+
+def test_a_mapping_is_read_once_and_its_errors_name_the_key():
+    ref = np.arange(6.0).reshape(2, 3)
+    view = ReadOnlyView(handles_dict(ref))
+    pa = dlpart.from_partitioned(view)
+    assert set(view.reads.values()) == {1}, view.reads  # one reading, shared by every layer
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), ref)
+    for key in ("shape", "partitions", "get", "locals"):
+        for check in (dlpart.validate, dlpart.from_partitioned):
+            with pytest.raises(dlpart.ProtocolError) as info:
+                check(ReadOnlyView(handles_dict(ref), failing=(key,)))
+            assert str(info.value) == f'__partitioned__["{key}"]: RuntimeError: cannot read {key}'
+            assert str(info.value.__cause__) == f"cannot read {key}"
+
+
+def test_a_user_exception_reading_ints_is_the_cause():
+    class Hostile:
+        def __index__(self):
+            raise RuntimeError("index")
+
+        def __iter__(self):
+            raise RuntimeError("iter")
+
+    for bad in [(Hostile(), 3), Hostile()]:
+        d = {"shape": bad, "partition_tiling": (1, 1), "partitions": {
+            (0, 0): {"start": (0, 0), "shape": (2, 3), "data": np.zeros((2, 3))}}}
+        with pytest.raises(dlpart.ProtocolError, match=r'\["shape"\]: expected a tuple of ints'
+                           ) as info:
+            dlpart.from_partitioned(d)
+        assert isinstance(info.value.__cause__, RuntimeError)
 
 
 def counted_array(values):
