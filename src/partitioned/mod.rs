@@ -294,17 +294,20 @@ impl PartitionedArray {
         position: Option<&[usize]>,
     ) -> Result<Self> {
         match self.dtype {
-            Some(d) if d != dtype => Err(Error::protocol(
-                "dtype",
-                position,
-                Error::DTypeMismatch {
-                    found: dtype,
-                    expected: d,
-                    of: "the partitions' data".into(),
-                }
-                .to_string(),
-                Some(inv::DTYPE),
-            )),
+            Some(d) if d != dtype => Err(match position {
+                Some(p) => stated_dtype_conflict(dtype, d, p),
+                None => Error::protocol(
+                    "dtype",
+                    None,
+                    Error::DTypeMismatch {
+                        found: dtype,
+                        expected: d,
+                        of: "the partitions' data".into(),
+                    }
+                    .to_string(),
+                    Some(inv::DTYPE),
+                ),
+            }),
             _ => {
                 self.dtype = Some(dtype);
                 Ok(self)
@@ -591,6 +594,24 @@ fn contradiction(locs: &[Location], me: Option<i64>, device: Device) -> String {
     format!(
         "data lives on {device} but the locations in this process name {}",
         named.join(", ")
+    )
+}
+
+/// The `dtype` the entry at `position` of a `__partitioned__` dict states, `stated`, which
+/// contradicts the dtype `data` of the partitions' data (invariant 6): named by the entry's key,
+/// `__partitioned__["partitions"] at position (0, 0): "dtype": ...`, as other problems of an
+/// entry's keys are.
+pub(crate) fn stated_dtype_conflict(stated: DType, data: DType, position: &[usize]) -> Error {
+    let mismatch = Error::DTypeMismatch {
+        found: stated,
+        expected: data,
+        of: "the partitions' data".into(),
+    };
+    Error::protocol(
+        "partitions",
+        Some(position),
+        format!("\"dtype\": {mismatch}"),
+        Some(inv::DTYPE),
     )
 }
 

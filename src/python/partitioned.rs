@@ -541,10 +541,10 @@ fn read_dict<'py>(
                     None => stated = Some((dt, position.to_vec(), obj)),
                     Some((first, at, _)) if *first != dt => {
                         return Err(to_py(Error::protocol(
-                            "dtype",
+                            "partitions",
                             Some(position),
                             format!(
-                                "dtype {dt} differs from {first}, stated at {}",
+                                "\"dtype\": dtype {dt} differs from {first}, stated at {}",
                                 tuple_string(at)
                             ),
                             Some(crate::grid::inv::DTYPE),
