@@ -664,9 +664,18 @@ def _as_dict(obj) -> Mapping:
 
 
 def validate(d: Any) -> None:
-    """Checks a ``__partitioned__`` dict (or an object exposing one) without importing data.
+    """Checks a ``__partitioned__`` dict (or an object exposing one) as `from_partitioned`
+    would read it, keeping nothing.
 
-    Raises `dlpart.ProtocolError` naming the key, the grid position and the values found.
+    Checks the keys, the grid (rules 1-5), locations (8) and ``locals`` (10), and the data held
+    in this process: each array is imported through DLPack as it is (zero-copy, as
+    `from_partitioned` imports it) and released, so that its dtype (6), shape (7) and device
+    (9) are checked against the dict, and an array that cannot be imported is itself a
+    problem (its device, from ``__dlpack_device__``, is still checked). Handles are not
+    resolved through ``get``. Raises `dlpart.ProtocolError` naming the key, the grid position
+    and the values found; the problems of the grid, and those of the data and ``locals``, are
+    each listed at once (a key that cannot be read at all, or a malformed location or dtype,
+    is reported where it is met), the exception of the first failed import as ``__cause__``.
     """
     _core._validate_dict(_as_dict(d))
 

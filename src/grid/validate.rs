@@ -33,6 +33,15 @@ impl Violations {
         }
     }
 
+    /// Lists `e`, a violation that is no numbered invariant (data a consumer could not import).
+    pub(crate) fn push_error(&mut self, e: Error) {
+        if self.errors.len() < MAX_LISTED {
+            self.errors.push(e);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.errors.is_empty()
     }

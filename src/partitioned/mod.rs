@@ -138,18 +138,21 @@ impl PartitionedArray {
         locations: Vec<Vec<Location>>,
         locals: Option<Vec<Vec<usize>>>,
     ) -> Result<Self> {
-        Self::new_in_order(grid, data, locations.into(), locals, None)
+        Self::new_in_order(grid, data, locations.into(), locals, None, Vec::new())
     }
 
     /// [`PartitionedArray::new`], where partition `first` (a flat index) sets the dtype the
     /// others are checked against (invariant 6): the first one a producer's data was read
-    /// from. By default, the first partition holding data in C order.
+    /// from. By default, the first partition holding data in C order. `found` are the
+    /// violations the caller found while reading the parts, each with the flat index of its
+    /// partition, in that order: listed with that partition's own.
     pub(crate) fn new_in_order(
         grid: Grid,
         data: Vec<Data>,
         locations: LocationTable,
         locals: Option<Vec<Vec<usize>>>,
         first: Option<usize>,
+        found: Vec<(usize, Error)>,
     ) -> Result<Self> {
         let n = grid.num_partitions();
         for (key, len) in [("partitions", data.len()), ("location", locations.len())] {
@@ -166,6 +169,7 @@ impl PartitionedArray {
             }
         }
         let mut v = Violations::default();
+        let mut found = found.into_iter().peekable();
         let first = first
             .filter(|&f| data.get(f).is_some_and(|d| d.tensor().is_some()))
             .or_else(|| data.iter().position(|d| d.tensor().is_some()));
@@ -180,6 +184,9 @@ impl PartitionedArray {
             let locs = locations.get(flat);
             if flat > 0 {
                 crate::grid::next_position(&mut pos, &tiling);
+            }
+            while let Some((_, e)) = found.next_if(|(f, _)| *f <= flat) {
+                v.push_error(e);
             }
             let Some(t) = d.tensor() else { continue };
             let position = || grid.position(flat);
@@ -213,6 +220,7 @@ impl PartitionedArray {
                 });
             }
         }
+        found.for_each(|(_, e)| v.push_error(e));
         if let Some(locals) = &locals {
             check_locals(&grid, locals, &mut v);
         }
@@ -613,6 +621,13 @@ pub(crate) fn stated_dtype_conflict(stated: DType, data: DType, position: &[usiz
         format!("\"dtype\": {mismatch}"),
         Some(inv::DTYPE),
     )
+}
+
+/// What contradicts invariant 9 when data on `device` has the locations `locs`, in words: for
+/// data `validate` could not import, whose device its producer's `__dlpack_device__` named.
+pub(crate) fn device_contradiction(locs: &[Location], device: Device) -> Option<String> {
+    let me = Some(i64::from(std::process::id()));
+    contradicts(locs, me, device).then(|| contradiction(locs, me, device))
 }
 
 fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {

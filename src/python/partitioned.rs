@@ -20,7 +20,10 @@ use crate::dtype::DType;
 use crate::error::{tuple_string, Error};
 use crate::grid::{inv, EntryTable, Grid};
 use crate::layout::Layout;
-use crate::partitioned::{Data, Handle, Location, LocationTable, PartitionedArray};
+use crate::partitioned::{
+    device_contradiction, stated_dtype_conflict, Data, Handle, Location, LocationTable,
+    PartitionedArray,
+};
 use crate::plan::Plan;
 
 use super::device::{device_arg, import_device_arg, target_device_arg, PyDevice};
@@ -28,7 +31,7 @@ use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
     axis_arg, import as import_array, import_producer, is_numpy_array, is_producer, non_negative,
-    PyTensor,
+    source_device, PyTensor,
 };
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
@@ -304,8 +307,10 @@ fn optional<'py>(
 /// What a dict consumer does with each partition's data.
 #[derive(Clone, Copy)]
 enum Import {
-    /// Check the dict only: data is not touched.
-    No,
+    /// Check the dict (`validate`): data held here is imported as it is (zero-copy) to check
+    /// its dtype, shape and device against the dict, then released; handles are not
+    /// resolved. A failure to import is listed with the dict's other problems, not raised.
+    Check,
     /// Import arrays through DLPack (onto `device`, copying as `copy` says).
     Yes {
         device: Option<Device>,
@@ -329,6 +334,10 @@ struct ReadDict<'py> {
 
 /// Reads the dict's grid (invariants 1-5), then every entry's data and locations, into the
 /// model (invariants 6-10).
+///
+/// The problems of the data (6, 7, 9, and for [`Import::Check`] a failure to import) and of
+/// `locals` (10) are listed together, as those of the grid are; a key that cannot be read at
+/// all, a malformed location or dtype statement, stops the reading where it is met.
 ///
 /// Keys are interned Python strings: looking entries up by Rust `&str` made a new Python
 /// string, hashed it, and dropped it for each of the seven lookups per entry. Positions,
@@ -424,6 +433,11 @@ fn read_dict<'py>(
             )));
         }
     }
+    let check = matches!(import, Import::Check);
+    let (target, copy) = match import {
+        Import::Yes { device, copy } => (device, copy),
+        Import::Check => (None, None),
+    };
     let n = grid.num_partitions();
     // The grid checked that the entries name every position once: `n` entries. Data is
     // collected in the dict's order and put in C order at the end (nothing to do for the
@@ -437,9 +451,13 @@ fn read_dict<'py>(
     // The dtype the first entry stating one states, where, and the object it was read from
     // (later entries mostly state the same object: it is not read again).
     let mut stated: Option<(DType, Vec<usize>, Bound<'py, PyAny>)> = None;
-    let mut first_data: Option<usize> = None;
-    // The object the first partition imported came from.
-    let mut first = None;
+    // The first partition imported (flat index), its dtype and the object it came from.
+    let mut first_data: Option<(usize, DType, Bound<'py, PyAny>)> = None;
+    // Problems of the data, by flat index, listed with those `PartitionedArray::new_in_order`
+    // finds; and the exception of the first import that failed (`validate`), chained as their
+    // cause.
+    let mut problems: Vec<(usize, Error)> = Vec::new();
+    let mut first_failure: Option<PyErr> = None;
     let mut order = vec![0usize; n];
     let mut reader = LocationReader::default();
     // The grid checked every position: in range, each once.
@@ -469,12 +487,20 @@ fn read_dict<'py>(
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
         let mut datum = Data::Remote;
+        // The device of data `validate` could not import, as its `__dlpack_device__` names
+        // it: checked against the locations (invariant 9) all the same.
+        let mut unimported_on = None;
         if !obj.is_none() {
-            let producer = match import {
-                Import::Yes { .. } => {
-                    is_producer(obj).map_err(|e| in_entry(py, e, "data", position))?
+            // `validate` lists what keeps data from being imported; `from_partitioned`
+            // raises it.
+            let mut failed = None;
+            let producer = match is_producer(obj) {
+                Ok(p) => p,
+                Err(e) if check && !fatal(py, &e) => {
+                    failed = Some(e);
+                    true
                 }
-                Import::No => false,
+                Err(e) => return Err(in_entry(py, e, "data", position)),
             };
             // Arrays first: the eleven type checks of a plain value are for what is left.
             if !producer && !is_numpy_array(obj) && is_plain_value(obj) {
@@ -485,34 +511,50 @@ fn read_dict<'py>(
                     type_name(obj)
                 )));
             }
-            match (import, producer) {
-                (Import::Yes { device, copy }, true) => {
-                    let t = import_producer(obj, device, copy)
-                        .map_err(|e| in_entry(py, e, "data", position))?
-                        .inner;
-                    fallback = t.device();
-                    moved = device.is_some();
-                    if namespace.is_none()
-                        && native != Some(t.device())
-                        && crate::backend::backend_for(t.device()).is_err()
-                    {
-                        if let Ok(ns) = obj.getattr("__array_namespace__") {
+            if producer {
+                let imported = match failed {
+                    Some(e) => Err(e),
+                    None => import_producer(obj, target, copy),
+                };
+                match imported {
+                    Ok(t) => {
+                        let t = t.inner;
+                        fallback = t.device();
+                        moved = target.is_some();
+                        let kernels = || {
+                            native == Some(t.device())
+                                || crate::backend::backend_for(t.device()).is_ok()
+                        };
+                        // `validate` keeps no array, so it needs no namespace.
+                        if check || namespace.is_some() || kernels() {
+                            native = Some(t.device());
+                        } else if let Ok(ns) = obj.getattr("__array_namespace__") {
                             let ns = ns.call0().map_err(|e| in_entry(py, e, "data", position))?;
                             namespace = Some(ns.unbind());
                         }
-                    } else {
-                        native = Some(t.device());
+                        if first_data.is_none() {
+                            first_data = Some((flat, t.dtype(), obj.clone()));
+                        }
+                        datum = Data::Tensor(t);
                     }
-                    datum = Data::Tensor(t);
-                    if first_data.is_none() {
-                        first_data = Some(flat);
-                        first = Some(obj.clone());
+                    Err(e) if check && !fatal(py, &e) => {
+                        let found = format!("\"data\": {}", exception_text(py, &e));
+                        let problem = Error::protocol("partitions", Some(position), found, None);
+                        problems.push((flat, problem));
+                        first_failure.get_or_insert(e);
+                        match source_device(obj) {
+                            Ok(on) => unimported_on = on,
+                            Err(e) if fatal(py, &e) => return Err(e),
+                            Err(_) => {} // its own problem, listed above
+                        }
+                        if let Some(on) = unimported_on {
+                            fallback = on;
+                        }
                     }
+                    Err(e) => return Err(in_entry(py, e, "data", position)),
                 }
-                (Import::Yes { .. }, false) => {
-                    datum = Data::Handle(Handle::new(obj.clone().unbind()))
-                }
-                (Import::No, _) => {}
+            } else if !check {
+                datum = Data::Handle(Handle::new(obj.clone().unbind()));
             }
         }
         data.push(datum);
@@ -523,6 +565,12 @@ fn read_dict<'py>(
                     reader.read(location.as_ref(), position, fallback, all)
                 })
                 .map_err(|e| in_entry(py, e, "location", position))?;
+        }
+        if let Some(on) = unimported_on {
+            if let Some(why) = device_contradiction(locations.get(flat), on) {
+                let problem = Error::protocol("location", Some(position), why, Some(inv::DEVICE));
+                problems.push((flat, problem));
+            }
         }
         if more {
             let dtype = || -> PyResult<Option<(DType, Bound<'py, PyAny>)>> {
@@ -540,24 +588,41 @@ fn read_dict<'py>(
                 Some((dt, obj)) => match &stated {
                     None => stated = Some((dt, position.to_vec(), obj)),
                     Some((first, at, _)) if *first != dt => {
-                        return Err(to_py(Error::protocol(
-                            "partitions",
-                            Some(position),
-                            format!(
-                                "\"dtype\": dtype {dt} differs from {first}, stated at {}",
-                                tuple_string(at)
-                            ),
-                            Some(crate::grid::inv::DTYPE),
-                        )))
+                        let found = format!(
+                            "\"dtype\": dtype {dt} differs from {first}, stated at {}",
+                            tuple_string(at)
+                        );
+                        let problem =
+                            Error::protocol("partitions", Some(position), found, Some(inv::DTYPE));
+                        problems.push((flat, problem));
                     }
                     Some(_) => {}
                 },
             }
         }
     }
+    // A statement that contradicts the data, listed with the data's own problems.
+    if let (Some((dt, at, _)), Some((_, data_dtype, _))) = (&stated, &first_data) {
+        if dt != data_dtype {
+            let flat = grid.flat_index(at).map_err(to_py)?;
+            problems.push((flat, stated_dtype_conflict(*dt, *data_dtype, at)));
+        }
+    }
+    problems.sort_by_key(|(flat, _)| *flat); // stable: a partition's in the order found
     let data = in_c_order(data, &order);
+    let (first_flat, first) = match first_data {
+        Some((flat, _, obj)) => (Some(flat), Some(obj)),
+        None => (None, None),
+    };
     let mut array =
-        PartitionedArray::new_in_order(grid, data, locations, locals, first_data).map_err(to_py)?;
+        PartitionedArray::new_in_order(grid, data, locations, locals, first_flat, problems)
+            .map_err(|e| {
+                let e = to_py(e);
+                if let Some(cause) = first_failure {
+                    e.set_cause(py, Some(cause));
+                }
+                e
+            })?;
     if let Some((dt, at, _)) = stated {
         array = array.with_dtype_stated_at(dt, Some(&at)).map_err(to_py)?;
     }
@@ -695,10 +760,11 @@ fn read_locals(value: &Bound<'_, PyAny>, grid: &Grid) -> PyResult<Vec<Vec<usize>
         .collect()
 }
 
-/// Checks a `__partitioned__` dict without importing its data.
+/// Checks a `__partitioned__` dict: its structure, then the data held here, imported as it is
+/// (zero-copy) and released (see [`Import::Check`]).
 #[pyfunction]
 fn _validate_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<()> {
-    read_dict(py, d, Import::No).map(drop)
+    read_dict(py, d, Import::Check).map(drop)
 }
 
 /// Split points per axis for `shape`: `tiling` cuts each axis like `numpy.array_split`,

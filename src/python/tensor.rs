@@ -672,7 +672,7 @@ fn numpy_ndarray(py: Python<'_>) -> Option<Bound<'_, PyType>> {
 }
 
 /// The device `x.__dlpack_device__()` names, or `None` when `x` has no such method.
-fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
+pub(crate) fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
     let Some(method) = x.getattr_opt(intern!(x.py(), "__dlpack_device__"))? else {
         return Ok(None);
     };

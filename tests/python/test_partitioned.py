@@ -274,7 +274,7 @@ def test_stated_dtypes_are_read_in_every_form_producers_write_and_others_are_nam
     # dtype is named above) and the first statement
     assert dlpart.from_partitioned(entries("float32", np.float32, torch.float32)).dtype == \
         "float32"
-    for check in (dlpart.from_partitioned,):
+    for check in (dlpart.validate, dlpart.from_partitioned):
         with pytest.raises(dlpart.ProtocolError) as info:
             check(entries("float32", "float32", "int32"))
         assert str(info.value) == ('__partitioned__["partitions"] at position (2,): "dtype": dtype '
@@ -424,22 +424,111 @@ def test_violations_name_key_and_position(mutate, key, position):
     if position:
         assert position in msg, msg
     assert isinstance(info.value, ValueError)
+    # validate finds the same problem, those of the data too
+    with pytest.raises(dlpart.ProtocolError) as info:
+        dlpart.validate(d)
+    assert str(info.value) == msg
 
 
-def test_validate_reports_every_violation_without_importing():
+def test_validate_reports_every_violation_of_the_grid_before_importing():
     d = valid()
     d["partitions"][(0, 1)]["start"] = (0, 5)
     d["partitions"].pop((1, 1))
 
     class Boom:
         def __dlpack__(self, **kw):
-            raise AssertionError("validate must not import data")
+            raise AssertionError("the grid is checked before any data is imported")
 
     d["partitions"][(0, 0)]["data"] = Boom()
     with pytest.raises(dlpart.ProtocolError) as info:
         dlpart.validate(d)
     assert "(0, 1)" in str(info.value) and "(1, 1)" in str(info.value)
     dlpart.validate(valid())
+
+
+HERE = ("127.0.0.1", os.getpid())
+
+
+def rows(datas, location=lambda i: []):
+    """A dict of one (2, 3) partition per item of `datas` (its data), stacked along axis 0."""
+    return {"shape": (2 * len(datas), 3), "partition_tiling": (len(datas), 1),
+            "partitions": {(i, 0): {"start": (2 * i, 0), "shape": (2, 3), "data": data,
+                                    "location": location(i)} for i, data in enumerate(datas)}}
+
+
+def test_validate_checks_the_data_held_here_as_from_partitioned_does():
+    x = np.arange(12.0).reshape(4, 3)
+    on_gpu = lambda i: [(*HERE, "kDLCUDA:0")] if i == 1 else []  # noqa: E731
+    cases = [
+        (rows([x[:2], x[2:3]]), '__partitioned__["partitions"] at position (1, 0): tensor of '
+                                'shape (1, 3) for a partition of shape (2, 3) (grid invariant 7)'),
+        (rows([x[:2], x[2:].astype(np.float32)]),
+         '__partitioned__["partitions"] at position (1, 0): dtype float32 differs from float64 '
+         'of partition (0, 0) (grid invariant 6)'),
+        (rows([x[:2], x[2:]], on_gpu),
+         '__partitioned__["location"] at position (1, 0): data lives on kDLCPU but the '
+         'locations in this process name kDLCUDA:0 (grid invariant 9)'),
+    ]
+    for d, expected in cases:
+        for check in (dlpart.validate, dlpart.from_partitioned):
+            with pytest.raises(dlpart.ProtocolError) as info:
+                check(d)
+            assert str(info.value) == expected
+    dlpart.validate(rows([x[:2], x[2:]]))
+
+
+def test_validate_lists_every_problem_of_the_data_at_once():
+    x = np.arange(12.0).reshape(4, 3)
+
+    class Unexportable:
+        """A producer whose export fails, on a device its location contradicts."""
+
+        def __dlpack__(self, **kw):
+            raise RuntimeError("export failed")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    d = rows([x[:2], x[2:3], x[:2].astype(np.float32), x[:2], Unexportable()],
+             lambda i: [(*HERE, "kDLCUDA:0" if i == 3 else "kDLCPU")])
+    with pytest.raises(dlpart.ProtocolError) as info:
+        dlpart.validate(d)
+    at = '  - __partitioned__["{}"] at position ({}, 0): '.format
+    assert str(info.value).splitlines() == [
+        "5 protocol violations:",
+        at("partitions", 1) + "tensor of shape (1, 3) for a partition of shape (2, 3) "
+                              "(grid invariant 7)",
+        at("partitions", 2) + "dtype float32 differs from float64 of partition (0, 0) "
+                              "(grid invariant 6)",
+        at("location", 3) + "data lives on kDLCPU but the locations in this process name "
+                            "kDLCUDA:0 (grid invariant 9)",
+        at("partitions", 4) + '"data": RuntimeError: export failed',
+        at("location", 4) + "data lives on kDLCUDA:0 but the locations in this process name "
+                            "kDLCPU (grid invariant 9)",
+    ]
+    assert isinstance(info.value.__cause__, RuntimeError)
+    # from_partitioned stops at what keeps it from importing
+    with pytest.raises(dlpart.ProtocolError, match=r"\(4, 0\): \"data\": RuntimeError"):
+        dlpart.from_partitioned(d)
+
+
+def test_validate_releases_the_data_it_imports():
+    ref = np.arange(16, dtype=np.float32).reshape(4, 4)
+    d = {"shape": (4, 4), "partition_tiling": (4, 1),
+         "partitions": {(i, 0): {"start": (i, 0), "shape": (1, 4),
+                                 "data": counted_array(ref[i:i + 1]), "location": []}
+                        for i in range(4)}}
+    for bad in (False, True):
+        if bad:
+            d["partitions"][(3, 0)]["data"] = counted_array(ref[:2])
+        gc.collect()
+        before = _testing.deleter_calls()
+        try:
+            dlpart.validate(d)
+        except dlpart.ProtocolError as e:
+            assert bad and "(3, 0)" in str(e)
+        gc.collect()
+        assert _testing.deleter_calls() - before == 4  # each taken once, and given back
 
 
 class ReadOnlyView(Mapping):
@@ -511,8 +600,8 @@ def test_a_user_exception_reading_ints_is_the_cause():
             raise RuntimeError("iter")
 
     for bad in [(Hostile(), 3), Hostile()]:
-        d = {"shape": bad, "partition_tiling": (1, 1), "partitions": {
-            (0, 0): {"start": (0, 0), "shape": (2, 3), "data": np.zeros((2, 3))}}}
+        d = rows([np.zeros((2, 3))])
+        d["shape"] = bad
         with pytest.raises(dlpart.ProtocolError, match=r'\["shape"\]: expected a tuple of ints'
                            ) as info:
             dlpart.from_partitioned(d)
