@@ -133,6 +133,26 @@ pub fn owners(pa: &PartitionedArray) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The data of partition `flat` of `pa`, which `src_owners` gives to this rank `me`: an error
+/// naming the partition when it holds none here (a rank must hold its own partitions' data).
+pub(super) fn own_data(pa: &PartitionedArray, flat: usize, me: usize) -> Result<&Tensor> {
+    pa.data()[flat].tensor().ok_or_else(|| {
+        Error::buffer(format!(
+            "partition {} is rank {me}'s but holds no data here",
+            tuple_string(&pa.grid().position(flat))
+        ))
+    })
+}
+
+/// Checks that every partition of `pa` that `src_owners` gives to this rank `me` holds data
+/// here (see [`own_data`]): the check every collective makes before it agrees.
+pub(super) fn check_own_data(pa: &PartitionedArray, src_owners: &[usize], me: usize) -> Result<()> {
+    for flat in (0..pa.len()).filter(|&f| src_owners[f] == me) {
+        own_data(pa, flat, me)?;
+    }
+    Ok(())
+}
+
 /// The same array over `layout` across the ranks of `comm` (a collective call), with the bytes
 /// this rank moved. See [`SpmdTarget::resolve`] for where target partitions go; a target on
 /// another device than this rank's sources needs `transfer`.
@@ -550,13 +570,7 @@ impl Stage {
         let mut sources: Vec<Option<Tensor>> = vec![None; pa.len()];
         for (i, slot) in sources.iter_mut().enumerate() {
             if src_owners[i] == me {
-                let t = pa.data()[i].tensor().ok_or_else(|| {
-                    Error::buffer(format!(
-                        "partition {} is rank {me}'s but holds no data here",
-                        tuple_string(&pa.grid().position(i))
-                    ))
-                })?;
-                *slot = Some(t.clone());
+                *slot = Some(own_data(pa, i, me)?.clone());
             }
         }
         let src_dev = rank_device(sources.iter().flatten().map(Tensor::device), "sources")?;

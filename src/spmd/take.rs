@@ -11,7 +11,8 @@ use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
 
 use super::exchange::{
-    agreed, box_view, confirmed, dtype_of, owners, prefix, rank_device, spmd_array, Buffers,
+    agreed, box_view, check_own_data, confirmed, dtype_of, own_data, owners, prefix, rank_device,
+    spmd_array, Buffers,
 };
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Segments, Traffic};
@@ -89,8 +90,8 @@ fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &Index) 
 /// same indices): each index is served by the rank holding it, and the picked slabs travel in
 /// one all-to-all-v. The result keeps `pa`'s split points on the other axes and has one slab
 /// along `axis`; each of its partitions goes to the rank (and device) of the source partition
-/// holding its first element. An index out of range is an error on every rank, before
-/// anything moves.
+/// holding its first element. An index out of range, or a partition of a rank's own that
+/// holds no data there, is an error on every rank before anything moves.
 pub fn gather(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -102,6 +103,9 @@ pub fn gather(
         let index = read_indices(indices, axis, pa)?;
         let idx = &index.list;
         let src_owners = owners(pa)?;
+        // Every partition of this rank's must be here, as for the other collectives: the
+        // picks below read those that hold an index, after the ranks have agreed.
+        check_own_data(pa, &src_owners, me)?;
         let dtype = dtype_of(pa)?;
         let item = dtype.itemsize();
         let slabs = Slabs::new(pa.grid(), axis, idx);
@@ -171,10 +175,7 @@ pub fn gather(
                 for &(j, s) in sends.iter().flatten() {
                     let shp = piece(j, s);
                     let view = box_view(&buf, at, &shp);
-                    let part = pa.data()[source(j, s)].tensor().ok_or_else(|| {
-                        Error::buffer(format!("partition {} holds no data here", source(j, s)))
-                    })?;
-                    let part = on_device(part, dev)?;
+                    let part = on_device(own_data(pa, source(j, s), me)?, dev)?;
                     ops::gather(&part, &index_tensor(&slabs.local[s])?, axis, Some(&view))?;
                     at += view.nbytes();
                 }
@@ -236,10 +237,7 @@ pub fn gather(
         let recv = segments.exchange(comm, p.buffers)?;
         let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
         for &(j, s) in &p.local {
-            let part = pa.data()[source(j, s)]
-                .tensor()
-                .expect("checked when packing");
-            let part = on_device(part, p.dev)?;
+            let part = on_device(own_data(pa, source(j, s), me)?, p.dev)?;
             let picked = ops::gather(&part, &index_tensor(&p.slabs.local[s])?, axis, None)?;
             ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
         }
@@ -332,6 +330,7 @@ pub fn scatter(
         let index = read_indices(indices, axis, pa)?;
         let idx = &index.list;
         let src_owners = owners(pa)?;
+        check_own_data(pa, &src_owners, me)?;
         let dtype = dtype_of(pa)?;
         let mut want = pa.shape().to_vec();
         want[axis] = idx.len();
@@ -357,11 +356,7 @@ pub fn scatter(
             if slabs.at[s].is_empty() {
                 continue;
             }
-            let t = pa.data()[f].tensor().ok_or_else(|| {
-                Error::buffer(format!(
-                    "partition {f} is rank {me}'s but holds no data here"
-                ))
-            })?;
+            let t = own_data(pa, f, me)?;
             let what = format!("partition {}", tuple_string(&pa.grid().position(f)));
             if t.readonly() {
                 return Err(Error::ReadOnly { what });

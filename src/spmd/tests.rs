@@ -1140,3 +1140,53 @@ fn to_fails_every_rank_when_one_rank_cannot_move() {
         }
     }
 }
+
+/// Rank 1's own partition (rows 2-3) holds no data there (`Data::Remote`): every collective
+/// refuses the array on every rank, with one error naming the partition, before anything
+/// moves. A gather whose index falls in that partition (and one that does not touch it) once
+/// panicked on rank 1 and left rank 0 waiting.
+#[test]
+fn a_rank_missing_its_own_partition_fails_every_collective_on_every_rank() {
+    let out = within_a_minute(2, |comm| {
+        let me = comm.rank();
+        let f32 = crate::DType::Float32;
+        let data = vec![
+            match me {
+                0 => Data::Tensor(Tensor::zeros(&[2, 2], f32).unwrap()),
+                _ => Data::Remote,
+            },
+            Data::Remote,
+        ];
+        let locs = vec![
+            vec![Location::rank(0, Device::CPU)],
+            vec![Location::rank(1, Device::CPU)],
+        ];
+        let grid = Grid::even(&[4, 2], &[2, 1]).unwrap();
+        let pa = PartitionedArray::new(grid, data, locs, None)
+            .unwrap()
+            .with_dtype(f32)
+            .unwrap();
+        let idx = |i: &[i64]| Tensor::from_slice(i, &[i.len()]).unwrap();
+        let values = Tensor::zeros(&[1, 2], f32).unwrap();
+        let errors = [
+            gather(comm, &pa, &idx(&[3]), 0).map(|_| ()),
+            gather(comm, &pa, &idx(&[0]), 0).map(|_| ()),
+            gather(comm, &pa, &idx(&[]), 0).map(|_| ()),
+            scatter(comm, &pa, &values, &idx(&[0]), 0),
+            repartition(comm, &pa, &Layout::tiling(&[1, 2]), false).map(|_| ()),
+            assemble(comm, &pa, None, None, false).map(|_| ()),
+        ];
+        errors.map(|e| {
+            let e = e.unwrap_err();
+            format!("{}: {e}", e.kind())
+        })
+    });
+    for errors in [&out[0], &out[1]] {
+        for e in errors {
+            assert_eq!(
+                e, "BufferError: rank 1: partition (1, 0) is rank 1's but holds no data here",
+                "{out:?}"
+            );
+        }
+    }
+}
