@@ -79,7 +79,7 @@ impl PartitionedArray {
     pub fn repartition(&self, layout: &Layout, transfer: bool) -> Result<Self> {
         let src = self.tensors()?;
         let target = layout.target(&self.grid, &|i| src[i].device())?;
-        let dtype = self.dtype.unwrap_or(DType::Float32);
+        let dtype = self.known_dtype("repartition")?;
         let plan = Plan::new(&self.grid, &target.grid)?;
         // Devices without dlpart kernels: said first, rather than a transfer suggested that
         // could not run.
@@ -154,12 +154,27 @@ impl PartitionedArray {
     pub fn to(&self, device: Device) -> Result<Self> {
         let tensors = self.tensors()?;
         let moved = moved_to_device(&tensors, device)?;
-        let dtype = self.dtype.unwrap_or(DType::Float32);
+        let dtype = self.known_dtype("to")?;
         Ok(Self::from_tensors_unchecked(
             self.grid.clone(),
             moved,
             dtype,
         ))
+    }
+
+    /// The dtype, which `op` gives its result: an error while it is unknown (no partition
+    /// holds data here and none was stated), never a guess.
+    fn known_dtype(&self, op: &str) -> Result<DType> {
+        self.dtype.ok_or_else(|| {
+            Error::shape(
+                format!(
+                    "{op} needs the array's dtype, which is unknown until a partition is \
+                     fetched: state it with with_dtype, or fetch the partitions first \
+                     (fetch, set_fetched)"
+                ),
+                format!("none of the {} partitions holds data here", self.len()),
+            )
+        })
     }
 
     /// Copies of `tensors` on `target` where they live elsewhere (`None` when none does);
@@ -199,7 +214,9 @@ impl PartitionedArray {
     ///
     /// Only the partitions holding an index need data here ([`serving`](Self::serving)):
     /// the others may hold handles not fetched yet. One index (a 0-d `indices`) drops the
-    /// axis, as in numpy.
+    /// axis, as in numpy. The result takes the array's dtype, which must be known even when no
+    /// partition is read (no indices): an array of unfetched handles needs it stated
+    /// ([`with_dtype`](Self::with_dtype)) or a partition fetched.
     pub fn gather(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
         self.check_axis(axis)?;
         let (list, one) = ops::index_list(indices)?;
@@ -237,7 +254,8 @@ impl PartitionedArray {
                 check_crossing("gather", src(source(j, s)).device(), dev, transfer)?;
             }
         }
-        let dtype = self.dtype.unwrap_or(DType::Float32);
+        // Without indices no partition is read: the dtype must be known all the same.
+        let dtype = self.known_dtype("gather")?;
         let mut out = Vec::with_capacity(devices.len());
         for (j, &dev) in devices.iter().enumerate() {
             let shape = out_grid.region_at(j).shape;

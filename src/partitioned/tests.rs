@@ -802,3 +802,49 @@ fn gather_and_scatter_need_data_only_where_an_index_falls() {
         .serving(&Tensor::from_slice(&[7i64], &[1]).unwrap(), 0)
         .is_err());
 }
+
+/// A gather with no indices reads no partition: over unfetched handles the dtype is unknown,
+/// an error naming how to give it rather than a made-up float32; once stated, or once a
+/// partition is fetched, the empty result has that dtype.
+#[test]
+fn a_gather_of_no_indices_needs_the_dtype() {
+    let handles = || {
+        let data = vec![
+            Data::Handle(Handle::new(0u8)),
+            Data::Handle(Handle::new(1u8)),
+        ];
+        let grid = Grid::even(&[4, 2], &[2, 1]).unwrap();
+        PartitionedArray::new(grid, data, vec![vec![], vec![]], None).unwrap()
+    };
+    let none = Tensor::from_slice::<i64>(&[], &[0]).unwrap();
+    let e = handles().gather(&none, 0, false).unwrap_err();
+    assert_eq!(e.kind(), "ValueError");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("gather needs the array's dtype") && msg.contains("with_dtype"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("none of the 2 partitions holds data here"),
+        "{msg}"
+    );
+    let stated = handles().with_dtype(DType::Int32).unwrap();
+    let got = stated.gather(&none, 0, false).unwrap();
+    assert_eq!(
+        (got.dtype(), got.shape()),
+        (Some(DType::Int32), &[0, 2][..])
+    );
+    let mut fetched = handles();
+    let rows = Tensor::from(ndarray::Array2::<i64>::zeros((2, 2)));
+    fetched.set_fetched(&[1], vec![rows]).unwrap();
+    let got = fetched.gather(&none, 1, false).unwrap();
+    assert_eq!(
+        (got.dtype(), got.shape()),
+        (Some(DType::Int64), &[4, 0][..])
+    );
+    let whole = got.assemble(None, false).unwrap();
+    assert_eq!(
+        whole.to_array::<i64>().unwrap(),
+        ArrayD::<i64>::zeros(IxDyn(&[4, 0]))
+    );
+}
