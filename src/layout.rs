@@ -43,6 +43,13 @@ pub enum Placement {
 
 /// A target layout for repartitioning: a [`Cut`] and a [`Placement`].
 ///
+/// The builder methods combine in any order: a process grid
+/// ([`process_grid`](Layout::process_grid)) applies to the devices a dealt placement
+/// ([`dealt`](Layout::dealt), [`block_cyclic`](Layout::block_cyclic)) names, whether it comes
+/// before or after them. A process grid with a placement that deals nothing (the default
+/// [`Placement::Stay`], [`on`](Layout::on) or [`devices`](Layout::devices)) is an error at
+/// resolution naming both; among the placements themselves the last one given wins.
+///
 /// ```
 /// use dlpart::{Device, Layout};
 /// let rows = Layout::tiling(&[4, 1]); // 4 row blocks, each on its source's device
@@ -56,6 +63,9 @@ pub struct Layout {
     pub cut: Cut,
     /// Where the target partitions go.
     pub placement: Placement,
+    /// A process grid given while the placement deals nothing: a dealt placement given later
+    /// takes it, and resolution refuses it otherwise (see [`Layout::process_grid`]).
+    stray_grid: Option<Vec<usize>>,
 }
 
 /// A layout resolved against a source: the target grid and every target partition's device.
@@ -90,74 +100,119 @@ pub fn default_process_grid(ndim: usize, n: usize) -> Vec<usize> {
 }
 
 impl Layout {
+    /// The layout of `cut` and `placement`.
+    pub fn new(cut: Cut, placement: Placement) -> Self {
+        Layout {
+            cut,
+            placement,
+            stray_grid: None,
+        }
+    }
+
     /// Each axis split evenly into `tiling[axis]` parts, like `numpy.array_split`.
     pub fn tiling(tiling: &[usize]) -> Self {
-        Layout {
-            cut: Cut::Tiling(tiling.to_vec()),
-            placement: Placement::Stay,
-        }
+        Layout::new(Cut::Tiling(tiling.to_vec()), Placement::Stay)
     }
 
     /// Explicit split points per axis: `splits[axis]` runs from 0 to the axis length.
     pub fn splits(splits: Vec<Vec<usize>>) -> Self {
-        Layout {
-            cut: Cut::Splits(splits),
-            placement: Placement::Stay,
-        }
+        Layout::new(Cut::Splits(splits), Placement::Stay)
     }
 
     /// ScaLAPACK-style block-cyclic: blocks of `block[axis]` elements dealt round-robin over
     /// `devices`, laid out on [`default_process_grid`] unless [`Layout::process_grid`] says
     /// otherwise.
     pub fn block_cyclic(block: &[usize], devices: Vec<Device>) -> Self {
-        Layout {
-            cut: Cut::Blocks(block.to_vec()),
-            placement: Placement::Dealt {
+        Layout::new(
+            Cut::Blocks(block.to_vec()),
+            Placement::Dealt {
                 devices,
                 process_grid: None,
             },
-        }
+        )
     }
 
-    /// Every target partition on `device`.
-    pub fn on(mut self, device: Device) -> Self {
-        self.placement = Placement::On(device);
-        self
+    /// Every target partition on `device`. A process grid given before or after makes the
+    /// layout an error at resolution (a process grid deals over several devices).
+    pub fn on(self, device: Device) -> Self {
+        self.placed(Placement::On(device))
     }
 
-    /// One device per target partition, in C order of positions.
-    pub fn devices(mut self, devices: Vec<Device>) -> Self {
-        self.placement = Placement::Each(devices);
-        self
+    /// One device per target partition, in C order of positions. A process grid given before
+    /// or after makes the layout an error at resolution (use [`dealt`](Layout::dealt)).
+    pub fn devices(self, devices: Vec<Device>) -> Self {
+        self.placed(Placement::Each(devices))
     }
 
-    /// Target partitions dealt over `devices` on a process grid (ScaLAPACK-style).
-    pub fn dealt(mut self, devices: Vec<Device>) -> Self {
-        self.placement = Placement::Dealt {
+    /// Target partitions dealt over `devices` on a process grid (ScaLAPACK-style): the one
+    /// [`process_grid`](Layout::process_grid) gives, before or after this call, or else
+    /// [`default_process_grid`].
+    pub fn dealt(self, devices: Vec<Device>) -> Self {
+        self.placed(Placement::Dealt {
             devices,
             process_grid: None,
-        };
-        self
+        })
     }
 
-    /// The process grid of a dealt placement; an error at resolution for other placements.
+    /// The process grid of a dealt placement ([`dealt`](Layout::dealt),
+    /// [`block_cyclic`](Layout::block_cyclic)), given before or after it. Without a dealt
+    /// placement (none given, or [`on`](Layout::on) or [`devices`](Layout::devices)) the
+    /// layout is an error at resolution, naming the grid and the placement.
     pub fn process_grid(mut self, grid: &[usize]) -> Self {
         match &mut self.placement {
             Placement::Dealt { process_grid, .. } => *process_grid = Some(grid.to_vec()),
-            _ => {
-                self.placement = Placement::Dealt {
-                    devices: Vec::new(),
-                    process_grid: Some(grid.to_vec()),
-                }
-            }
+            _ => self.stray_grid = Some(grid.to_vec()),
         }
         self
+    }
+
+    /// `placement` in place of the current one, keeping a process grid given so far: a
+    /// dealt placement takes it, another keeps it aside for resolution to refuse.
+    fn placed(mut self, mut placement: Placement) -> Self {
+        let given = match &mut self.placement {
+            Placement::Dealt { process_grid, .. } => process_grid.take(),
+            _ => None,
+        }
+        .or(self.stray_grid.take());
+        match &mut placement {
+            Placement::Dealt { process_grid, .. } => *process_grid = given,
+            _ => self.stray_grid = given,
+        }
+        self.placement = placement;
+        self
+    }
+
+    /// Refuses a process grid given with a placement that deals nothing, naming both.
+    fn check_stray_grid(&self) -> Result<()> {
+        let Some(grid) = &self.stray_grid else {
+            return Ok(());
+        };
+        let placement = match &self.placement {
+            Placement::Dealt { .. } => return Ok(()),
+            Placement::Stay => "no devices were given (the partitions would stay where their \
+                                data is)"
+                .to_string(),
+            Placement::On(d) => format!("the placement puts every partition on {d}"),
+            Placement::Each(ds) => format!(
+                "the placement names one device per partition, {} in all",
+                ds.len()
+            ),
+        };
+        Err(Error::shape(
+            format!(
+                "process grid {} deals the partitions over a list of devices (Layout::dealt; \
+                 devices=[...] in Python)",
+                tuple_string(grid)
+            ),
+            placement,
+        ))
     }
 
     /// The target grid over `shape` and, for dealt placements, the owner of every target
     /// partition (C order) as an index into the dealt devices. Indices rather than devices,
     /// because several ranks may each use a device called `kDLCUDA:0`.
     pub fn resolve(&self, shape: &[usize]) -> Result<(Grid, Option<Vec<usize>>)> {
+        self.check_stray_grid()?;
         let grid = match &self.cut {
             Cut::Tiling(t) => Grid::even(shape, t)?,
             Cut::Splits(s) => Grid::from_splits(shape, s.clone())?,
@@ -322,7 +377,16 @@ fn no_devices(shape: &[usize], process_grid: Option<&[usize]>) -> Error {
     )
 }
 
+/// Checks a dealt placement: `devices` to deal over, and a process grid `pg` with one entry
+/// per axis of `shape` and as many coordinates as devices.
 fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Result<()> {
+    if shape.is_empty() && devices.len() != 1 {
+        return Err(Error::shape(
+            "a 0-d array has one partition and no axis to deal it along: a dealt \
+             (block-cyclic) placement of it takes one device",
+            format!("{} devices", devices.len()),
+        ));
+    }
     let count = pg.iter().try_fold(1usize, |n, &k| n.checked_mul(k));
     if pg.len() != shape.len() || pg.contains(&0) || count != Some(devices.len()) {
         return Err(Error::shape(
@@ -343,7 +407,7 @@ mod tests {
 
     #[test]
     fn a_process_grid_whose_product_overflows_is_refused() {
-        let layout = Layout::block_cyclic(&[2, 2], vec![]).process_grid(&[1 << 63, 2]);
+        let layout = Layout::block_cyclic(&[2, 2], vec![Device::CPU]).process_grid(&[1 << 63, 2]);
         let err = layout.resolve(&[4, 4]).unwrap_err().to_string();
         assert!(err.contains(&format!("({}, 2)", 1usize << 63)), "{err}");
     }
@@ -408,6 +472,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("dealt over devices: give at least one"));
+        // A 0-d array's one partition goes to the one device there is.
+        let scalar = |n: usize| Layout::block_cyclic(&[], vec![Device::CPU; n]).resolve(&[]);
+        assert_eq!(scalar(1).unwrap().1, Some(vec![0]));
+        let e = scalar(2).unwrap_err().to_string();
+        assert!(
+            e.contains("a 0-d array has one partition") && e.ends_with(": 2 devices"),
+            "{e}"
+        );
         let tiny = Layout::block_cyclic(&[1], vec![Device::CPU]);
         let e = tiny.resolve(&[1 << 40]).unwrap_err().to_string();
         assert!(e.contains("too many partitions"), "{e}");
@@ -443,13 +515,90 @@ mod tests {
             .process_grid(&[1, 3]);
         let expect = vec![devs[0], devs[1], devs[0], devs[1]];
         assert_eq!(dealt.target(&src, &|i| devs[i]).unwrap().devices, expect);
-        // A process grid alone names the devices it lacks, one per cell.
-        let no_devices = Layout::tiling(&[2, 2]).process_grid(&[1, 3]);
+        let no_devices = Layout::tiling(&[2, 2]).process_grid(&[1, 1]);
         let e = no_devices.target(&src, &|i| devs[i]).unwrap_err();
-        assert!(matches!(e, Error::Shape { .. }), "{e}");
-        let e = e.to_string();
-        assert!(e.contains("one per process-grid cell (3 in all)"), "{e}");
-        assert!(e.contains("devices=[...] in Python"), "{e}");
-        assert!(e.ends_with("process grid (1, 3) and no devices"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("process grid (1, 1) deals the partitions")
+                && e.to_string().ends_with(
+                    "no devices were given (the partitions would stay where their data is)"
+                ),
+            "{e}"
+        );
+    }
+
+    /// A process grid given before the devices it deals over is the same layout as one given
+    /// after them: the 8x8 array's 2x2 blocks go round the 1x4 grid along the columns.
+    #[test]
+    fn a_process_grid_applies_whichever_comes_first() {
+        let devs: Vec<Device> = (0..4).map(Device::cuda).collect();
+        let after = Layout::tiling(&[4, 4])
+            .dealt(devs.clone())
+            .process_grid(&[1, 4]);
+        let before = Layout::tiling(&[4, 4])
+            .process_grid(&[1, 4])
+            .dealt(devs.clone());
+        let through = Layout::tiling(&[4, 4])
+            .on(Device::CPU)
+            .process_grid(&[1, 4])
+            .dealt(devs.clone());
+        let cols: Vec<usize> = (0..16).map(|k| k % 4).collect();
+        for layout in [&after, &before, &through] {
+            assert_eq!(layout.resolve(&[8, 8]).unwrap().1.as_ref(), Some(&cols));
+            assert_eq!(
+                layout.placement,
+                Placement::Dealt {
+                    devices: devs.clone(),
+                    process_grid: Some(vec![1, 4])
+                }
+            );
+        }
+        // Dealt again over other devices: the grid stays.
+        let redealt = before.dealt(vec![Device::CPU; 4]);
+        assert_eq!(redealt.resolve(&[8, 8]).unwrap().1, Some(cols));
+        let cyclic = Layout::block_cyclic(&[2, 2], devs.clone());
+        assert_eq!(
+            cyclic.process_grid(&[4, 1]),
+            Layout::new(Cut::Blocks(vec![2, 2]), Placement::Stay)
+                .process_grid(&[4, 1])
+                .dealt(devs.clone())
+        );
+    }
+
+    /// A process grid with a placement that deals nothing is refused, in either order, by an
+    /// error naming both; so is one left behind by a later placement.
+    #[test]
+    fn a_process_grid_without_a_dealt_placement_is_refused_in_either_order() {
+        let cpu = Device::CPU;
+        let devs = vec![Device::cuda(0), Device::cuda(1)];
+        let tiles = || Layout::tiling(&[2, 2]);
+        let on = format!("the placement puts every partition on {cpu}");
+        let each = "the placement names one device per partition, 2 in all";
+        let cases = [
+            (tiles().on(cpu).process_grid(&[1, 1]), on.as_str()),
+            (tiles().process_grid(&[1, 1]).on(cpu), on.as_str()),
+            (
+                tiles().dealt(devs.clone()).process_grid(&[1, 1]).on(cpu),
+                on.as_str(),
+            ),
+            (tiles().devices(devs.clone()).process_grid(&[1, 1]), each),
+            (tiles().process_grid(&[1, 1]).devices(devs.clone()), each),
+        ];
+        for (layout, placement) in cases {
+            let e = layout.resolve(&[4, 4]).unwrap_err();
+            assert_eq!(e.kind(), "ValueError");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "process grid (1, 1) deals the partitions over a list of devices \
+                     (Layout::dealt; devices=[...] in Python): {placement}"
+                ),
+                "{layout:?}"
+            );
+        }
+        // Without a process grid, the last placement wins as before.
+        let last = tiles().dealt(devs.clone()).on(cpu);
+        assert_eq!(last.placement, Placement::On(cpu));
+        assert!(last.resolve(&[4, 4]).is_ok());
     }
 }

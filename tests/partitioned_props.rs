@@ -39,6 +39,11 @@ fn random_layout(rng: &mut Rng, shape: &[usize]) -> Layout {
     }
 }
 
+/// `layout`'s cut with each target partition on its source's device (the default placement).
+fn staying(layout: Layout) -> Layout {
+    Layout::new(layout.cut, dlpart::Placement::Stay)
+}
+
 fn reference(shape: &[usize], rng: &mut Rng) -> ArrayD<i64> {
     ArrayD::from_shape_fn(IxDyn(shape), |_| (rng.next() >> 40) as i64)
 }
@@ -67,13 +72,7 @@ fn partition_repartition_assemble_match_ndarray_on_random_layouts() {
         let a = reference(&shape, &mut rng);
         let t = Tensor::from_ndarray(a.clone());
         let first = random_layout(&mut rng, &shape);
-        let src = PartitionedArray::partition(
-            &t,
-            &Layout {
-                placement: dlpart::Placement::Stay,
-                ..first
-            },
-        );
+        let src = PartitionedArray::partition(&t, &staying(first));
         let src = src.unwrap_or_else(|e| panic!("case {case}: {e}"));
         check_blocks(&src, &a);
         let layout = random_layout(&mut rng, &shape);
@@ -86,10 +85,7 @@ fn partition_repartition_assemble_match_ndarray_on_random_layouts() {
         let third = random_layout(&mut rng, &shape);
         let fresh = PartitionedArray::partition(
             &Tensor::from_ndarray(ArrayD::<i64>::zeros(IxDyn(&shape))),
-            &Layout {
-                placement: dlpart::Placement::Stay,
-                ..third
-            },
+            &staying(third),
         )
         .unwrap();
         out.repartition_into(&fresh, false).unwrap();
@@ -104,10 +100,7 @@ fn gather_and_scatter_with_global_indices_match_ndarray() {
         let shape: Vec<usize> = random_shape(&mut rng).iter().map(|&n| n.max(1)).collect();
         let a = reference(&shape, &mut rng);
         let layout = random_layout(&mut rng, &shape);
-        let layout = Layout {
-            placement: dlpart::Placement::Stay,
-            ..layout
-        };
+        let layout = staying(layout);
         let pa = PartitionedArray::partition(&Tensor::from_ndarray(a.clone()), &layout).unwrap();
         let axis = rng.range(0, shape.len() - 1);
         let len = shape[axis];

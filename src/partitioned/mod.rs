@@ -625,6 +625,7 @@ pub(crate) fn stated_dtype_conflict(stated: DType, data: DType, position: &[usiz
 
 /// What contradicts invariant 9 when data on `device` has the locations `locs`, in words: for
 /// data `validate` could not import, whose device its producer's `__dlpack_device__` named.
+#[cfg(feature = "python")]
 pub(crate) fn device_contradiction(locs: &[Location], device: Device) -> Option<String> {
     let me = Some(i64::from(std::process::id()));
     contradicts(locs, me, device).then(|| contradiction(locs, me, device))

@@ -83,8 +83,11 @@ def test_a_process_grid_without_devices_asks_for_one_device_per_cell():
     pa = dlpart.partition(x, (2, 1))
     with pytest.raises(ValueError) as e:
         pa.repartition((1, 3), process_grid=(1, 3))
-    assert "one per process-grid cell (3 in all): give them (devices=[...] in Python" in str(e.value)
-    assert str(e.value).endswith("process grid (1, 3) and no devices")
+    assert str(e.value).startswith(
+        "process grid (1, 3) deals the partitions over a list of devices (Layout::dealt; "
+        "devices=[...] in Python)")
+    assert str(e.value).endswith("no devices were given (the partitions would stay where their "
+                                 "data is)")
     dealt = pa.repartition((1, 3), devices=["cpu"] * 3, process_grid=(1, 3))
     np.testing.assert_array_equal(np.from_dlpack(dealt.assemble()), x)
 
