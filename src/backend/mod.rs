@@ -194,12 +194,13 @@ pub fn note_host_devices(count: i32) {
 }
 
 /// Checks that `device` exists on this machine, for a device a caller names as the place to
-/// put data: `kDLCPU` has the id 0 and those of [`note_host_devices`], and `kDLCUDA:n` needs
+/// put data: no device has a negative id; `kDLCPU` has the id 0 and those of [`note_host_devices`], and `kDLCUDA:n` needs
 /// `n` below the driver's device count (when a driver is there to ask; without one, using
 /// the device reports [`Error::BackendUnavailable`]). Other device types cannot be enumerated
 /// here and pass; a device named only as a partition's location may be on another machine
 /// and is not checked.
 pub fn check_present(device: Device) -> Result<()> {
+    check_id(device)?;
     let hosts = HOST_DEVICES.load(Ordering::Relaxed);
     match device.kind {
         DeviceType::Cpu if device.id >= hosts => Err(Error::InvalidDevice {
@@ -260,8 +261,21 @@ pub(crate) fn scratch_backend(device: Device) -> Result<Arc<dyn Backend>> {
     backend_for(scratch_device(device))
 }
 
-/// The backend for `device`.
+/// Refuses a device of negative id ([`Device`]'s fields are public, so one can be built
+/// without [`Device::new`], which refuses it): no DLPack device has one.
+fn check_id(device: Device) -> Result<()> {
+    match device.id {
+        0.. => Ok(()),
+        _ => Err(Error::InvalidDevice {
+            text: device.to_string(),
+            reason: "the device id must be >= 0".into(),
+        }),
+    }
+}
+
+/// The backend for `device`; an error for a device of negative id.
 pub fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
+    check_id(device)?;
     let chosen = match device.kind {
         k if k.is_host_accessible() => Ok(cpu::CpuBackend::shared(device)),
         DeviceType::Cuda => cuda::CudaBackend::shared(device),

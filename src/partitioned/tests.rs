@@ -848,3 +848,47 @@ fn a_gather_of_no_indices_needs_the_dtype() {
         ArrayD::<i64>::zeros(IxDyn(&[4, 0]))
     );
 }
+
+/// A device of negative id (built through `Device`'s public fields, as `Device::new` refuses
+/// it) is refused wherever a caller names a device to put data on, by an error naming it,
+/// before anything is made there.
+#[test]
+fn a_device_of_negative_id_is_refused_as_a_target() {
+    for bad in [
+        Device {
+            kind: DeviceType::Cpu,
+            id: -5,
+        },
+        Device {
+            kind: DeviceType::Cuda,
+            id: -1,
+        },
+        Device {
+            kind: DeviceType::CudaHost,
+            id: -2,
+        },
+    ] {
+        let refused = |e: Error| {
+            assert_eq!(e.kind(), "DeviceError", "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!("invalid device \"{bad}\": the device id must be >= 0")
+            );
+        };
+        let (t, _) = global(&[4, 4]);
+        let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+        refused(
+            pa.repartition(&Layout::tiling(&[1, 2]).on(bad), true)
+                .unwrap_err(),
+        );
+        let each = Layout::tiling(&[1, 2]).devices(vec![Device::CPU, bad]);
+        refused(pa.repartition(&each, true).unwrap_err());
+        let dealt = Layout::block_cyclic(&[1, 1], vec![Device::CPU, bad]);
+        refused(pa.repartition(&dealt, true).unwrap_err());
+        refused(pa.assemble(Some(bad), true).unwrap_err());
+        refused(pa.to(bad).unwrap_err());
+        refused(crate::ops::to_device(&t, bad).unwrap_err());
+        refused(crate::backend::check_present(bad).unwrap_err());
+        refused(crate::backend::backend_for(bad).map(drop).unwrap_err());
+    }
+}

@@ -200,6 +200,7 @@ pub(super) fn repartition_target_with(
         t.check(comm.size())?;
         let dtype = dtype_of(pa)?;
         let mine: Vec<usize> = (0..t.owners.len()).filter(|&j| t.owners[j] == me).collect();
+        check_here(mine.iter().map(|&j| t.devices[j]))?;
         let targets = match rank_device(mine.iter().map(|&j| t.devices[j]), "targets")? {
             None => Vec::new(),
             Some(dev) => {
@@ -409,7 +410,10 @@ pub(super) fn assemble_with(
             devices: vec![dev],
         };
         let out = match owner == me {
-            true => Some(backend_for(dev)?.empty(pa.shape(), dtype_of(pa)?)?),
+            true => {
+                check_here(device)?;
+                Some(backend_for(dev)?.empty(pa.shape(), dtype_of(pa)?)?)
+            }
             false => None,
         };
         Stage::new(
@@ -461,6 +465,19 @@ pub(super) fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
             None,
         )
     })
+}
+
+/// Checks that the devices a call names for this rank's new partitions exist here (see
+/// [`crate::backend::check_present`]): other ranks' devices may be on other machines.
+fn check_here(devices: impl IntoIterator<Item = Device>) -> Result<()> {
+    let mut seen: Vec<Device> = Vec::new();
+    for d in devices {
+        if !seen.contains(&d) {
+            crate::backend::check_present(d)?;
+            seen.push(d);
+        }
+    }
+    Ok(())
 }
 
 /// The one device this rank's `what` live on (host-accessible memory counting as the host);

@@ -1190,3 +1190,45 @@ fn a_rank_missing_its_own_partition_fails_every_collective_on_every_rank() {
         }
     }
 }
+
+/// A target device of negative id, or one absent here (`kDLCPU:1000`), named for a rank's new
+/// partitions fails every rank before anything moves; so does one named for an assemble's
+/// root.
+#[test]
+fn a_target_device_that_is_not_here_fails_every_rank() {
+    let a = reference(&[4, 2]);
+    let bad = Device {
+        kind: crate::DeviceType::Cpu,
+        id: -5,
+    };
+    let absent = Device {
+        kind: crate::DeviceType::Cpu,
+        id: 1000,
+    };
+    let out = within_a_minute(2, move |comm| {
+        let me = comm.rank();
+        let rows = vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 2]))];
+        let pa = from_stacked(comm, rows, 0).unwrap();
+        let cols = Layout::tiling(&[1, 2]);
+        let errors = [
+            repartition(comm, &pa, &cols.clone().on(bad), true).map(drop),
+            repartition(comm, &pa, &cols.clone().on(absent), true).map(drop),
+            repartition(comm, &pa, &cols.dealt(vec![Device::CPU, bad]), true).map(drop),
+            assemble(comm, &pa, Some(1), Some(bad), true).map(drop),
+        ];
+        errors.map(|e| e.unwrap_err().to_string())
+    });
+    assert_eq!(out[0], out[1]);
+    let e = &out[0];
+    for (i, rank) in [(0, 0), (2, 1), (3, 1)] {
+        assert_eq!(
+            e[i],
+            format!("rank {rank}: invalid device \"kDLCPU:-5\": the device id must be >= 0")
+        );
+    }
+    assert!(
+        e[1].starts_with("rank 0: invalid device \"kDLCPU:1000\""),
+        "{}",
+        e[1]
+    );
+}
