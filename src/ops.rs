@@ -330,7 +330,14 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
         });
     }
     check_distinct(out, "out")?;
-    if out.shape() != shape || out.dtype() != dtype {
+    if out.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            found: out.dtype(),
+            expected: dtype,
+            of: "the gather's source (out must have its dtype)".into(),
+        });
+    }
+    if out.shape() != shape {
         return Err(Error::shape(
             format!(
                 "out must have shape {} and dtype {dtype}",
@@ -509,7 +516,14 @@ pub(crate) fn scatter_operands(
     if one {
         shape = without_axis(out.shape(), axis).into();
     }
-    if values.shape() != &*shape || values.dtype() != out.dtype() {
+    if values.dtype() != out.dtype() {
+        return Err(Error::DTypeMismatch {
+            found: values.dtype(),
+            expected: out.dtype(),
+            of: "the scatter's out (values must have its dtype)".into(),
+        });
+    }
+    if values.shape() != &*shape {
         return Err(Error::shape(
             format!(
                 "values must have shape {} and dtype {}",
@@ -605,6 +619,39 @@ mod tests {
     fn arange(shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
         Tensor::from_slice(&(0..n as i32).collect::<Vec<_>>(), shape).unwrap()
+    }
+
+    /// An out (gather) or values (scatter) of another dtype is a dtype mismatch naming both,
+    /// and nothing is written.
+    #[test]
+    fn a_gather_or_scatter_of_another_dtype_is_a_dtype_mismatch() {
+        let src = arange(&[4, 3]);
+        let idx = Tensor::from_slice(&[2i64, 0], &[2]).unwrap();
+        let wide = Tensor::zeros(&[2, 3], DType::Int64).unwrap();
+        let e = gather(&src, &idx, 0, Some(&wide)).unwrap_err();
+        let want = (DType::Int64, DType::Int32);
+        assert!(
+            matches!(e, Error::DTypeMismatch { found, expected, .. } if (found, expected) == want),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "dtype int64 differs from int32 of the gather's source (out must have its dtype)"
+        );
+        let e = scatter(&wide, &idx, &src, 0).unwrap_err();
+        assert!(
+            matches!(e, Error::DTypeMismatch { found, expected, .. } if (found, expected) == want),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "dtype int64 differs from int32 of the scatter's out (values must have its dtype)"
+        );
+        assert_eq!(
+            src.to_array::<i32>().unwrap(),
+            arange(&[4, 3]).to_array::<i32>().unwrap()
+        );
+        assert!(wide.to_array::<i64>().unwrap().iter().all(|&v| v == 0));
     }
 
     #[test]

@@ -556,7 +556,12 @@ impl Tensor {
     /// 1 (foreign producers may hand out any byte). For a view to write through, see
     /// [`Tensor::as_array_mut`].
     pub fn as_array<T: Element>(&self) -> Result<HostView<'_, T>> {
-        let (view, claim) = self.claimed_view::<T, ndarray::RawArrayView<T, _>>("as_array")?;
+        self.host_array("as_array")
+    }
+
+    /// [`Tensor::as_array`], named `op` in errors.
+    fn host_array<T: Element>(&self, op: &str) -> Result<HostView<'_, T>> {
+        let (view, claim) = self.claimed_view::<T, ndarray::RawArrayView<T, _>>(op)?;
         // SAFETY: `claimed_view` checked that the elements are valid, aligned `T`s in host
         // memory, which `self.owner` keeps alive for the borrow of `self`; the read claim
         // keeps dlpart from writing them while the `HostView` lives, and nothing borrowed
@@ -748,7 +753,10 @@ impl Tensor {
     pub fn to_array<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
         self.check_host_element::<T>("to_array")?;
         if self.numel() == 0 || self.data.cast::<T>().is_aligned() {
-            return Ok(self.as_array::<T>()?.as_standard_layout().into_owned());
+            return Ok(self
+                .host_array::<T>("to_array")?
+                .as_standard_layout()
+                .into_owned());
         }
         // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
         let _claim = access::tensors([self], [])?;
@@ -774,10 +782,11 @@ impl Tensor {
 
     fn check_host_element<T: Element>(&self, op: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(Error::shape(
-                format!("{op}: element type {} does not match dtype", T::DTYPE),
-                self.dtype.name(),
-            ));
+            return Err(Error::DTypeMismatch {
+                found: self.dtype,
+                expected: T::DTYPE,
+                of: format!("the element type {op} was asked for"),
+            });
         }
         if !self.device.is_host_accessible() {
             return Err(Error::UnsupportedDevice {
@@ -1802,6 +1811,35 @@ mod tests {
         );
     }
 
+    /// Reading a tensor as another element type than its dtype is a dtype mismatch naming
+    /// both, from each of the readers.
+    #[test]
+    fn an_element_type_other_than_the_dtype_is_a_dtype_mismatch() {
+        let t = Tensor::from_slice(&[1i64, 2], &[2]).unwrap();
+        let errors = [
+            t.as_array::<f64>().map(drop).unwrap_err(),
+            t.to_array::<f64>().map(drop).unwrap_err(),
+            t.as_array_mut::<f64>().map(drop).unwrap_err(),
+        ];
+        for (e, op) in errors.iter().zip(["as_array", "to_array", "as_array_mut"]) {
+            assert!(
+                matches!(
+                    e,
+                    Error::DTypeMismatch {
+                        found: DType::Int64,
+                        expected: DType::Float64,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("dtype int64 differs from float64 of the element type {op} was asked for")
+            );
+        }
+    }
+
     #[test]
     fn bool_views_refuse_bytes_other_than_0_and_1() {
         let mut t = Tensor::from_slice(&[0u8, 1, 1], &[3]).unwrap();
@@ -1817,8 +1855,15 @@ mod tests {
         let mut bad = Tensor::from_slice(&[0u8, 2, 1], &[3]).unwrap();
         bad.dtype = DType::Bool;
         let err = bad.as_array::<bool>().unwrap_err().to_string();
-        assert!(err.contains("byte 2"), "{err}");
-        assert!(bad.to_array::<bool>().is_err());
+        assert_eq!(
+            err,
+            "as_array: bool tensor holds byte 2, which is not a bool"
+        );
+        let err = bad.to_array::<bool>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "to_array: bool tensor holds byte 2, which is not a bool"
+        );
         // A mutable view can be read too: the same check, then writes of bools.
         let err = bad.as_array_mut::<bool>().unwrap_err().to_string();
         assert!(
@@ -1970,10 +2015,21 @@ mod tests {
         let e = apart.as_array_mut::<i32>().unwrap_err().to_string();
         assert!(e.contains("has strides that interleave"), "{e}");
         assert_eq!(apart.as_array::<i32>().unwrap().sum(), 0, "it may be read");
-        let e = t.as_array_mut::<f32>().unwrap_err().to_string();
+        let e = t.as_array_mut::<f32>().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DTypeMismatch {
+                    found: DType::Int32,
+                    expected: DType::Float32,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         assert_eq!(
-            e,
-            "as_array_mut: element type float32 does not match dtype: int32"
+            e.to_string(),
+            "dtype int32 differs from float32 of the element type as_array_mut was asked for"
         );
         let mut device = t.clone();
         device.device = Device::cuda(0);

@@ -525,10 +525,27 @@ impl PartitionedArray {
         }
         let mut dtype = self.dtype;
         for (&flat, t) in flats.iter().zip(&tensors) {
-            if flat >= self.len() || self.data[flat].handle().is_none() {
+            if flat >= self.len() {
+                return Err(Error::shape(
+                    format!(
+                        "fetched data for a partition of the {} (flat indices 0 to {})",
+                        self.len(),
+                        self.len() - 1
+                    ),
+                    format!("partition {flat}, out of range"),
+                ));
+            }
+            if self.data[flat].handle().is_none() {
+                let held = match self.data[flat] {
+                    Data::Tensor(_) => "data already",
+                    _ => "no handle to fetch (another rank's partition)",
+                };
                 return Err(Error::shape(
                     "fetched data for a partition holding a handle",
-                    format!("partition {flat}"),
+                    format!(
+                        "partition {flat} at {}, which holds {held}",
+                        tuple_string(&self.grid.position(flat))
+                    ),
                 ));
             }
             let position = self.grid.position(flat);

@@ -892,3 +892,32 @@ fn a_device_of_negative_id_is_refused_as_a_target() {
         refused(crate::backend::backend_for(bad).map(drop).unwrap_err());
     }
 }
+
+/// `set_fetched` for a partition out of range says so, with the range; for one that holds no
+/// handle, says what it holds; either way nothing changes.
+#[test]
+fn set_fetched_names_a_partition_out_of_range_or_without_a_handle() {
+    let grid = Grid::even(&[4, 2], &[2, 1]).unwrap();
+    let data = vec![Data::Handle(Handle::new(0u8)), Data::Remote];
+    let mut pa = PartitionedArray::new(grid, data, vec![vec![], vec![]], None).unwrap();
+    let rows = || vec![Tensor::from(ndarray::Array2::<i32>::zeros((2, 2)))];
+    let e = pa.set_fetched(&[9], rows()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "fetched data for a partition of the 2 (flat indices 0 to 1): partition 9, out of range"
+    );
+    let e = pa.set_fetched(&[1], rows()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "fetched data for a partition holding a handle: partition 1 at (1, 0), which holds \
+         no handle to fetch (another rank's partition)"
+    );
+    assert!(pa.data()[0].handle().is_some() && pa.dtype().is_none());
+    pa.set_fetched(&[0], rows()).unwrap();
+    let e = pa.set_fetched(&[0], rows()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "fetched data for a partition holding a handle: partition 0 at (0, 0), which holds \
+         data already"
+    );
+}

@@ -337,12 +337,16 @@ pub fn scatter(
         if index.one {
             want.remove(axis);
         }
-        if values.shape() != want.as_slice() || values.dtype() != dtype {
+        if values.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                found: values.dtype(),
+                expected: dtype,
+                of: "the partitioned array".into(),
+            });
+        }
+        if values.shape() != want.as_slice() {
             return Err(Error::shape(
-                format!(
-                    "scatter values must have shape {} and dtype {dtype}",
-                    tuple_string(&want)
-                ),
+                format!("scatter values must have shape {}", tuple_string(&want)),
                 format!("{values:?}"),
             ));
         }

@@ -1232,3 +1232,33 @@ fn a_target_device_that_is_not_here_fails_every_rank() {
         e[1]
     );
 }
+
+/// Scatter values of another dtype than the array's are a dtype mismatch on every rank; of
+/// another shape, a shape error naming the shape wanted.
+#[test]
+fn scatter_values_of_another_dtype_or_shape_fail_every_rank() {
+    let a = reference(&[4, 2]);
+    let out = within_a_minute(2, move |comm| {
+        let me = comm.rank();
+        let rows = vec![Tensor::from(block(&a, &[2 * me, 0], &[2, 2]))];
+        let pa = from_stacked(comm, rows, 0).unwrap();
+        let idx = Tensor::from_slice(&[3i64], &[1]).unwrap();
+        let wide = Tensor::zeros(&[1, 2], crate::DType::Float64).unwrap();
+        let long = Tensor::zeros(&[2, 2], crate::DType::Float32).unwrap();
+        [wide, long].map(|v| {
+            let e = scatter(comm, &pa, &v, &idx, 0).unwrap_err();
+            format!("{}: {e}", e.kind())
+        })
+    });
+    assert_eq!(out[0], out[1]);
+    assert_eq!(
+        out[0][0],
+        "ValueError: rank 0: dtype float64 differs from float32 of the partitioned array \
+         (ranks 1 failed too)"
+    );
+    assert!(
+        out[0][1].starts_with("ValueError: rank 0: scatter values must have shape (1, 2): "),
+        "{}",
+        out[0][1]
+    );
+}
