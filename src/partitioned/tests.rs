@@ -496,7 +496,7 @@ fn scatter_refuses_partitions_that_share_memory_and_writes_nothing() {
     // Rows 0..2 and 2..4 of a 4x2 array, both over one 2x2 buffer: the scatter of rows 2 and
     // 0 would leave what the partition written last was given, not numpy's last duplicate.
     let shared = Tensor::from_slice(&[0.0f32; 4], &[2, 2]).unwrap();
-    let e = scatter_rows(&shared, shared.clone(), &[2, 0]).unwrap_err();
+    let e = scatter_rows(&shared, shared.clone(), &[2, 0], false).unwrap_err();
     assert!(matches!(e, Error::Buffer { .. }), "{e}");
     assert_eq!(
         e.to_string(),
@@ -513,9 +513,9 @@ fn scatter_refuses_partitions_that_share_memory_and_writes_nothing() {
         base.view(&[0, 0], &[2, 2]).unwrap(),
         base.view(&[1, 0], &[2, 2]),
     );
-    assert!(scatter_rows(&top, bottom.unwrap(), &[0, 3]).is_err());
+    assert!(scatter_rows(&top, bottom.unwrap(), &[0, 3], false).is_err());
     // Only the partitions written count: one of the two alone is written as asked.
-    scatter_rows(&shared, shared.clone(), &[1, 0]).unwrap();
+    scatter_rows(&shared, shared.clone(), &[1, 0], false).unwrap();
     assert_eq!(
         shared
             .to_array::<f32>()
@@ -526,9 +526,9 @@ fn scatter_refuses_partitions_that_share_memory_and_writes_nothing() {
     );
 }
 
-/// Scatters values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row blocks,
-/// `p0` over rows 0..2 and `p1` over rows 2..4.
-fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2]) -> Result<()> {
+/// Scatters float32 values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row
+/// blocks, `p0` over rows 0..2 and `p1` over rows 2..4.
+fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2], transfer: bool) -> Result<()> {
     let pa = PartitionedArray::new(
         Grid::even(&[4, 2], &[2, 1]).unwrap(),
         vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
@@ -537,7 +537,12 @@ fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2]) -> Result<()> {
     )
     .unwrap();
     let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
-    pa.scatter(&values, &Tensor::from_slice(rows, &[2]).unwrap(), 0, false)
+    pa.scatter(
+        &values,
+        &Tensor::from_slice(rows, &[2]).unwrap(),
+        0,
+        transfer,
+    )
 }
 
 #[test]
@@ -650,19 +655,9 @@ pub(crate) unsafe fn view_2x2(base: &Tensor, strides: [isize; 2], device: Device
     }
 }
 
-/// Scatters rows 0 and 3 of float32 values `1..=4` into a 4x2 array of two row blocks, `p0`
-/// over rows 0..2 and `p1` over rows 2..4.
+/// [`scatter_rows`] into rows 0 and 3.
 fn scatter_rows_0_and_3(p0: &Tensor, p1: Tensor, transfer: bool) -> Result<()> {
-    let pa = PartitionedArray::new(
-        Grid::even(&[4, 2], &[2, 1]).unwrap(),
-        vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
-        vec![vec![], vec![]],
-        None,
-    )
-    .unwrap();
-    let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
-    let idx = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-    pa.scatter(&values, &idx, 0, transfer)
+    scatter_rows(p0, p1, &[0, 3], transfer)
 }
 
 #[test]

@@ -299,6 +299,20 @@ fn traffic<'py>(py: Python<'py>, t: &Traffic) -> PyResult<Bound<'py, PyTuple>> {
     (t.sent.clone(), t.received.clone(), t.local).into_pyobject(py)
 }
 
+/// This rank's Python error `e` as the error of a collective call, which the others learn of
+/// (its class by name).
+fn rank_error(py: Python<'_>, comm: &MpiComm, e: &PyErr) -> Error {
+    Error::Collective {
+        rank: comm.rank,
+        kind: e
+            .get_type(py)
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        message: e.value(py).to_string(),
+    }
+}
+
 pub(super) fn failure(error: Option<(String, String)>) -> Option<Error> {
     error.map(|(kind, message)| Error::Collective {
         rank: 0,
@@ -381,15 +395,7 @@ fn _spmd_repartition<'py>(
         inner.ndim(),
     );
     // A bad layout on one rank is that rank's error, which the others learn of.
-    let layout = layout.map_err(|e| Error::Collective {
-        rank: comm.rank,
-        kind: e
-            .get_type(py)
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default(),
-        message: e.value(py).to_string(),
-    });
+    let layout = layout.map_err(|e| rank_error(py, comm, &e));
     let (out, t) = py
         .detach(|| {
             let target = layout.and_then(|l| spmd::SpmdTarget::resolve(&l, inner, comm.size));
@@ -478,15 +484,7 @@ fn _spmd_to(
 ) -> PyResult<PyPartitioned> {
     let device = match (failure(error), device) {
         (Some(e), _) => Err(e),
-        (None, Some(d)) => device_arg(d).map_err(|e| Error::Collective {
-            rank: comm.rank,
-            kind: e
-                .get_type(py)
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default(),
-            message: e.value(py).to_string(),
-        }),
+        (None, Some(d)) => device_arg(d).map_err(|e| rank_error(py, comm, &e)),
         (None, None) => Err(Error::buffer("no device and no error given")),
     };
     let inner = &pa.inner();
