@@ -20,20 +20,43 @@ pub(crate) const MAX_RUNS: usize = 1 << 22;
 
 /// One address range `[start, end)` of tensor `owner`.
 #[derive(Clone, Copy, Debug)]
-struct Run {
-    start: usize,
-    end: usize,
-    owner: usize,
+pub(crate) struct Run {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) owner: usize,
 }
 
 /// The runs of `t` (numbered `owner`), appended to `out`; `false`, with nothing appended,
 /// when there would be more than `budget` of them.
 fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool {
-    if t.numel() == 0 {
+    let item = t.dtype().itemsize();
+    runs_in(
+        t.data_ptr() as usize,
+        t.shape(),
+        t.strides(),
+        item,
+        owner,
+        out,
+        budget,
+    )
+}
+
+/// [`runs_of`] the elements of `item` bytes with `shape` and `strides` (in elements) from
+/// address `data`.
+pub(crate) fn runs_in(
+    data: usize,
+    shape: &[usize],
+    strides: &[isize],
+    item: usize,
+    owner: usize,
+    out: &mut Vec<Run>,
+    budget: usize,
+) -> bool {
+    if shape.contains(&0) {
         return true;
     }
-    let item = t.dtype().itemsize() as isize;
-    let (first, dims) = merged_dims(t.shape(), t.strides());
+    let item = item as isize;
+    let (first, dims) = merged_dims(shape, strides);
     let inner_contiguous = dims.last().is_some_and(|&(_, s)| s == 1);
     let (outer, run_len) = match (inner_contiguous, dims.last()) {
         (true, Some(&(n, _))) => (&dims[..dims.len() - 1], n as isize * item),
@@ -43,7 +66,7 @@ fn runs_of(t: &Tensor, owner: usize, out: &mut Vec<Run>, budget: usize) -> bool 
     if count > budget {
         return false;
     }
-    let base = (t.data_ptr() as isize).wrapping_add(first * item);
+    let base = (data as isize).wrapping_add(first * item);
     let mut index = vec![0usize; outer.len()];
     out.reserve(count);
     for _ in 0..count {

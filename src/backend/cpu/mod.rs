@@ -392,7 +392,12 @@ impl Backend for CpuBackend {
             ));
             ptrs.push((src as *const u8, dst, itemsize));
         }
-        let _claim = access::ranges(spans.iter().map(|s| s.0), spans.iter().map(|s| s.1))?;
+        // Each box claims its elements only: a box of a column block leaves the next block's
+        // columns, inside its span, to other threads.
+        let _claim = access::boxes(
+            jobs.iter().map(|j| (j.src, &j.src_start[..], &j.shape[..])),
+            jobs.iter().map(|j| (j.dst, &j.dst_start[..], &j.shape[..])),
+        )?;
         let mut temps = Vec::new();
         for (n, (j, &(src, _, itemsize))) in jobs.iter().zip(&ptrs).enumerate() {
             if overlap(spans[n].0, spans[n].1) {

@@ -345,7 +345,9 @@ fn copy_classified(
     let tensor_span = |t: &Tensor| span(t.data_ptr(), t.shape(), t.strides(), item);
     let src_spans: Vec<(usize, usize)> = src.iter().map(|t| tensor_span(t)).collect();
     let dst_spans: Vec<(usize, usize)> = dst.iter().map(|t| tensor_span(t)).collect();
-    let claim = crate::access::ranges(src_spans.iter().copied(), dst_spans.iter().copied())?;
+    // The tensors claim their elements only (not their spans): a column block leaves the
+    // next block's columns to other threads.
+    let claim = crate::access::tensors(src.iter().copied(), dst.iter().copied())?;
     rows.reserve(plan.len());
     let mut rows_bytes = 0usize;
     let mut general: Vec<General> = Vec::new();
