@@ -581,7 +581,8 @@ impl Tensor {
     /// tensor. While it lives, the view's memory is claimed for writing: dlpart refuses (with
     /// [`Error::Buffer`]) to read or write it, from any clone or view of the tensor in any
     /// thread, and so does another `as_array` or `as_array_mut` of it. Views of parts of one
-    /// tensor that share no element (its partitions) may be written side by side.
+    /// tensor that share no element (its partitions) may be written side by side, and dlpart
+    /// may read and write the other parts meanwhile (repartition the next column block).
     ///
     /// It takes `&self`, like the operations that write a tensor (a `Tensor` is a shared
     /// handle: its clones reach the same memory, so `&mut self` would not make the view
