@@ -574,13 +574,7 @@ mod tests {
         strides: &[isize],
         offset: isize,
     ) -> (Tensor, Vec<isize>) {
-        let mut offsets = vec![offset];
-        for (&n, &s) in shape.iter().zip(strides) {
-            offsets = offsets
-                .iter()
-                .flat_map(|&o| (0..n as isize).map(move |i| o + i * s))
-                .collect();
-        }
+        let offsets = crate::overlap::tests::offsets(offset, shape, strides);
         let len = a.numel() as isize;
         assert!(
             offsets.iter().all(|&o| (0..len).contains(&o)),

@@ -352,7 +352,7 @@ pub(crate) fn check_jobs(jobs: &[BoxCopy<'_>]) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dtype::DType;
 
@@ -534,7 +534,7 @@ mod tests {
     }
 
     /// Every element's offset of a view with `shape` and `strides` from `start`, sorted.
-    fn offsets(start: isize, shape: &[usize], strides: &[isize]) -> Vec<isize> {
+    pub(crate) fn offsets(start: isize, shape: &[usize], strides: &[isize]) -> Vec<isize> {
         let mut all = vec![start];
         for (&n, &s) in shape.iter().zip(strides) {
             all = all
