@@ -574,27 +574,9 @@ mod tests {
         strides: &[isize],
         offset: isize,
     ) -> (Tensor, Vec<isize>) {
-        let offsets = crate::overlap::tests::offsets(offset, shape, strides);
-        let len = a.numel() as isize;
-        assert!(
-            offsets.iter().all(|&o| (0..len).contains(&o)),
-            "inside the buffer"
-        );
         assert_eq!(a.dtype().itemsize(), 4);
-        // SAFETY: every element of the view lies inside `a`'s buffer (asserted just above),
-        // which `a`'s owner keeps alive; the view is only claimed, never read or written.
-        let t = unsafe {
-            Tensor::from_raw_parts(
-                a.data_ptr().wrapping_offset(offset * 4),
-                shape.to_vec(),
-                strides.to_vec(),
-                a.dtype(),
-                a.device(),
-                true,
-                a.owner().clone(),
-            )
-        };
-        (t, offsets)
+        let t = crate::overlap::tests::strided(a, shape, strides, offset);
+        (t, crate::overlap::tests::offsets(offset, shape, strides))
     }
 
     #[test]

@@ -630,19 +630,14 @@ mod tests {
         let wide = Tensor::zeros(&[2, 3], DType::Int64).unwrap();
         let e = gather(&src, &idx, 0, Some(&wide)).unwrap_err();
         let want = (DType::Int64, DType::Int32);
-        assert!(
-            matches!(e, Error::DTypeMismatch { found, expected, .. } if (found, expected) == want),
-            "{e:?}"
-        );
+        let mismatch = |e: &Error| matches!(*e, Error::DTypeMismatch { found, expected, .. } if (found, expected) == want);
+        assert!(mismatch(&e), "{e:?}");
         assert_eq!(
             e.to_string(),
             "dtype int64 differs from int32 of the gather's source (out must have its dtype)"
         );
         let e = scatter(&wide, &idx, &src, 0).unwrap_err();
-        assert!(
-            matches!(e, Error::DTypeMismatch { found, expected, .. } if (found, expected) == want),
-            "{e:?}"
-        );
+        assert!(mismatch(&e), "{e:?}");
         assert_eq!(
             e.to_string(),
             "dtype int64 differs from int32 of the scatter's out (values must have its dtype)"

@@ -368,21 +368,29 @@ pub(crate) mod tests {
         Tensor::zeros(&[rows, cols], DType::Float32).unwrap()
     }
 
-    /// A view of `a`'s memory with any shape and strides (in elements) from element `offset`.
-    fn strided(a: &Tensor, shape: &[usize], strides: &[isize], offset: isize) -> Tensor {
-        let (lo, hi) = a.byte_span();
+    /// A view of `a`'s memory (a contiguous tensor) with any shape and strides (in elements,
+    /// of either sign) from element `offset`.
+    pub(crate) fn strided(a: &Tensor, shape: &[usize], strides: &[isize], offset: isize) -> Tensor {
+        assert!(a.is_contiguous(), "a view of a contiguous buffer");
         let item = a.dtype().itemsize() as isize;
-        let reach: isize = shape
-            .iter()
-            .zip(strides)
-            .map(|(&n, &s)| (n as isize - 1) * s)
-            .sum::<isize>();
+        // The lowest and highest element the view reaches, in elements from `a`'s first.
+        let (low, high) =
+            shape
+                .iter()
+                .zip(strides)
+                .fold((offset, offset), |(low, high), (&n, &s)| {
+                    match (n as isize - 1) * s {
+                        _ if n == 0 => (low, high),
+                        d if d < 0 => (low + d, high),
+                        d => (low, high + d),
+                    }
+                });
         assert!(
-            offset >= 0 && (offset + reach + 1) * item <= hi - lo,
+            shape.contains(&0) || (low >= 0 && high < a.numel() as isize),
             "inside the buffer"
         );
-        // SAFETY: every element of the view lies inside `a`'s buffer (asserted just above, with
-        // non-negative strides), which `a`'s owner keeps alive; the view is read-only.
+        // SAFETY: every element of the view lies inside `a`'s contiguous buffer (asserted just
+        // above), which `a`'s owner keeps alive; the view is read-only.
         unsafe {
             Tensor::from_raw_parts(
                 a.data_ptr().wrapping_offset(offset * item),
