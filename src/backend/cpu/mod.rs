@@ -447,7 +447,7 @@ impl Backend for CpuBackend {
     /// Checks every tensor once against the plan's grids, then copies the boxes without
     /// a per-box allocation or plan (see `repart.rs`).
     unsafe fn copy_plan(&self, plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Result<()> {
-        repart::copy_plan(self, plan, src, dst, &copy::TUNING)
+        repart::copy_plan(plan, src, dst, &copy::TUNING)
     }
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).

@@ -12,14 +12,16 @@
 //! - other boxes (transposes, more dims, big boxes the scheduler splits or groups) go to
 //!   [`copy_boxes_tuned`] as [`RawCopy`]s, planned there as before;
 //! - a box whose source overlaps its own destination (only `repartition_into` with aliased
-//!   targets) goes through [`Backend::copy_boxes`], which reads a packed copy first.
+//!   targets) reads a packed copy of its source, made before any box is written (so that
+//!   the one claim covers the whole call and a failed allocation writes nothing), as
+//!   [`Backend::copy_boxes`] does.
 //!
 //! [`Backend::copy_plan`]: crate::backend::Backend::copy_plan
 //! [`Backend::copy_boxes`]: crate::backend::Backend::copy_boxes
 
 use super::copy::{copy_boxes_tuned, store_for, RawCopy, Stores, Tuning, GROUP_MIN_BYTES};
 use super::nontemporal::{self, copy_lines, copy_row, Store};
-use super::{overlap, span, DstView, SrcView};
+use super::{overlap, packed, span, DstView, SrcView};
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::{same_shape, Grid};
@@ -276,7 +278,6 @@ struct General {
 
 /// [`Backend::copy_plan`](crate::backend::Backend::copy_plan) on the CPU, with `tuning`.
 pub(super) fn copy_plan(
-    backend: &super::CpuBackend,
     plan: &Plan,
     src: &[&Tensor],
     dst: &[&Tensor],
@@ -298,7 +299,7 @@ pub(super) fn copy_plan(
         return Ok(());
     }
     let item = dtype.itemsize();
-    with_scratch(|rows| copy_classified(backend, plan, src, dst, tuning, item, rows))
+    with_scratch(|rows| copy_classified(plan, src, dst, tuning, item, rows))
 }
 
 /// Most bytes of row descriptors kept between calls, per thread.
@@ -331,7 +332,6 @@ fn with_scratch<R>(f: impl FnOnce(&mut Vec<RowBox>) -> R) -> R {
 
 /// The rest of [`copy_plan`], once the tensors are checked, with `rows` an empty buffer.
 fn copy_classified(
-    backend: &super::CpuBackend,
     plan: &Plan,
     src: &[&Tensor],
     dst: &[&Tensor],
@@ -339,8 +339,6 @@ fn copy_classified(
     item: usize,
     rows: &mut Vec<RowBox>,
 ) -> Result<()> {
-    use crate::backend::Backend;
-
     let itemi = item as isize;
     let tensor_span = |t: &Tensor| span(t.data_ptr(), t.shape(), t.strides(), item);
     let src_spans: Vec<(usize, usize)> = src.iter().map(|t| tensor_span(t)).collect();
@@ -352,7 +350,7 @@ fn copy_classified(
     let mut rows_bytes = 0usize;
     let mut general: Vec<General> = Vec::new();
     let mut shapes: Vec<usize> = Vec::new();
-    let mut aliased: Vec<BoxCopy> = Vec::new();
+    let mut aliased: Vec<General> = Vec::new();
     plan.ops().visit(|op| {
         let (s, d) = (src[op.src], dst[op.dst]);
         let sp = s
@@ -368,7 +366,14 @@ fn copy_classified(
                 span(dp, &op.shape, d.strides(), item),
             )
         {
-            aliased.push(op.clone());
+            aliased.push(General {
+                src: op.src,
+                dst: op.dst,
+                src_ptr: sp,
+                dst_ptr: dp,
+                shape_at: shapes.len(),
+            });
+            shapes.extend_from_slice(&op.shape);
             return;
         }
         match classify(op, s, d, sp, dp, item) {
@@ -389,45 +394,64 @@ fn copy_classified(
         }
     });
 
+    let nd = plan.src_grid().ndim();
+    let box_shape = |g: &General| &shapes[g.shape_at..g.shape_at + nd];
+    // A box that reads what it writes reads a packed copy of its source, made before any
+    // box is written: no other box writes that source (the trait's contract), and a failed
+    // allocation leaves every target as it was.
+    let temps: Vec<_> = aliased
+        .iter()
+        .map(|g| {
+            let view = SrcView {
+                ptr: g.src_ptr,
+                shape: box_shape(g),
+                strides: src[g.src].strides(),
+            };
+            packed(view, item)
+        })
+        .collect::<Result<_>>()?;
+
     // SAFETY: every box of the plan lies inside its tensors (checked against the grids
     // above), destinations are writable host memory, boxes reading what they write were set
     // aside, and the trait's contract keeps destinations apart from each other and from the
     // other boxes' sources.
     unsafe { run_row_boxes(rows, rows_bytes, tuning) };
 
-    let nd = plan.src_grid().ndim();
+    let dst_view = |g: &General| DstView {
+        ptr: g.dst_ptr,
+        shape: box_shape(g),
+        strides: dst[g.dst].strides(),
+    };
     let raw: Vec<RawCopy<'_>> = general
         .iter()
-        .map(|g| {
-            let shape = &shapes[g.shape_at..g.shape_at + nd];
-            RawCopy {
-                src: SrcView {
-                    ptr: g.src_ptr,
-                    shape,
-                    strides: src[g.src].strides(),
-                },
-                dst: DstView {
-                    ptr: g.dst_ptr,
-                    shape,
-                    strides: dst[g.dst].strides(),
-                },
-                itemsize: item,
-            }
+        .map(|g| RawCopy {
+            src: SrcView {
+                ptr: g.src_ptr,
+                shape: box_shape(g),
+                strides: src[g.src].strides(),
+            },
+            dst: dst_view(g),
+            itemsize: item,
         })
+        .chain(
+            aliased
+                .iter()
+                .zip(&temps)
+                .map(|(g, (buf, strides))| RawCopy {
+                    src: SrcView {
+                        ptr: buf.as_ptr(),
+                        shape: box_shape(g),
+                        strides,
+                    },
+                    dst: dst_view(g),
+                    itemsize: item,
+                }),
+        )
         .collect();
-    // SAFETY: as above.
+    // SAFETY: as above; the aliased boxes read their own packed copies, which nothing else
+    // touches.
     unsafe { copy_boxes_tuned(&raw, Stores::Auto, tuning) };
-    // The boxes that read what they write claim their memory again in `copy_boxes`.
     drop(claim);
-
-    if !aliased.is_empty() {
-        // Every index was checked against both lists above.
-        let jobs: Vec<BoxCopy<&Tensor>> = aliased
-            .into_iter()
-            .filter_map(|op| op.on(src, dst))
-            .collect();
-        backend.copy_boxes(&jobs)?;
-    }
     Ok(())
 }
 

@@ -75,10 +75,7 @@ fn reference(plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) {
 }
 
 fn run(plan: &Plan, src: &[&Tensor], dst: &[&Tensor], tuning: &Tuning) {
-    let b = CpuBackend {
-        device: Device::CPU,
-    };
-    in_pool(|| repart::copy_plan(&b, plan, src, dst, tuning)).unwrap();
+    in_pool(|| repart::copy_plan(plan, src, dst, tuning)).unwrap();
 }
 
 /// One random case: sources are views of a randomly laid out array (dims permuted, flipped,
@@ -228,7 +225,7 @@ fn tensors_not_matching_the_grids_are_refused() {
         (vec![&other, &other], "dtypes differ"),
         (vec![&src[0], &readonly], "read-only"),
     ] {
-        let e = repart::copy_plan(&b, &plan, &s, &dst, &TUNING)
+        let e = repart::copy_plan(&plan, &s, &dst, &TUNING)
             .unwrap_err()
             .to_string();
         assert!(e.contains(what), "{e}");
