@@ -66,6 +66,11 @@ impl Elements {
 static ACTIVE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// The ids of the [`Scope`]s this thread holds: its own later claims may overlap them.
+    static SCOPES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Memory claimed until this is dropped.
 #[must_use = "the memory is claimed only while the claim lives"]
 #[derive(Debug)]
@@ -86,6 +91,43 @@ impl Drop for Claim {
             drop(gone);
         }
     }
+}
+
+/// A claim held for the whole of a collective operation, from the check before the ranks
+/// agree to the last copy after: other threads are refused as by any claim, while the steps
+/// of the operation on this thread (its own claims of the same memory) go on. A claim that
+/// lapsed between the check and the steps would let another thread claim the memory in
+/// between, and this rank fail alone after the others had agreed to go on.
+///
+/// Dropped on the thread that made it (it is not `Send`).
+#[must_use = "the memory is claimed only while the scope lives"]
+#[derive(Debug)]
+pub(crate) struct Scope {
+    claim: Claim,
+    _here: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if let Some(id) = self.claim.id {
+            SCOPES.with(|s| s.borrow_mut().retain(|&x| x != id));
+        }
+    }
+}
+
+/// [`tensors`] held as a [`Scope`] of this thread.
+pub(crate) fn scope<'a>(
+    reads: impl IntoIterator<Item = &'a Tensor>,
+    writes: impl IntoIterator<Item = &'a Tensor>,
+) -> Result<Scope> {
+    let claim = tensors(reads, writes)?;
+    if let Some(id) = claim.id {
+        SCOPES.with(|s| s.borrow_mut().push(id));
+    }
+    Ok(Scope {
+        claim,
+        _here: std::marker::PhantomData,
+    })
 }
 
 /// The host bytes `t` spans, or `None` when it holds no elements or lives in device memory.
@@ -185,6 +227,9 @@ fn claim(mut list: Vec<(Range, Option<Elements>)>) -> Result<Claim> {
     for other in active.iter() {
         if other.bounds.0 >= bounds.1 || bounds.0 >= other.bounds.1 {
             continue;
+        }
+        if SCOPES.with(|s| s.borrow().contains(&other.id)) {
+            continue; // this thread's own operation
         }
         let theirs = Side {
             ranges: &other.ranges,
@@ -406,6 +451,33 @@ mod tests {
 
     fn r(lo: usize, hi: usize, write: bool) -> Range {
         Range { lo, hi, write }
+    }
+
+    #[test]
+    fn a_scope_lets_its_own_thread_claim_again_and_refuses_others() {
+        let t = Tensor::from_slice(&[1.0f32; 64], &[8, 8]).unwrap();
+        let block = t.view(&[0, 0], &[8, 4]).unwrap();
+        let scope = scope([], [&t]).unwrap();
+        // The operation's own steps on this thread: a write of a block, a read of the whole.
+        drop(tensors([], [&block]).unwrap());
+        drop(tensors([&t], []).unwrap());
+        let other = |t: Tensor| std::thread::spawn(move || tensors([&t], []).map(drop));
+        let e = other(block.clone())
+            .join()
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot read") && e.contains("being written"),
+            "{e}"
+        );
+        drop(scope);
+        other(block).join().unwrap().unwrap();
+        // Without the scope, this thread's claims meet each other as any claims do.
+        let w = tensors([], [&t]).unwrap();
+        let e = tensors([&t], []).unwrap_err().to_string();
+        assert!(e.contains("being written"), "{e}");
+        drop(w);
     }
 
     #[test]

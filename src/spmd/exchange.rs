@@ -563,6 +563,8 @@ struct Stage {
     buffers: Option<Buffers>,
     fingerprint: u64,
     traffic: Traffic,
+    /// The sources and targets, claimed from before the agreement until the exchange is done.
+    _scope: crate::access::Scope,
 }
 
 impl Stage {
@@ -622,11 +624,9 @@ impl Stage {
         // A view this process holds of memory the exchange reads or writes would refuse the
         // exchange's own claims (see `crate::access`) after the ranks agreed, leaving the
         // others waiting in the all-to-all or writing alone: found here, before the
-        // agreement, where its error reaches every rank.
-        drop(crate::access::tensors(
-            sources.iter().flatten(),
-            targets.iter().flatten(),
-        )?);
+        // agreement, where its error reaches every rank, and held until the exchange is
+        // done, so that no other thread claims the memory in between.
+        let scope = crate::access::scope(sources.iter().flatten(), targets.iter().flatten())?;
         let plan = Plan::new(pa.grid(), &target.grid)?;
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];
@@ -799,6 +799,7 @@ impl Stage {
             recv_buf,
             buffers,
             fingerprint: fingerprint(&w.0),
+            _scope: scope,
             traffic: Traffic {
                 sent,
                 received: recv_counts.iter().map(|&c| c as u64).collect(),

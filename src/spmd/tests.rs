@@ -1045,6 +1045,83 @@ fn a_view_one_rank_holds_of_its_target_fails_every_rank_before_any_write() {
     }
 }
 
+/// A rank's communicator that, as its all-to-all starts, asks another thread of its process
+/// to read `target` (which the exchange writes): whether that thread was refused.
+struct ReadsDuringExchange<'a> {
+    inner: &'a ThreadComm,
+    target: Tensor,
+    refused: std::sync::Mutex<Option<bool>>,
+}
+
+impl Communicator for ReadsDuringExchange<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn all_gather(&self, bytes: &[u8]) -> crate::Result<Vec<Vec<u8>>> {
+        self.inner.all_gather(bytes)
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        segments: &Segments<'_>,
+    ) -> crate::Result<()> {
+        let t = self.target.clone();
+        let read = std::thread::spawn(move || t.as_array::<f32>().map(drop).is_ok());
+        *self.refused.lock().unwrap() = Some(!read.join().unwrap());
+        self.inner.all_to_all_v(send, recv, segments)
+    }
+}
+
+#[test]
+fn another_thread_cannot_claim_a_target_between_the_agreement_and_the_writes() {
+    // Rows to columns, received in place (contiguous columns) or unpacked after the
+    // all-to-all (a strided view): either way the target stays claimed from the check before
+    // the ranks agree until it is written, so another thread's view of it is refused rather
+    // than making this rank fail alone after the others went on.
+    for strided in [false, true] {
+        let out = within_a_minute(4, move |comm| {
+            let r = comm.rank();
+            let a = ArrayD::from_shape_fn(IxDyn(&[8, 8]), |i| (i[0] * 10 + i[1]) as f32);
+            let rows = Tensor::from(block(&a, &[2 * r, 0], &[2, 8]));
+            let src = from_stacked(comm, vec![rows], 0).unwrap();
+            let cols = match strided {
+                false => Tensor::zeros(&[8, 2], crate::DType::Float32).unwrap(),
+                true => Tensor::zeros(&[8, 4], crate::DType::Float32)
+                    .unwrap()
+                    .view(&[0, 1], &[8, 2])
+                    .unwrap(),
+            };
+            let placed = LocalParts::Placed(vec![(vec![0, 2 * r], cols.clone())]);
+            let dst = from_local(comm, Ok(placed), None).unwrap();
+            let pest = ReadsDuringExchange {
+                inner: comm,
+                target: cols.clone(),
+                refused: std::sync::Mutex::new(None),
+            };
+            let done = repartition_into(&pest, &src, &dst, false).map(|_| ());
+            let want = block(&a, &[0, 2 * r], &[8, 2]);
+            let refused = pest.refused.into_inner().unwrap();
+            (
+                done.map_err(|e| e.to_string()),
+                refused,
+                cols.to_array::<f32>().unwrap() == want,
+            )
+        });
+        for (rank, (done, refused, right)) in out.into_iter().enumerate() {
+            done.unwrap();
+            assert_eq!(refused, Some(true), "strided {strided}: rank {rank}");
+            assert!(right, "strided {strided}: rank {rank}'s columns");
+        }
+    }
+}
+
 /// `to` puts each rank's partitions on the device that rank names (the ranks naming different
 /// ones: kDLCPU:1 is a framework's emulated host device), keeping the grid, owners and
 /// `locals`; every rank's locations name each partition's new device, partitions already there
