@@ -24,7 +24,7 @@
 //! | model | [`grid`], [`partitioned`] | `Grid` with numbered invariants; `PartitionedArray`, the one model |
 //! | planning | [`layout`], [`plan`] | target `Layout`s (a cut and a placement); `Plan`: the box copies between two grids |
 //! | kernels | [`backend`] | the `Backend` trait; CPU kernels; CUDA behind the `cuda` feature (a stub without it) |
-//! | operations | [`ops`], [`prepared`] | repartition, gather, scatter on tensors: validate, then copy; gathers and scatters validated once and run again and again |
+//! | operations | [`ops`], [`prepared`], [`indices`] | repartition, gather, scatter on tensors: validate, then copy; gathers and scatters validated once and run again and again; the forms their indices take (tensors, slices, `Vec`s, ndarray arrays, one integer) |
 //! | protocols | [`distarray`] | the Distributed Array Protocol (`__distarray__`): buffers and dimension dictionaries in and out |
 //! | ranks | [`spmd`] | SPMD arrays over a `Communicator` (MPI, threads): agreed grids, exchanges between ranks |
 //! | bindings | `python` (feature `python`) | the `dlpart._core` extension module |
@@ -64,6 +64,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod grid;
+pub mod indices;
 pub mod layout;
 pub mod ops;
 mod overlap;
@@ -82,6 +83,7 @@ pub use device::{Device, DeviceType};
 pub use dtype::DType;
 pub use error::{Devices, Error, Result};
 pub use grid::{Grid, Region};
+pub use indices::{AsIndices, IndexElement};
 pub use layout::{Cut, Layout, Placement, Target};
 pub use partitioned::{Data, Handle, Location, Partition, PartitionedArray};
 pub use plan::{BoxCopy, Plan};

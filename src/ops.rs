@@ -12,6 +12,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Devices, Error, Result, ALLOW_TRANSFER};
 use crate::grid::{same_shape, Grid};
+use crate::indices::AsIndices;
 use crate::plan::Plan;
 use crate::tensor::{Axes, Tensor};
 
@@ -309,8 +310,22 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
 /// an index outside `[-len, len)` is [`Error::IndexOutOfRange`] naming it. Host indices come
 /// back as a host int64 tensor that dlpart owns: each index is read once, into it, so a thread
 /// rewriting the caller's array cannot change an index after its check.
-pub fn normalise_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
-    backend_for(indices.device())?.normalise_indices(indices, axis, len)
+///
+/// `indices` is a 1-d list in any of the forms of [`AsIndices`]: a [`Tensor`] of any integer
+/// dtype, a slice, `Vec` or array of integers, a 1-d ndarray array or view.
+///
+/// ```
+/// use dlpart::ops::normalise_indices;
+///
+/// let idx = normalise_indices(&[0i64, -1, 2, -5], 0, 5)?;
+/// assert_eq!(idx.as_array::<i64>()?.as_slice(), Some(&[0, 4, 2, 0][..]));
+/// let e = normalise_indices(&[1usize, 7], 0, 5).unwrap_err();
+/// assert!(matches!(e, dlpart::Error::IndexOutOfRange { index: 7, axis: 0, len: 5 }), "{e}");
+/// # Ok::<(), dlpart::Error>(())
+/// ```
+pub fn normalise_indices(indices: impl AsIndices, axis: usize, len: usize) -> Result<Tensor> {
+    let indices = indices.index_tensor()?;
+    backend_for(indices.device())?.normalise_indices(&indices, axis, len)
 }
 
 pub(crate) fn check_axis(t: &Tensor, axis: usize, what: &str) -> Result<()> {
@@ -389,9 +404,39 @@ pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
 /// between the same tensors again and again, [`PreparedGather`](crate::PreparedGather) checks
 /// all this once.
 ///
-/// `indices` is a 1-d list, or one index (a 0-d tensor): then, as in numpy, `axis` is
-/// dropped (`numpy.take(x, 2, 0)` is `x[2]`), and `out` has `src`'s shape without it.
-pub fn gather(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Tensor> {
+/// `indices` is a 1-d list, or one index (a 0-d tensor, or one integer): then, as in numpy,
+/// `axis` is dropped (`numpy.take(x, 2, 0)` is `x[2]`), and `out` has `src`'s shape without
+/// it. It takes any of the forms of [`AsIndices`]: a [`Tensor`] (on the host, or on `src`'s
+/// device), a slice, `Vec` or array of integers, an ndarray array or view, one integer.
+///
+/// ```
+/// use dlpart::{ops, Tensor};
+/// use ndarray::{array, Axis};
+///
+/// let x = array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]];
+/// let src = Tensor::from(x.clone());
+/// let picked = ops::gather(&src, &[2, 0, -1], 0, None)?; // negative: from the end
+/// assert_eq!(picked.to_array::<f32>()?, x.select(Axis(0), &[2, 0, 2]).into_dyn());
+/// let column = ops::gather(&src, 1, 1, None)?; // one index drops the axis
+/// assert_eq!(column.to_array::<f32>()?, x.column(1).into_dyn());
+/// # Ok::<(), dlpart::Error>(())
+/// ```
+pub fn gather(
+    src: &Tensor,
+    indices: impl AsIndices,
+    axis: usize,
+    out: Option<&Tensor>,
+) -> Result<Tensor> {
+    gather_tensor(src, &*indices.index_tensor()?, axis, out)
+}
+
+/// [`gather`] of indices in a tensor.
+fn gather_tensor(
+    src: &Tensor,
+    indices: &Tensor,
+    axis: usize,
+    out: Option<&Tensor>,
+) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
     let backend = backend_for(src.device())?;
     let (list, one) = index_list(indices)?;
@@ -489,9 +534,27 @@ pub(crate) fn gather_operands<B: Backend + ?Sized>(
 /// (the last of duplicate indices wins); an `out` that is read-only or refers to some element
 /// more than once (a zero stride) is refused before anything is written.
 /// [`PreparedScatter`](crate::PreparedScatter) checks all this once for a scatter that runs
-/// again and again. For one index (a 0-d `indices`) `values` has `out`'s shape without
-/// `axis`, as numpy's `out[.., i, ..] = values` takes it.
-pub fn scatter(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
+/// again and again. For one index (a 0-d `indices`, or one integer) `values` has `out`'s
+/// shape without `axis`, as numpy's `out[.., i, ..] = values` takes it. `indices` takes any of
+/// the forms of [`AsIndices`], as for [`gather`].
+///
+/// ```
+/// use dlpart::{ops, DType, Tensor};
+/// use ndarray::array;
+///
+/// let out = Tensor::zeros(&[4, 2], DType::Int32)?;
+/// let rows = vec![3usize, 0, 3]; // duplicates: the last one wins
+/// ops::scatter(&Tensor::from(array![[1, 2], [3, 4], [5, 6]]), &rows, &out, 0)?;
+/// ops::scatter(&Tensor::from(array![7, 8]), -2, &out, 0)?; // one index: a row of values
+/// assert_eq!(out.to_array::<i32>()?, array![[3, 4], [0, 0], [7, 8], [5, 6]].into_dyn());
+/// # Ok::<(), dlpart::Error>(())
+/// ```
+pub fn scatter(values: &Tensor, indices: impl AsIndices, out: &Tensor, axis: usize) -> Result<()> {
+    scatter_tensor(values, &*indices.index_tensor()?, out, axis)
+}
+
+/// [`scatter`] of indices in a tensor.
+fn scatter_tensor(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
     let backend = backend_for(out.device())?;
     let (idx, values) = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
@@ -776,20 +839,20 @@ mod tests {
             // SAFETY: host memory of another kind, which the CPU reads and writes alike.
             let there = unsafe { labelled(&backing, device) };
             let values = Tensor::from_slice(&[-1i32, -2, -3], &[1, 3]).unwrap();
-            scatter(&values, &rows(&[2]), &there, 0).unwrap();
+            scatter(&values, rows(&[2]), &there, 0).unwrap();
             let mut want: Vec<i32> = (0..12).collect();
             want[6..9].copy_from_slice(&[-1, -2, -3]);
             assert_eq!(values_of(&backing), want, "{device}");
             let out = Tensor::zeros(&[2, 3], DType::Int32).unwrap();
-            let got = gather(&there, &rows(&[3, -2]), 0, Some(&out)).unwrap();
+            let got = gather(&there, rows(&[3, -2]), 0, Some(&out)).unwrap();
             assert_eq!(got.device(), Device::CPU);
             assert_eq!(values_of(&out), vec![9, 10, 11, -1, -2, -3], "{device}");
             // Prepared: the same checks, the same copies.
-            PreparedScatter::new(&values, &rows(&[0]), &there, 0)
+            PreparedScatter::new(&values, rows(&[0]), &there, 0)
                 .unwrap()
                 .run()
                 .unwrap();
-            PreparedGather::new(&there, &rows(&[0, 3]), 0, Some(&out))
+            PreparedGather::new(&there, rows(&[0, 3]), 0, Some(&out))
                 .unwrap()
                 .run()
                 .unwrap();
@@ -820,37 +883,37 @@ mod tests {
         let src = arange(&[4, 3]);
         let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
         // numpy.take(arange(12).reshape(4, 3), 2, 0) == [6, 7, 8]; (-1, axis 1) == [2, 5, 8, 11]
-        let row = gather(&src, &one(2), 0, None).unwrap();
+        let row = gather(&src, one(2), 0, None).unwrap();
         assert_eq!(row.shape(), &[3]);
         assert_eq!(values_of(&row), vec![6, 7, 8]);
         let col = Tensor::zeros(&[4], DType::Int32).unwrap();
-        let got = gather(&src, &one(-1), 1, Some(&col)).unwrap();
+        let got = gather(&src, one(-1), 1, Some(&col)).unwrap();
         assert_eq!((got.shape(), got.data_ptr()), (&[4][..], col.data_ptr()));
         assert_eq!(values_of(&col), vec![2, 5, 8, 11]);
         // An out with the axis kept is the wrong shape, as numpy's `out=` would be.
         let kept = Tensor::zeros(&[4, 1], DType::Int32).unwrap();
-        let e = gather(&src, &one(0), 1, Some(&kept))
+        let e = gather(&src, one(0), 1, Some(&kept))
             .unwrap_err()
             .to_string();
         assert!(e.contains("out must have shape (4,)"), "{e}");
         // Scatter: out[:, 1] = values, values without the axis.
         let out = arange(&[4, 3]);
         let values = Tensor::from_slice(&[-1i32, -2, -3, -4], &[4]).unwrap();
-        scatter(&values, &one(1), &out, 1).unwrap();
+        scatter(&values, one(1), &out, 1).unwrap();
         assert_eq!(
             values_of(&out),
             vec![0, -1, 2, 3, -2, 5, 6, -3, 8, 9, -4, 11]
         );
-        let e = scatter(&values.with_unit_axis(1), &one(1), &out, 1).unwrap_err();
+        let e = scatter(&values.with_unit_axis(1), one(1), &out, 1).unwrap_err();
         assert!(e.to_string().contains("values must have shape (4,)"), "{e}");
-        let e = gather(&src, &one(4), 0, None).unwrap_err();
+        let e = gather(&src, one(4), 0, None).unwrap_err();
         assert!(matches!(e, Error::IndexOutOfRange { index: 4, .. }), "{e}");
         // Prepared: the caller's shapes, the same copies.
-        let g = PreparedGather::new(&src, &one(-4), 0, None).unwrap();
+        let g = PreparedGather::new(&src, one(-4), 0, None).unwrap();
         g.run().unwrap();
         assert_eq!((g.out().shape(), g.num_indices()), (&[3][..], 1));
         assert_eq!(values_of(g.out()), vec![0, 1, 2]);
-        let s = PreparedScatter::new(g.out(), &one(3), &out, 0).unwrap();
+        let s = PreparedScatter::new(g.out(), one(3), &out, 0).unwrap();
         assert_eq!(s.values().shape(), &[3]);
         s.run().unwrap();
         assert_eq!(values_of(&out)[9..], [0, 1, 2]);
@@ -874,7 +937,7 @@ mod tests {
             e.to_string(),
             "index 3 is out of bounds for axis 0 with size 3"
         );
-        let ok = normalise_indices(&Tensor::from_slice(&[-1i32, 0], &[2]).unwrap(), 1, 5).unwrap();
+        let ok = normalise_indices(Tensor::from_slice(&[-1i32, 0], &[2]).unwrap(), 1, 5).unwrap();
         assert_eq!(
             ok.to_array::<i64>().unwrap().into_raw_vec_and_offset().0,
             vec![4, 0]

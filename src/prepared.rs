@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::backend::{backend_for, Backend};
 use crate::device::Device;
 use crate::error::{Devices, Error, Result};
+use crate::indices::AsIndices;
 use crate::ops::{check_axis, gather_operands, index_list, one_index_out, scatter_operands};
 use crate::tensor::Tensor;
 
@@ -40,9 +41,8 @@ use crate::tensor::Tensor;
 /// // Rows 0 and 5 of the field are ghost rows; each step refreshes them periodically from
 /// // the interior rows next to the opposite boundary (4 and 1), through a (2, 4) buffer.
 /// let field = Tensor::from(Array2::from_shape_fn((6, 4), |(i, j)| (10 * i + j) as f32));
-/// let pack = PreparedGather::new(&field, &Tensor::from_slice(&[4i64, 1], &[2])?, 0, None)?;
-/// let ghosts = Tensor::from_slice(&[0i64, -1], &[2])?;
-/// let unpack = PreparedScatter::new(pack.out(), &ghosts, &field, 0)?;
+/// let pack = PreparedGather::new(&field, &[4, 1], 0, None)?;
+/// let unpack = PreparedScatter::new(pack.out(), &[0, -1], &field, 0)?;
 /// for _step in 0..3 {
 ///     // ... a stencil updates rows 1 to 4 of `field` here ...
 ///     pack.run()?;
@@ -64,8 +64,15 @@ impl PreparedGather {
     /// Checks a gather as [`ops::gather`](crate::ops::gather) does, with the same errors,
     /// and keeps it ready to run. `out` is allocated on `src`'s device when not given. An
     /// `out` that shares memory with `src`, or refers to an element more than once, is
-    /// [`Error::Buffer`].
-    pub fn new(src: &Tensor, indices: &Tensor, axis: usize, out: Option<&Tensor>) -> Result<Self> {
+    /// [`Error::Buffer`]. `indices` takes any of the forms of [`AsIndices`] (a [`Tensor`], a
+    /// slice, `Vec` or array of integers, an ndarray array or view, one integer), and is
+    /// copied once into the prepared gather, so the caller's may change or go afterwards.
+    pub fn new(
+        src: &Tensor,
+        indices: impl AsIndices,
+        axis: usize,
+        out: Option<&Tensor>,
+    ) -> Result<Self> {
         check_axis(src, axis, "source")?;
         Self::on(backend_for(src.device())?, src, indices, axis, out)
     }
@@ -75,13 +82,14 @@ impl PreparedGather {
     pub fn on(
         backend: Arc<dyn Backend>,
         src: &Tensor,
-        indices: &Tensor,
+        indices: impl AsIndices,
         axis: usize,
         out: Option<&Tensor>,
     ) -> Result<Self> {
         check_axis(src, axis, "source")?;
         check_backend(backend.as_ref(), src.device(), "gather")?;
-        let (list, one) = index_list(indices)?;
+        let indices = indices.index_tensor()?;
+        let (list, one) = index_list(&indices)?;
         // One index drops the axis, as in numpy: the kernels write a slab of one.
         let shown = match one {
             true => Some(one_index_out(backend.as_ref(), src, axis, out)?),
@@ -158,8 +166,14 @@ pub struct PreparedScatter {
 impl PreparedScatter {
     /// Checks a scatter as [`ops::scatter`](crate::ops::scatter) does, with the same errors,
     /// and keeps it ready to run. `values` sharing memory with `out`, or an `out` that refers
-    /// to an element more than once, is [`Error::Buffer`].
-    pub fn new(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<Self> {
+    /// to an element more than once, is [`Error::Buffer`]. `indices` takes any of the forms of
+    /// [`AsIndices`], as for [`PreparedGather::new`].
+    pub fn new(
+        values: &Tensor,
+        indices: impl AsIndices,
+        out: &Tensor,
+        axis: usize,
+    ) -> Result<Self> {
         check_axis(out, axis, "output")?;
         Self::on(backend_for(out.device())?, values, indices, out, axis)
     }
@@ -169,13 +183,14 @@ impl PreparedScatter {
     pub fn on(
         backend: Arc<dyn Backend>,
         values: &Tensor,
-        indices: &Tensor,
+        indices: impl AsIndices,
         out: &Tensor,
         axis: usize,
     ) -> Result<Self> {
         check_axis(out, axis, "output")?;
         check_backend(backend.as_ref(), out.device(), "scatter")?;
-        let (indices, read) = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
+        let indices = indices.index_tensor()?;
+        let (indices, read) = scatter_operands(backend.as_ref(), values, &indices, out, axis)?;
         check_apart(values, out, "values")?;
         let op = Operands {
             backend,

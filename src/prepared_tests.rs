@@ -48,7 +48,7 @@ fn stepped(t: &Tensor, axis: usize) -> Tensor {
     let every: Vec<i64> = (0..t.shape()[0] as i64).collect();
     ops::scatter(
         t,
-        &Tensor::from_slice(&every, &[every.len()]).unwrap(),
+        Tensor::from_slice(&every, &[every.len()]).unwrap(),
         &view,
         0,
     )
@@ -267,7 +267,7 @@ fn operands_sharing_memory_are_refused_and_disjoint_views_of_one_buffer_run() {
     let interior = rows(1, 4);
     let g = PreparedGather::new(
         &interior,
-        &Tensor::from_slice(&[3i64, 0], &[2]).unwrap(),
+        Tensor::from_slice(&[3i64, 0], &[2]).unwrap(),
         0,
         None,
     )
@@ -285,8 +285,7 @@ fn operands_sharing_memory_are_refused_and_disjoint_views_of_one_buffer_run() {
 fn the_tensors_live_as_long_as_the_prepared_operation() {
     let a: ArcArray<f32, IxDyn> = ArcArray::from_shape_fn(IxDyn(&[3, 5]), |i| i[0] as f32);
     let src = Tensor::from_arc_array(a.clone());
-    let g =
-        PreparedGather::new(&src, &Tensor::from_slice(&[2i64], &[1]).unwrap(), 0, None).unwrap();
+    let g = PreparedGather::new(&src, Tensor::from_slice(&[2i64], &[1]).unwrap(), 0, None).unwrap();
     drop(src);
     assert!(
         !a.is_unique(),

@@ -648,7 +648,7 @@ fn out_of_range_indices_are_reported_and_nothing_is_written() {
                 assert_eq!(download_f32(be, &out), vec![0.; 4]);
                 let dst = upload(be, &Tensor::from_slice(&[0f32; 4], &[4]).unwrap());
                 assert!(matches!(
-                    dlpart::ops::scatter(&vals, &bad.view(&[0], &[3]).unwrap(), &dst, 0),
+                    dlpart::ops::scatter(&vals, bad.view(&[0], &[3]).unwrap(), &dst, 0),
                     Err(Error::IndexOutOfRange { index: 7, .. })
                 ));
                 assert_eq!(download_f32(be, &dst), vec![0.; 4]);

@@ -12,6 +12,7 @@ use crate::error::{
     REPARTITION_ELSEWHERE, TARGET_ELSEWHERE,
 };
 use crate::grid::Grid;
+use crate::indices::AsIndices;
 use crate::layout::Layout;
 use crate::ops;
 use crate::plan::Plan;
@@ -217,9 +218,27 @@ impl PartitionedArray {
     /// axis, as in numpy. The result takes the array's dtype, which must be known even when no
     /// partition is read (no indices): an array of unfetched handles needs it stated
     /// ([`with_dtype`](Self::with_dtype)) or a partition fetched.
-    pub fn gather(&self, indices: &Tensor, axis: usize, transfer: bool) -> Result<Self> {
+    ///
+    /// `indices` takes any of the forms of [`AsIndices`]: a [`Tensor`] (host memory), a slice,
+    /// `Vec` or array of integers, an ndarray array or view, one integer.
+    ///
+    /// ```
+    /// use dlpart::{Layout, PartitionedArray, Tensor};
+    /// use ndarray::{Array2, Axis};
+    ///
+    /// let a = Array2::from_shape_fn((6, 4), |(i, j)| (10 * i + j) as i64);
+    /// let pa = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[3, 2]))?;
+    /// let rows: Vec<usize> = vec![5, 0, 3];
+    /// let picked = pa.gather(&rows, 0, false)?.assemble(None, false)?;
+    /// assert_eq!(picked.to_array::<i64>()?, a.select(Axis(0), &rows).into_dyn());
+    /// let last = pa.gather(-1, 1, false)?.assemble(None, false)?; // one index drops the axis
+    /// assert_eq!(last.to_array::<i64>()?, a.column(3).into_dyn());
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
+    pub fn gather(&self, indices: impl AsIndices, axis: usize, transfer: bool) -> Result<Self> {
         self.check_axis(axis)?;
-        let (list, one) = ops::index_list(indices)?;
+        let indices = indices.index_tensor()?;
+        let (list, one) = ops::index_list(&indices)?;
         let taken = self.gather_list(&list, axis, transfer)?;
         match one {
             true => taken.without_unit_axis(axis),
@@ -287,16 +306,31 @@ impl PartitionedArray {
     /// first). Only the partitions holding an index need data here
     /// ([`serving`](Self::serving)).
     /// For one index (a 0-d `indices`) `values` has this array's shape without `axis`, as
-    /// numpy's `a[.., i, ..] = values` takes it.
+    /// numpy's `a[.., i, ..] = values` takes it. `indices` takes any of the forms of
+    /// [`AsIndices`], as for [`gather`](Self::gather).
+    ///
+    /// ```
+    /// use dlpart::{DType, Layout, PartitionedArray, Tensor};
+    /// use ndarray::{array, Array2};
+    ///
+    /// let pa = PartitionedArray::partition(&Tensor::zeros(&[4, 3], DType::Int32)?, &Layout::tiling(&[2, 1]))?;
+    /// pa.scatter(&Tensor::from(array![[1, 2, 3], [4, 5, 6]]), &[3, 0], 0, false)?;
+    /// let mut want = Array2::<i32>::zeros((4, 3));
+    /// want.row_mut(3).assign(&array![1, 2, 3]);
+    /// want.row_mut(0).assign(&array![4, 5, 6]);
+    /// assert_eq!(pa.assemble(None, false)?.to_array::<i32>()?, want.into_dyn());
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
     pub fn scatter(
         &self,
         values: &Tensor,
-        indices: &Tensor,
+        indices: impl AsIndices,
         axis: usize,
         transfer: bool,
     ) -> Result<()> {
         self.check_axis(axis)?;
-        let (list, one) = ops::index_list(indices)?;
+        let indices = indices.index_tensor()?;
+        let (list, one) = ops::index_list(&indices)?;
         let idx = host_indices(&list, axis, self.shape()[axis])?;
         let want = match one {
             true => ops::without_axis(self.shape(), axis),
@@ -380,10 +414,12 @@ impl PartitionedArray {
 
     /// The positions of the partitions a [`gather`](Self::gather) or
     /// [`scatter`](Self::scatter) of `indices` along `axis` reads or writes (C order): those
-    /// holding at least one index. An array of handles needs only these fetched.
-    pub fn serving(&self, indices: &Tensor, axis: usize) -> Result<Vec<Vec<usize>>> {
+    /// holding at least one index. An array of handles needs only these fetched. `indices`
+    /// takes any of the forms of [`AsIndices`].
+    pub fn serving(&self, indices: impl AsIndices, axis: usize) -> Result<Vec<Vec<usize>>> {
         self.check_axis(axis)?;
-        let (list, _) = ops::index_list(indices)?;
+        let indices = indices.index_tensor()?;
+        let (list, _) = ops::index_list(&indices)?;
         let idx = host_indices(&list, axis, self.shape()[axis])?;
         let groups = Groups::new(&self.grid, axis, &idx);
         Ok((0..self.len())

@@ -457,7 +457,7 @@ fn one_index_drops_the_axis_as_numpy_does() {
     let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();
     let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
     // numpy.take(a, -2, 1) is a[:, 3], and keeps the split points of axis 0.
-    let got = pa.gather(&one(-2), 1, false).unwrap();
+    let got = pa.gather(one(-2), 1, false).unwrap();
     assert_eq!((got.shape(), got.grid().tiling()), (&[7][..], vec![3]));
     let whole = got.assemble(None, false).unwrap();
     assert_eq!(
@@ -467,7 +467,7 @@ fn one_index_drops_the_axis_as_numpy_does() {
     // Down to a 0-d array: one element of a 1-d one.
     let (v, _) = global(&[5]);
     let line = PartitionedArray::partition(&v, &Layout::tiling(&[2])).unwrap();
-    let got = line.gather(&one(3), 0, false).unwrap();
+    let got = line.gather(one(3), 0, false).unwrap();
     assert_eq!((got.shape(), got.len()), (&[][..], 1));
     let whole = got.assemble(None, false).unwrap();
     assert_eq!(
@@ -476,17 +476,17 @@ fn one_index_drops_the_axis_as_numpy_does() {
     );
     // Scatter: a[4] = values, values without the axis.
     let values = Tensor::from_slice(&[-1i32, -2, -3, -4, -5], &[5]).unwrap();
-    pa.scatter(&values, &one(4), 0, false).unwrap();
+    pa.scatter(&values, one(4), 0, false).unwrap();
     let mut want = a.clone();
     want.slice_mut(s![4, ..])
         .assign(&ndarray::arr1(&[-1, -2, -3, -4, -5]));
     assert_eq!(t.to_array::<i32>().unwrap(), want);
     let e = pa
-        .scatter(&values.with_unit_axis(0), &one(4), 0, false)
+        .scatter(&values.with_unit_axis(0), one(4), 0, false)
         .unwrap_err();
     assert!(e.to_string().contains("must have shape (5,)"), "{e}");
     assert_eq!(
-        pa.serving(&one(-1), 0).unwrap(),
+        pa.serving(one(-1), 0).unwrap(),
         vec![vec![2, 0], vec![2, 1]]
     );
 }
@@ -539,7 +539,7 @@ fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2], transfer: bool) -> Res
     let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
     pa.scatter(
         &values,
-        &Tensor::from_slice(rows, &[2]).unwrap(),
+        Tensor::from_slice(rows, &[2]).unwrap(),
         0,
         transfer,
     )
@@ -574,7 +574,7 @@ fn gather_and_scatter_take_global_indices() {
         want
     );
     let e = pa
-        .gather(&Tensor::from_slice(&[7i64], &[1]).unwrap(), 0, false)
+        .gather(Tensor::from_slice(&[7i64], &[1]).unwrap(), 0, false)
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -772,7 +772,7 @@ fn gather_and_scatter_need_data_only_where_an_index_falls() {
     let values = Tensor::from_slice(&[-1i32, -2], &[1, 2]).unwrap();
     pa.scatter(
         &values,
-        &Tensor::from_slice(&[5i64], &[1]).unwrap(),
+        Tensor::from_slice(&[5i64], &[1]).unwrap(),
         0,
         false,
     )
@@ -788,13 +788,13 @@ fn gather_and_scatter_need_data_only_where_an_index_falls() {
     );
     let e = pa.scatter(
         &values,
-        &Tensor::from_slice(&[0i64], &[1]).unwrap(),
+        Tensor::from_slice(&[0i64], &[1]).unwrap(),
         0,
         false,
     );
     assert!(e.unwrap_err().to_string().contains("(0, 0)"));
     assert!(pa
-        .serving(&Tensor::from_slice(&[7i64], &[1]).unwrap(), 0)
+        .serving(Tensor::from_slice(&[7i64], &[1]).unwrap(), 0)
         .is_err());
 }
 

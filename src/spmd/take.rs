@@ -6,6 +6,7 @@ use crate::backend::backend_for;
 use crate::device::Device;
 use crate::error::{tuple_string, Devices, Error, Result};
 use crate::grid::Grid;
+use crate::indices::AsIndices;
 use crate::ops;
 use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
@@ -91,16 +92,38 @@ fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &Index) 
 /// one all-to-all-v. The result keeps `pa`'s split points on the other axes and has one slab
 /// along `axis`; each of its partitions goes to the rank (and device) of the source partition
 /// holding its first element. An index out of range, or a partition of a rank's own that
-/// holds no data there, is an error on every rank before anything moves.
+/// holds no data there, is an error on every rank before anything moves. `indices` takes any
+/// of the forms of [`AsIndices`]: a [`Tensor`] (host memory), a slice, `Vec` or array of
+/// integers, an ndarray array or view, one integer (which drops the axis).
+///
+/// ```
+/// use dlpart::spmd::{self, Communicator, ThreadComm};
+/// use dlpart::Tensor;
+/// use ndarray::{s, Array2, Axis};
+///
+/// let a = Array2::from_shape_fn((8, 3), |(i, j)| (10 * i + j) as f32);
+/// ThreadComm::run(4, |comm| {
+///     let mine = a.slice(s![2 * comm.rank()..2 * comm.rank() + 2, ..]).to_owned();
+///     let rows = spmd::from_stacked(comm, vec![Tensor::from(mine)], 0)?;
+///     let (picked, _) = spmd::gather(comm, &rows, &[7, 0, 5], 0)?;
+///     if let Some(t) = spmd::assemble(comm, &picked, Some(0), None, false)? {
+///         assert_eq!(t.to_array::<f32>()?, a.select(Axis(0), &[7, 0, 5]).into_dyn());
+///     }
+///     Ok::<(), dlpart::Error>(())
+/// })
+/// .into_iter()
+/// .collect::<Result<(), _>>()?;
+/// # Ok::<(), dlpart::Error>(())
+/// ```
 pub fn gather(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
-    indices: &Tensor,
+    indices: impl AsIndices,
     axis: usize,
 ) -> Result<(PartitionedArray, Traffic)> {
     let (me, size) = (comm.rank(), comm.size());
     let stage = (|| {
-        let index = read_indices(indices, axis, pa)?;
+        let index = read_indices(&*indices.index_tensor()?, axis, pa)?;
         let idx = &index.list;
         let src_owners = owners(pa)?;
         // Every partition of this rank's must be here, as for the other collectives: the
@@ -318,16 +341,17 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
 /// anywhere. The ranks compare the indices and the values' shape and dtype, not the values'
 /// contents (that would cost a pass over them): each rank writes from its own `values`.
+/// `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
 pub fn scatter(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
     values: &Tensor,
-    indices: &Tensor,
+    indices: impl AsIndices,
     axis: usize,
 ) -> Result<()> {
     let me = comm.rank();
     let stage = (|| {
-        let index = read_indices(indices, axis, pa)?;
+        let index = read_indices(&*indices.index_tensor()?, axis, pa)?;
         let idx = &index.list;
         let src_owners = owners(pa)?;
         check_own_data(pa, &src_owners, me)?;

@@ -714,7 +714,7 @@ fn one_index_drops_the_axis_across_ranks_as_numpy_does() {
         let pa = from_stacked(comm, vec![rows], 0).unwrap();
         let one = |i: i64| Tensor::from_slice(&[i], &[]).unwrap();
         // numpy.take(a, -3, 0) is a[3], served by rank 1.
-        let (got, _) = gather(comm, &pa, &one(-3), 0).unwrap();
+        let (got, _) = gather(comm, &pa, one(-3), 0).unwrap();
         assert_eq!(got.shape(), &[4]);
         let whole = assemble(comm, &got, None, None, false).unwrap().unwrap();
         assert_eq!(
@@ -723,11 +723,11 @@ fn one_index_drops_the_axis_across_ranks_as_numpy_does() {
         );
         // a[:, 1] = values, values without the axis, on every rank.
         let values = Tensor::from(ArrayD::<f32>::from_elem(IxDyn(&[6]), -1.0));
-        scatter(comm, &pa, &values, &one(1), 1).unwrap();
+        scatter(comm, &pa, &values, one(1), 1).unwrap();
         let mut want = a.clone();
         want.slice_mut(ndarray::s![.., 1]).fill(-1.0);
         assert_eq!(assembled(comm, &pa).unwrap_or_else(|| want.clone()), want);
-        let e = scatter(comm, &pa, &values, &one(1), 0).unwrap_err();
+        let e = scatter(comm, &pa, &values, one(1), 0).unwrap_err();
         assert!(e.to_string().contains("must have shape (4,)"), "{e}");
     });
 }
@@ -1246,10 +1246,10 @@ fn a_rank_missing_its_own_partition_fails_every_collective_on_every_rank() {
         let idx = |i: &[i64]| Tensor::from_slice(i, &[i.len()]).unwrap();
         let values = Tensor::zeros(&[1, 2], f32).unwrap();
         let errors = [
-            gather(comm, &pa, &idx(&[3]), 0).map(|_| ()),
-            gather(comm, &pa, &idx(&[0]), 0).map(|_| ()),
-            gather(comm, &pa, &idx(&[]), 0).map(|_| ()),
-            scatter(comm, &pa, &values, &idx(&[0]), 0),
+            gather(comm, &pa, idx(&[3]), 0).map(|_| ()),
+            gather(comm, &pa, idx(&[0]), 0).map(|_| ()),
+            gather(comm, &pa, idx(&[]), 0).map(|_| ()),
+            scatter(comm, &pa, &values, idx(&[0]), 0),
             repartition(comm, &pa, &Layout::tiling(&[1, 2]), false).map(|_| ()),
             assemble(comm, &pa, None, None, false).map(|_| ()),
         ];
