@@ -3,7 +3,7 @@
 //! Run with `cargo run --example quickstart`.
 
 use dlpart::{DType, Device, Layout, PartitionedArray, Tensor};
-use ndarray::{s, Array2};
+use ndarray::{array, s, Array2, Axis};
 
 fn main() -> dlpart::Result<()> {
     let a = Array2::from_shape_fn((8, 6), |(i, j)| (10 * i + j) as f32);
@@ -32,6 +32,27 @@ fn main() -> dlpart::Result<()> {
             start + width
         );
     }
+    // numpy.take with global indices, each served by the partition holding it; the indices
+    // as whatever holds them: a slice, a Vec, an ndarray array (one integer drops the axis).
+    let picked = cols.gather([5, 0], 1, false)?;
+    let want = a.select(Axis(1), &[5, 0]);
+    assert_eq!(
+        picked.assemble(None, false)?.as_array::<f32>()?,
+        want.view().into_dyn()
+    );
+    // Fancy assignment: columns 5 and 0 of a zeroed 2x2 grid take them back.
+    let zeros = Tensor::zeros(&[8, 6], DType::Float32)?;
+    let back = PartitionedArray::partition(&zeros, &Layout::tiling(&[2, 2]))?;
+    back.scatter(&Tensor::from(want), array![5usize, 0], 1, false)?;
+    let mut expect = Array2::<f32>::zeros((8, 6));
+    for c in [5, 0] {
+        expect.column_mut(c).assign(&a.column(c));
+    }
+    assert_eq!(
+        back.assemble(None, false)?.as_array::<f32>()?,
+        expect.into_dyn()
+    );
+    println!("gathered columns [5, 0] and scattered them back into zeros");
     // Block-cyclic over four (here: host) devices, then the whole array back in one tensor.
     let cyclic = cols.repartition(&Layout::block_cyclic(&[3, 2], vec![Device::CPU; 4]), false)?;
     let whole = cyclic.assemble(None, false)?;

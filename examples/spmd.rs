@@ -5,7 +5,7 @@
 
 use dlpart::spmd::{self, Communicator, ThreadComm};
 use dlpart::{Device, Layout, Tensor};
-use ndarray::{s, Array2};
+use ndarray::{s, Array2, Axis};
 
 fn main() -> Result<(), dlpart::Error> {
     let (rows, cols) = (8, 6);
@@ -21,6 +21,16 @@ fn main() -> Result<(), dlpart::Error> {
         let back = spmd::assemble(comm, &blocks, Some(0), None, false)?;
         if let Some(t) = back {
             assert_eq!(t.as_array::<f32>()?, whole.view().into_dyn());
+        }
+        // numpy.take across the ranks, every rank passing the same global indices: each row
+        // is served by the rank holding it, and the picks travel in one all-to-all-v.
+        let picks: Vec<usize> = vec![7, 0, 4];
+        let (picked, _) = spmd::gather(comm, &blocks, &picks, 0)?;
+        if let Some(t) = spmd::assemble(comm, &picked, Some(0), None, false)? {
+            assert_eq!(
+                t.as_array::<f32>()?,
+                whole.select(Axis(0), &picks).into_dyn()
+            );
         }
         Ok(format!(
             "rank {rank}: holds {:?}, sent {:?} bytes, copied {} locally",

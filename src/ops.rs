@@ -317,9 +317,9 @@ fn check_sources<S: Borrow<Tensor>>(grid: &Grid, src: &[S]) -> Result<DType> {
 /// ```
 /// use dlpart::ops::normalise_indices;
 ///
-/// let idx = normalise_indices(&[0i64, -1, 2, -5], 0, 5)?;
+/// let idx = normalise_indices([0i64, -1, 2, -5], 0, 5)?;
 /// assert_eq!(idx.as_array::<i64>()?.as_slice(), Some(&[0, 4, 2, 0][..]));
-/// let e = normalise_indices(&[1usize, 7], 0, 5).unwrap_err();
+/// let e = normalise_indices([1usize, 7], 0, 5).unwrap_err();
 /// assert!(matches!(e, dlpart::Error::IndexOutOfRange { index: 7, axis: 0, len: 5 }), "{e}");
 /// # Ok::<(), dlpart::Error>(())
 /// ```
@@ -415,7 +415,7 @@ pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
 ///
 /// let x = array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]];
 /// let src = Tensor::from(x.clone());
-/// let picked = ops::gather(&src, &[2, 0, -1], 0, None)?; // negative: from the end
+/// let picked = ops::gather(&src, [2, 0, -1], 0, None)?; // negative: from the end
 /// assert_eq!(picked.to_array::<f32>()?, x.select(Axis(0), &[2, 0, 2]).into_dyn());
 /// let column = ops::gather(&src, 1, 1, None)?; // one index drops the axis
 /// assert_eq!(column.to_array::<f32>()?, x.column(1).into_dyn());

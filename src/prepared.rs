@@ -41,8 +41,8 @@ use crate::tensor::Tensor;
 /// // Rows 0 and 5 of the field are ghost rows; each step refreshes them periodically from
 /// // the interior rows next to the opposite boundary (4 and 1), through a (2, 4) buffer.
 /// let field = Tensor::from(Array2::from_shape_fn((6, 4), |(i, j)| (10 * i + j) as f32));
-/// let pack = PreparedGather::new(&field, &[4, 1], 0, None)?;
-/// let unpack = PreparedScatter::new(pack.out(), &[0, -1], &field, 0)?;
+/// let pack = PreparedGather::new(&field, [4, 1], 0, None)?;
+/// let unpack = PreparedScatter::new(pack.out(), [0, -1], &field, 0)?;
 /// for _step in 0..3 {
 ///     // ... a stencil updates rows 1 to 4 of `field` here ...
 ///     pack.run()?;

@@ -313,8 +313,9 @@ impl PartitionedArray {
     /// use dlpart::{DType, Layout, PartitionedArray, Tensor};
     /// use ndarray::{array, Array2};
     ///
-    /// let pa = PartitionedArray::partition(&Tensor::zeros(&[4, 3], DType::Int32)?, &Layout::tiling(&[2, 1]))?;
-    /// pa.scatter(&Tensor::from(array![[1, 2, 3], [4, 5, 6]]), &[3, 0], 0, false)?;
+    /// let zeros = Tensor::zeros(&[4, 3], DType::Int32)?;
+    /// let pa = PartitionedArray::partition(&zeros, &Layout::tiling(&[2, 1]))?;
+    /// pa.scatter(&Tensor::from(array![[1, 2, 3], [4, 5, 6]]), [3, 0], 0, false)?;
     /// let mut want = Array2::<i32>::zeros((4, 3));
     /// want.row_mut(3).assign(&array![1, 2, 3]);
     /// want.row_mut(0).assign(&array![4, 5, 6]);

@@ -105,7 +105,7 @@ fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &Index) 
 /// ThreadComm::run(4, |comm| {
 ///     let mine = a.slice(s![2 * comm.rank()..2 * comm.rank() + 2, ..]).to_owned();
 ///     let rows = spmd::from_stacked(comm, vec![Tensor::from(mine)], 0)?;
-///     let (picked, _) = spmd::gather(comm, &rows, &[7, 0, 5], 0)?;
+///     let (picked, _) = spmd::gather(comm, &rows, [7, 0, 5], 0)?;
 ///     if let Some(t) = spmd::assemble(comm, &picked, Some(0), None, false)? {
 ///         assert_eq!(t.to_array::<f32>()?, a.select(Axis(0), &[7, 0, 5]).into_dyn());
 ///     }
