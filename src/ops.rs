@@ -363,6 +363,8 @@ pub(crate) fn check_out(out: &Tensor, shape: &[usize], dtype: DType, device: Dev
     }
     // Host memory of any kind is written from host memory of any kind in place.
     if !one_memory(device, out.device()) {
+        // No move could bring them together where one side has no dlpart kernels.
+        crate::backend::check_kernels([device, out.device()])?;
         return Err(Error::DeviceMismatch {
             op: "gather".into(),
             devices: Devices::move_(device, out.device()),
@@ -453,8 +455,11 @@ fn gather_tensor(
 
 /// `indices` as the 1-d list the backends take, and whether it is one index: a 0-d tensor,
 /// numpy's scalar index, for which a gather or scatter drops the axis (it runs over a slab of
-/// one, [`Tensor::with_unit_axis`]). Indices of more axes are refused.
+/// one, [`Tensor::with_unit_axis`]). Indices of more axes are refused, and so are indices on
+/// a device without dlpart kernels ([`Error::BackendUnavailable`]: no backend reads them,
+/// and only their own library can move them).
 pub(crate) fn index_list(indices: &Tensor) -> Result<(Cow<'_, Tensor>, bool)> {
+    crate::backend::check_kernels([indices.device()])?;
     match indices.ndim() {
         0 => Ok((Cow::Owned(indices.with_unit_axis(0)), true)),
         1 => Ok((Cow::Borrowed(indices), false)),
@@ -604,6 +609,7 @@ pub(crate) fn scatter_operands(
     check_distinct(out, "out")?;
     // Host values write host memory of any kind in place.
     if !one_memory(values.device(), out.device()) {
+        crate::backend::check_kernels([values.device(), out.device()])?;
         return Err(Error::DeviceMismatch {
             op: "scatter".into(),
             devices: Devices::move_(values.device(), out.device()),
@@ -620,7 +626,9 @@ pub(crate) fn scatter_operands(
 /// A copy of `t` on `device`: the one way data crosses devices. The same device (or host
 /// memory to `kDLCPU`) gives a contiguous copy; otherwise the backend of the side that is not
 /// host memory runs [`Backend::transfer`] (the target's, when neither side is), so anything
-/// touching `kDLCUDA` needs dlpart built with the `cuda` feature.
+/// touching `kDLCUDA` needs dlpart built with the `cuda` feature. A device without dlpart
+/// kernels (kDLOneAPI) on either side is [`Error::BackendUnavailable`] naming it and the
+/// move, as the [`PartitionedArray`](crate::PartitionedArray) operations report it.
 pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
     let runner = transfer_runner(t.device(), device)?;
     let out = backend_for(device)?.empty(t.shape(), t.dtype())?;
@@ -639,6 +647,16 @@ pub fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
 /// `to_device` raises before it allocates or copies anything: callers that must write all or
 /// nothing check every move with this first.
 pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Backend>> {
+    // Data on a device without dlpart kernels (kDLOneAPI) is copied by its own library only,
+    // whichever side of the move it is on: said as such, as the PartitionedArray operations
+    // say it, before anything else about the move.
+    crate::backend::check_kernels([here, device]).map_err(|e| match e {
+        Error::BackendUnavailable { backend, reason } => Error::BackendUnavailable {
+            backend,
+            reason: format!("{reason} (transfer {here} -> {device})"),
+        },
+        e => e,
+    })?;
     crate::backend::check_present(device)?;
     // New host memory is kDLCPU, or page-locked kDLCUDAHost memory from CUDA; no other kind.
     if device.is_host_accessible() {
@@ -649,19 +667,11 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
         backend_for(device)?;
         return Ok(runner);
     }
-    let refused = || Error::UnsupportedDevice {
-        device: format!("{here} -> {device}"),
-        op: "transfer".into(),
-    };
     let runner = if device.is_host_accessible() {
         here
     } else {
         device
     };
-    // Between host memory and a device without dlpart kernels nothing can run the copy.
-    if !runner.is_host_accessible() && runner.kind != crate::DeviceType::Cuda {
-        return Err(refused());
-    }
     let backend = backend_for(runner)?;
     backend_for(device)?;
     Ok(backend)
@@ -754,12 +764,6 @@ mod tests {
             }) => {}
             other => panic!("expected a copy on kDLCUDA:0 or no cuda backend: {other:?}"),
         }
-        let one_api: Device = "kDLOneAPI:0".parse().unwrap();
-        let e = to_device(&t, one_api).unwrap_err().to_string();
-        assert!(
-            e.contains("kDLCPU -> kDLOneAPI:0") && e.contains("transfer"),
-            "{e}"
-        );
         // New pinned memory is CUDA's (where CUDA is), managed memory dlpart never makes.
         let pinned: Device = "kDLCUDAHost".parse().unwrap();
         match to_device(&t, pinned) {
@@ -775,6 +779,79 @@ mod tests {
             same.to_array::<i32>().unwrap().into_raw_vec_and_offset().0,
             vec![1, 2, 4, 5]
         );
+    }
+
+    /// Data on a device without dlpart kernels (kDLOneAPI) is BackendUnavailable naming the
+    /// device wherever a transfer, gather or scatter meets it, as the PartitionedArray
+    /// operations report it: only its own library can copy it, so no other advice applies.
+    #[test]
+    fn a_device_without_kernels_is_backend_unavailable_on_every_path() {
+        let one_api: Device = "kDLOneAPI:0".parse().unwrap();
+        let unavailable = |e: Error, what: &str| {
+            assert!(
+                matches!(
+                    e,
+                    Error::BackendUnavailable {
+                        backend: "kDLOneAPI",
+                        ..
+                    }
+                ),
+                "{what}: {e:?}"
+            );
+            assert!(
+                e.to_string().contains("no kernels for kDLOneAPI:0"),
+                "{what}: {e}"
+            );
+        };
+        let host = arange(&[2, 3]);
+        let backing = arange(&[2, 3]);
+        // SAFETY: never read or written under this label: every path refuses it first.
+        let there = unsafe { labelled(&backing, one_api) };
+        for (from, to) in [(&host, one_api), (&there, Device::CPU)] {
+            let e = to_device(from, to).unwrap_err();
+            let moved = format!("transfer {} -> {to}", from.device());
+            assert!(e.to_string().contains(&moved), "{e}");
+            unavailable(e, "to_device");
+        }
+        let rows = Tensor::from_slice(&[1i64], &[1]).unwrap();
+        let row = Tensor::zeros(&[1, 3], DType::Int32).unwrap();
+        unavailable(
+            gather(
+                &host,
+                &rows,
+                0,
+                Some(&there.view(&[0, 0], &[1, 3]).unwrap()),
+            )
+            .unwrap_err(),
+            "gather into out there",
+        );
+        unavailable(
+            scatter(&there.view(&[0, 0], &[1, 3]).unwrap(), &rows, &host, 0).unwrap_err(),
+            "scatter of values there",
+        );
+        // SAFETY: as above.
+        let rows_there = unsafe { labelled(&rows, one_api) };
+        unavailable(
+            gather(&host, &rows_there, 0, Some(&row)).unwrap_err(),
+            "gather by indices there",
+        );
+        unavailable(
+            scatter(&row, &rows_there, &host, 0).unwrap_err(),
+            "scatter by indices there",
+        );
+        unavailable(
+            crate::PreparedGather::new(
+                &host,
+                &rows,
+                0,
+                Some(&there.view(&[0, 0], &[1, 3]).unwrap()),
+            )
+            .unwrap_err(),
+            "prepared gather",
+        );
+        assert_eq!(values_of(&host), (0..6).collect::<Vec<_>>());
+        assert_eq!(values_of(&backing), (0..6).collect::<Vec<_>>());
+        assert_eq!(values_of(&row), vec![0; 3]);
     }
 
     #[test]

@@ -726,7 +726,9 @@ impl Tensor {
     /// A copy on `device` (Python's `Tensor.to`): the one way data crosses devices, as
     /// [`ops::to_device`](crate::ops::to_device). The same device, or host memory to
     /// `kDLCPU`, gives a contiguous copy; a device this build or machine lacks is an error
-    /// naming it, before anything is allocated.
+    /// naming it, before anything is allocated, and so is a device dlpart has no kernels for
+    /// (kDLOneAPI) on either side: [`Error::BackendUnavailable`], as only its own library
+    /// copies its data.
     ///
     /// ```
     /// use dlpart::{Device, Tensor};

@@ -268,8 +268,16 @@ impl PartitionedArray {
         let devices: Vec<Device> = (0..out_grid.num_partitions())
             .map(|j| self.device_of(source(j, first_slab)).unwrap_or(Device::CPU))
             .collect();
+        // Devices without dlpart kernels: said first, rather than a transfer suggested that
+        // could not run (each output partition lives on the device of a serving partition).
+        let serving: Vec<usize> = groups.serving().collect();
+        crate::backend::check_kernels(
+            (0..devices.len())
+                .flat_map(|j| serving.iter().map(move |&s| (j, s)))
+                .map(|(j, s)| src(source(j, s)).device()),
+        )?;
         for (j, &dev) in devices.iter().enumerate() {
-            for s in groups.serving() {
+            for &s in &serving {
                 check_crossing("gather", src(source(j, s)).device(), dev, transfer)?;
             }
         }
@@ -361,6 +369,14 @@ impl PartitionedArray {
         let targets = self.tensors_where(serves)?;
         let targets = |f: usize| targets[f].expect("a written partition");
         let written: Vec<usize> = (0..self.len()).filter(|&f| serves(f)).collect();
+        // Devices without dlpart kernels: said first, rather than a transfer suggested that
+        // could not run.
+        if !written.is_empty() {
+            crate::backend::check_kernels(
+                std::iter::once(values.device())
+                    .chain(written.iter().map(|&f| targets(f).device())),
+            )?;
+        }
         for &f in &written {
             let t = targets(f);
             let what = format!("partition {}", tuple_string(&self.grid.position(f)));

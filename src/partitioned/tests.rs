@@ -434,6 +434,56 @@ fn data_on_a_device_without_kernels_is_refused_by_name_not_sent_to_transfer() {
     unavailable(host.assemble(Some(one_api), false).unwrap_err());
 }
 
+/// A gather or scatter whose data would cross from or to a device without dlpart kernels
+/// says so (BackendUnavailable) with or without transfer, before any other check of the
+/// move; nothing is written.
+#[test]
+fn gather_and_scatter_across_a_device_without_kernels_are_refused_by_name() {
+    let one_api = Device::new(DeviceType::OneApi, 0).unwrap();
+    let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
+    // SAFETY: `other`'s four elements in C order; never read under this label (refused first).
+    let p1 = unsafe { view_2x2(&other, [2, 1], one_api) };
+    let unavailable = |e: Error| {
+        assert!(
+            matches!(
+                &e,
+                Error::BackendUnavailable {
+                    backend: "kDLOneAPI",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
+    };
+    for transfer in [false, true] {
+        // Host values into rows 0 (host) and 3 (kDLOneAPI).
+        unavailable(scatter_rows_0_and_3(&p0, p1.clone(), transfer).unwrap_err());
+        // Rows 0 and 3 gathered onto the device of row 0 (the host).
+        let pa = PartitionedArray::new(
+            Grid::even(&[4, 2], &[2, 1]).unwrap(),
+            vec![Data::Tensor(p0.clone()), Data::Tensor(p1.clone())],
+            vec![vec![], vec![]],
+            None,
+        )
+        .unwrap();
+        let rows = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
+        unavailable(pa.gather(&rows, 0, transfer).unwrap_err());
+        // Values on such a device into host partitions.
+        let host = PartitionedArray::partition(&p0, &Layout::tiling(&[2, 1])).unwrap();
+        let row = Tensor::from_slice(&[1i64], &[1]).unwrap();
+        let values = p1.view(&[0, 0], &[1, 2]).unwrap();
+        unavailable(host.scatter(&values, &row, 0, transfer).unwrap_err());
+    }
+    for t in [&p0, &other] {
+        assert_eq!(
+            t.to_array::<f32>().unwrap().as_slice(),
+            Some(&[-7.0; 4][..])
+        );
+    }
+}
+
 #[test]
 fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
     for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {

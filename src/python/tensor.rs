@@ -59,13 +59,20 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
         )));
     }
     // A copy on the target device, as the array API's from_dlpack allows: what dlpart cannot
-    // place there is a BufferError (memory running out stays a MemoryError).
+    // place there is a BufferError, as the array API asks of both from_dlpack and __dlpack__
+    // (memory running out stays a MemoryError). A device without dlpart kernels (kDLOneAPI)
+    // is said as every other move says it, the BackendUnavailableError chained as the cause.
     match crate::ops::to_device(&t, to).map_err(|e| e.advise(TARGET_ELSEWHERE)) {
         Ok(c) => Ok((c, true)),
         Err(e @ crate::Error::OutOfMemory { .. }) => Err(to_py(e)),
-        Err(e) => Err(PyBufferError::new_err(format!(
-            "cannot place a tensor on {here} onto {to}: {e}"
-        ))),
+        Err(e) => {
+            let refused =
+                PyBufferError::new_err(format!("cannot place a tensor on {here} onto {to}: {e}"));
+            if matches!(e, crate::Error::BackendUnavailable { .. }) {
+                Python::attach(|py| refused.set_cause(py, Some(to_py(e))));
+            }
+            Err(refused)
+        }
     }
 }
 
@@ -287,7 +294,9 @@ impl PyTensor {
     }
 
     /// A copy on `device`: the explicit way to move data between devices (host and CUDA
-    /// devices need dlpart built with the `cuda` feature).
+    /// devices need dlpart built with the `cuda` feature). Data on or to a device without
+    /// dlpart kernels (kDLOneAPI) raises `dlpart.BackendUnavailableError`: only its own
+    /// library moves it.
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Self> {
         let d = target_device_arg(device)?;
         let t = self.inner.clone();
@@ -556,7 +565,10 @@ pub(crate) fn non_negative(func: &str, arg: &str, values: &[i64]) -> PyResult<Ve
 /// possible.
 ///
 /// `device` asks for the result on that device (the producer is asked to move it, through
-/// `dl_device`); `copy=True` always copies, `copy=False` never does (raising `BufferError`
+/// `dl_device`, and where it does not, dlpart copies it); a device neither can place it on is
+/// a `BufferError`, as the array API asks (for a device without dlpart kernels, kDLOneAPI,
+/// with the `dlpart.BackendUnavailableError` every other move raises as its `__cause__`);
+/// `copy=True` always copies, `copy=False` never does (raising `BufferError`
 /// where a copy would be needed), `None` copies only when it must.
 #[pyfunction]
 #[pyo3(signature = (x, /, *, device=None, copy=None))]
@@ -692,6 +704,40 @@ pub(crate) fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
         .map_err(|e| PyBufferError::new_err(format!("{}: an unknown device: {e}", of())))
 }
 
+/// The producer's answer `e` to an import that asked it (`asked_move`, copies allowed) to move
+/// its data from `source` to `target` through `dl_device`. A `BufferError` is its refusal of
+/// the move: where dlpart could not make that move either, as one side is a device without
+/// dlpart kernels (kDLOneAPI), a `BufferError` that says both, as a move dlpart refuses says
+/// it ([`place`]: the `BackendUnavailableError` as its cause, the producer's refusal as that
+/// one's). Anything else is returned as it is.
+fn refused_move(
+    x: &Bound<'_, PyAny>,
+    e: PyErr,
+    (source, target): (Option<Device>, Option<Device>),
+    asked_move: bool,
+) -> PyErr {
+    let py = x.py();
+    let (Some(source), Some(target)) = (source, target) else {
+        return e;
+    };
+    if !asked_move || !e.is_instance_of::<PyBufferError>(py) {
+        return e;
+    }
+    let Err(unavailable) = crate::backend::check_kernels([source, target]) else {
+        return e;
+    };
+    let refused = PyBufferError::new_err(format!(
+        "cannot place a tensor on {source} onto {target}: {}.__dlpack__ refused the move ({}), \
+         and dlpart cannot make it: {unavailable}",
+        super::partitioned::type_name(x),
+        e.value(py)
+    ));
+    let cause = to_py(unavailable);
+    cause.set_cause(py, Some(e));
+    refused.set_cause(py, Some(cause));
+    refused
+}
+
 /// Whether `e` is the `TypeError` a callable raises for keywords it does not take: CPython
 /// says "unexpected keyword argument", "takes no keyword arguments" or "is an invalid keyword
 /// argument", always with the word "keyword".
@@ -757,7 +803,10 @@ pub(crate) fn import_producer(
             }
             Err(e2) => return Err(e2),
         },
-        Err(e) => return Err(e),
+        Err(e) => {
+            let asked_move = dl_device.is_some() && copy != Some(false);
+            return Err(refused_move(x, e, (source, target), asked_move));
+        }
     };
     let (t, flags) = consume_capsule(&cap)?;
     if !ordered {

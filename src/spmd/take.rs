@@ -392,6 +392,7 @@ pub fn scatter(
             ops::check_distinct(t, &what)?;
             // Host values write host memory of any kind in place.
             if !ops::one_memory(values.device(), t.device()) {
+                crate::backend::check_kernels([values.device(), t.device()])?;
                 return Err(Error::DeviceMismatch {
                     op: "scatter".into(),
                     devices: Devices::move_(values.device(), t.device()),

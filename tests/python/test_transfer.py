@@ -127,3 +127,81 @@ def test_new_memory_on_managed_or_rocm_host_memory_names_each_operations_way_out
     np.testing.assert_array_equal(np.from_dlpack(t.to("cpu").copy()), ref)
     np.testing.assert_array_equal(np.from_dlpack(pa.to("cpu").gather([2, 0]).assemble()),
                                   ref[[2, 0]])
+
+
+def _on_oneapi(ref):
+    """``ref`` (float32) as a kDLOneAPI tensor: host memory behind the pointer, which dlpart
+    never reads under that label (it has no kernels for the device)."""
+    return dlpart.from_dlpack(dlpart._core._testing.make_capsule(
+        ref.tobytes(), list(ref.shape), device=(14, 0)))
+
+
+class _IgnoresDlDevice:
+    """A producer on kDLOneAPI that takes the DLPack keywords but never moves its data."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        kw.pop("dl_device", None)
+        return self.t.__dlpack__(**kw)
+
+
+def test_every_transfer_path_reports_a_device_without_kernels_as_backend_unavailable():
+    """Data moving from or to a device dlpart has no kernels for (kDLOneAPI) raises
+    BackendUnavailableError naming the device on every path, as PartitionedArray.to does, not
+    a BufferError that reads like a bad request; nothing is written. The DLPack entry points,
+    whose callers the array API promises a BufferError, raise that with the
+    BackendUnavailableError as its cause."""
+    ref = np.arange(6, dtype=np.float32).reshape(2, 3)
+    there = _on_oneapi(ref)
+    host = dlpart.from_dlpack(ref.copy())
+    no_kernels = "no kernels for kDLOneAPI:0"
+    for make, move in ((lambda: there.to("cpu"), "kDLOneAPI:0 -> kDLCPU"),
+                       (lambda: host.to("kDLOneAPI:0"), "kDLCPU -> kDLOneAPI:0"),
+                       (lambda: dlpart.partition(ref, (2, 1)).to("kDLOneAPI:0"), None)):
+        with pytest.raises(dlpart.BackendUnavailableError, match=no_kernels) as e:
+            make()
+        if move is not None:
+            assert f"transfer {move}" in str(e.value), e.value
+    imports = [
+        (lambda: dlpart.from_dlpack(there, device="cpu"), "kDLOneAPI:0 onto kDLCPU"),
+        (lambda: dlpart.from_dlpack(host, device="kDLOneAPI:0"), "kDLCPU onto kDLOneAPI:0"),
+        # A producer that leaves the move to dlpart.
+        (lambda: dlpart.from_dlpack(_IgnoresDlDevice(there), device="cpu"),
+         "kDLOneAPI:0 onto kDLCPU"),
+        # numpy refuses dl_device=kDLOneAPI itself, and dlpart cannot make the move either.
+        (lambda: dlpart.from_dlpack(ref, device="kDLOneAPI:0"), "kDLCPU onto kDLOneAPI:0"),
+        # __dlpack__ answers a consumer as DLPack asks.
+        (lambda: there.__dlpack__(dl_device=(1, 0), max_version=(1, 0)), None),
+    ]
+    for make, move in imports:
+        with pytest.raises(BufferError, match=no_kernels) as e:
+            make()
+        assert isinstance(e.value.__cause__, dlpart.BackendUnavailableError), repr(e.value)
+        assert no_kernels in str(e.value.__cause__)
+        if move is not None:
+            assert f"cannot place a tensor on {move}" in str(e.value), e.value
+    # numpy's own refusal is named, and chained under the cause.
+    with pytest.raises(BufferError, match=r"ndarray.__dlpack__ refused the move") as e:
+        dlpart.from_dlpack(ref, device="kDLOneAPI:0")
+    assert type(e.value.__cause__.__cause__) is BufferError
+    # With copy=False the producer's refusal stands as it is: no copy could serve.
+    with pytest.raises(BufferError) as e:
+        dlpart.from_dlpack(ref, device="kDLOneAPI:0", copy=False)
+    assert e.value.__cause__ is None and no_kernels not in str(e.value)
+    # Gather and scatter between host memory and such a device.
+    out = np.full((1, 3), -1.0, np.float32)
+    one_api_row = there.view([0, 0], [1, 3])
+    for make in (lambda: dlpart.gather(host, [1], out=one_api_row),
+                 lambda: dlpart.scatter(one_api_row, [0], out),
+                 lambda: dlpart.gather(host, _on_oneapi(np.zeros(1, np.float32)).view([0], [0])),
+                 lambda: dlpart.partition(out, (1, 1)).scatter(one_api_row, [0]),
+                 lambda: dlpart.partition(out, (1, 1)).scatter(one_api_row, [0], transfer=True)):
+        with pytest.raises(dlpart.BackendUnavailableError, match=no_kernels):
+            make()
+    np.testing.assert_array_equal(out, -1.0)
+    np.testing.assert_array_equal(np.from_dlpack(host), ref)
