@@ -401,7 +401,10 @@ pub(crate) fn check_distinct(t: &Tensor, what: &str) -> Result<()> {
 }
 
 /// `out[.., i, ..] = src[.., indices[i], ..]` along `axis`, like `numpy.take`. Allocates `out`
-/// on `src`'s device unless given; an `out` that is read-only or refers to some element more
+/// on `src`'s device unless given, or in `kDLCPU` memory for a source in host memory dlpart
+/// does not make (`kDLCUDAManaged`, `kDLROCMHost`; see
+/// [`Error::NoNewMemory`]): the host reads it as it reads the source, as `numpy.take` of such
+/// memory gives an ordinary host array. An `out` that is read-only or refers to some element more
 /// than once (a zero stride) is refused before anything is written. To copy the same indices
 /// between the same tensors again and again, [`PreparedGather`](crate::PreparedGather) checks
 /// all this once.
@@ -440,7 +443,7 @@ fn gather_tensor(
     out: Option<&Tensor>,
 ) -> Result<Tensor> {
     check_axis(src, axis, "source")?;
-    let backend = backend_for(src.device())?;
+    let backend = backend_for(crate::backend::result_device(src.device()))?;
     let (list, one) = index_list(indices)?;
     if !one {
         let out = backend.gather_from_caller(src, indices, axis, out)?;
@@ -934,6 +937,46 @@ mod tests {
                 .run()
                 .unwrap();
             assert_eq!(values_of(&out), vec![-1, -2, -3, 9, 10, 11], "{device}");
+        }
+    }
+
+    /// dlpart makes no managed or ROCm host memory: a gather from it without `out` puts the
+    /// result in kDLCPU memory, as numpy.take of such memory gives an ordinary host array.
+    #[test]
+    fn a_gather_from_managed_or_rocm_host_memory_without_out_lands_in_kdlcpu_memory() {
+        use crate::{DeviceType, PreparedGather};
+        let rows = Tensor::from_slice(&[3i64, -4, 1], &[3]).unwrap();
+        let one = Tensor::from_slice(&[-2i64], &[]).unwrap();
+        for kind in [DeviceType::CudaManaged, DeviceType::RocmHost] {
+            let device = Device::new(kind, 0).unwrap();
+            let backing = arange(&[4, 3]);
+            // SAFETY: host memory of another kind, which the CPU reads and writes alike.
+            let there = unsafe { labelled(&backing, device) };
+            // numpy.take(arange(12).reshape(4, 3), [3, -4, 1], 0)
+            let got = gather(&there, &rows, 0, None).unwrap();
+            assert_eq!(
+                (got.device(), got.shape()),
+                (Device::CPU, &[3, 3][..]),
+                "{device}"
+            );
+            assert_eq!(
+                values_of(&got),
+                vec![9, 10, 11, 0, 1, 2, 3, 4, 5],
+                "{device}"
+            );
+            // One index drops the axis: numpy.take(.., -2, 1) == [1, 4, 7, 10].
+            let col = gather(&there, &one, 1, None).unwrap();
+            assert_eq!(
+                (col.device(), col.shape()),
+                (Device::CPU, &[4][..]),
+                "{device}"
+            );
+            assert_eq!(values_of(&col), vec![1, 4, 7, 10], "{device}");
+            let g = PreparedGather::new(&there, &rows, 0, None).unwrap();
+            g.run().unwrap();
+            assert_eq!(g.out().device(), Device::CPU, "{device}");
+            assert_eq!(values_of(g.out()), values_of(&got), "{device}");
+            assert_eq!(values_of(&backing), (0..12).collect::<Vec<_>>());
         }
     }
 

@@ -62,11 +62,13 @@ pub struct PreparedGather {
 
 impl PreparedGather {
     /// Checks a gather as [`ops::gather`](crate::ops::gather) does, with the same errors,
-    /// and keeps it ready to run. `out` is allocated on `src`'s device when not given. An
-    /// `out` that shares memory with `src`, or refers to an element more than once, is
-    /// [`Error::Buffer`]. `indices` takes any of the forms of [`AsIndices`] (a [`Tensor`], a
-    /// slice, `Vec` or array of integers, an ndarray array or view, one integer), and is
-    /// copied once into the prepared gather, so the caller's may change or go afterwards.
+    /// and keeps it ready to run. `out` is allocated when not given where
+    /// [`ops::gather`](crate::ops::gather) allocates it: on `src`'s device, or in `kDLCPU`
+    /// memory for a source in managed or ROCm host memory. An `out` that shares memory with
+    /// `src`, or refers to an element more than once, is [`Error::Buffer`]. `indices` takes
+    /// any of the forms of [`AsIndices`] (a [`Tensor`], a slice, `Vec` or array of integers,
+    /// an ndarray array or view, one integer), and is copied once into the prepared gather,
+    /// so the caller's may change or go afterwards.
     pub fn new(
         src: &Tensor,
         indices: impl AsIndices,
@@ -74,7 +76,8 @@ impl PreparedGather {
         out: Option<&Tensor>,
     ) -> Result<Self> {
         check_axis(src, axis, "source")?;
-        Self::on(backend_for(src.device())?, src, indices, axis, out)
+        let backend = backend_for(crate::backend::result_device(src.device()))?;
+        Self::on(backend, src, indices, axis, out)
     }
 
     /// [`PreparedGather::new`] on a given backend of `src`'s device (`new` takes the one

@@ -62,8 +62,11 @@ def gather(x: Any, indices: Any, axis: int = 0,
            out: Optional[Any] = None) -> "Union[Tensor, PartitionedArray]":
     """``numpy.take(x, indices, axis)``: ``out[.., i, ..] = x[.., indices[i], ..]``.
 
-    ``x`` is any DLPack array (the result is a `dlpart.Tensor` on its device, or ``out``) or a
-    `dlpart.PartitionedArray` (the result is partitioned; see `PartitionedArray.gather`).
+    ``x`` is any DLPack array (the result is ``out``, or a new `dlpart.Tensor` on ``x``'s
+    device: for ``x`` in ``kDLCUDAManaged`` or ``kDLROCMHost`` memory, which dlpart does not
+    allocate, in ``kDLCPU`` memory, which the host reads as it reads ``x``, as ``numpy.take``
+    of such memory gives an ordinary host array) or a `dlpart.PartitionedArray` (the result
+    is partitioned; see `PartitionedArray.gather`).
     ``indices`` may be any 1-d integer DLPack array or a Python sequence, or one index (a
     Python or numpy int, a 0-d array), which drops the axis as numpy does: ``gather(x, 2)`` is
     ``x[2]``, and ``out`` then has ``x``'s shape without the axis. Indices of more axes raise
@@ -116,8 +119,9 @@ def prepare_gather(x: Any, indices: Any, axis: int = 0,
 
     Everything `gather` checks is checked here, once, with the same errors: the axis, each
     index (read once into dlpart's own memory, so later changes to ``indices`` do not
-    matter), ``out``'s shape, dtype, device and writability. ``out`` is allocated on ``x``'s
-    device when not given (``g.out``); an ``out`` that shares memory with ``x`` raises
+    matter), ``out``'s shape, dtype, device and writability. ``out`` is allocated where
+    `gather` allocates it when not given (``g.out``: on ``x``'s device, or in ``kDLCPU``
+    memory for managed or ROCm host memory); an ``out`` that shares memory with ``x`` raises
     `BufferError`, and so do ``x`` and ``out`` in non-native byte order (no copy can stand in
     for them). The object holds ``x`` and ``out`` themselves (their DLPack imports: the
     producers' memory stays valid until the object is dropped), so the caller may change the

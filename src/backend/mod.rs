@@ -255,6 +255,19 @@ pub(crate) fn scratch_device(device: Device) -> Device {
     }
 }
 
+/// The device a new result read from data on `device` goes on, where dlpart chooses it (a
+/// gather without `out`): `device` itself, unless it is host memory of a kind dlpart does not
+/// make (`kDLCUDAManaged`, `kDLROCMHost`: see [`Error::NoNewMemory`]), whose results go in
+/// `kDLCPU` memory, as dlpart's scratch copies of it do ([`scratch_device`]): host memory,
+/// as the source is, that the host reads as it reads the source. Pinned `kDLCUDAHost`
+/// memory, which dlpart makes through CUDA, stays pinned.
+pub(crate) fn result_device(device: Device) -> Device {
+    match device.kind {
+        DeviceType::CudaManaged | DeviceType::RocmHost => Device::CPU,
+        _ => device,
+    }
+}
+
 /// The backend that allocates dlpart's own scratch buffers for data on `device` (see
 /// [`scratch_device`]).
 pub(crate) fn scratch_backend(device: Device) -> Result<Arc<dyn Backend>> {

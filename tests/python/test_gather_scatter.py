@@ -235,6 +235,24 @@ def test_host_memory_of_any_kind_is_gathered_and_scattered_in_place(kind):
     np.testing.assert_array_equal(np.from_dlpack(there), expect)
 
 
+@pytest.mark.parametrize("kind", ["kDLCUDAManaged", "kDLROCMHost"])
+def test_a_gather_of_memory_dlpart_does_not_make_without_out_lands_in_kdlcpu_memory(kind):
+    """dlpart allocates no managed or ROCm host memory: a gather from it without ``out`` puts
+    the result in kDLCPU memory, as numpy.take of such memory gives an ordinary host array;
+    prepare_gather allocates its ``out`` there alike."""
+    x = np.arange(24.0).reshape(4, 6)
+    there = _labelled(x, HOST_KINDS[kind])
+    for indices, axis in (([3, -4, 1], 0), ([5, 0], 1), (-2, 1), (np.array(2), 0)):
+        got = dlpart.gather(there, indices, axis)
+        assert got.device == "kDLCPU"
+        np.testing.assert_array_equal(np.from_dlpack(got), np.take(x, indices, axis))
+        g = dlpart.prepare_gather(there, indices, axis)
+        g()
+        assert g.out.device == "kDLCPU"
+        np.testing.assert_array_equal(np.from_dlpack(g.out), np.take(x, indices, axis))
+    np.testing.assert_array_equal(np.from_dlpack(there), x)
+
+
 def test_device_memory_against_host_memory_is_a_device_error():
     x = np.arange(12.0).reshape(4, 3)
     gpu = _labelled(np.zeros((1, 3)), (2, 0))  # host bytes labelled kDLCUDA:0, never touched
