@@ -65,12 +65,41 @@ pub(super) fn read_arg(x: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
 pub(super) fn in_place_arg(x: &Bound<'_, PyAny>, name: &str, why: &str) -> PyResult<PyTensor> {
     tensor_arg(x).map_err(|e| match non_native(x) {
         Some(dtype) => PyBufferError::new_err(format!(
-            "{name} has dtype {dtype}, whose bytes are not in native order, which DLPack \
-             cannot carry; {why}, so a copy in native order cannot stand in for it: pass \
-             {name} in native byte order"
+            "{}; {why}, so a copy in native order cannot stand in for it: pass {name} in \
+             native byte order",
+            not_native_order(name, &dtype)
         )),
         None => e,
     })
+}
+
+/// How every refusal of an array in non-native byte order starts: `name` and its `dtype`.
+fn not_native_order(name: &str, dtype: &str) -> String {
+    format!(
+        "{name} has dtype {dtype}, whose bytes are not in native order, which DLPack cannot carry"
+    )
+}
+
+/// The import of `x` refused with `e`: for an array whose bytes are not in native order (see
+/// [`non_native`]), whose producer's `BufferError` (numpy's) does not say which dtype or what
+/// to do, a `BufferError` that does, the producer's chained as its cause; `e` otherwise. An
+/// import keeps the caller's memory, so it makes no copy in native order itself (as the
+/// arguments a call only reads get, [`read_arg`]).
+pub(super) fn byte_order_refusal(x: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+    let py = x.py();
+    if !e.is_instance_of::<PyBufferError>(py) {
+        return e;
+    }
+    let Some(dtype) = non_native(x) else {
+        return e;
+    };
+    let what = format!("the {} to import", super::partitioned::type_name(x));
+    let refused = PyBufferError::new_err(format!(
+        "{}: convert it first, x.astype(x.dtype.newbyteorder('=')), a copy in native order",
+        not_native_order(&what, &dtype)
+    ));
+    refused.set_cause(py, Some(e));
+    refused
 }
 
 /// The dtype (as numpy writes it, `'>i8'`) of `x` when `x` is an array whose dtype says its

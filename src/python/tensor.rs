@@ -567,9 +567,11 @@ pub(crate) fn non_negative(func: &str, arg: &str, values: &[i64]) -> PyResult<Ve
 /// `device` asks for the result on that device (the producer is asked to move it, through
 /// `dl_device`, and where it does not, dlpart copies it); a device neither can place it on is
 /// a `BufferError`, as the array API asks (for a device without dlpart kernels, kDLOneAPI,
-/// with the `dlpart.BackendUnavailableError` every other move raises as its `__cause__`);
-/// `copy=True` always copies, `copy=False` never does (raising `BufferError`
-/// where a copy would be needed), `None` copies only when it must.
+/// with the `dlpart.BackendUnavailableError` every other move raises as its `__cause__`).
+/// `copy=True` always copies, `copy=False` never does (raising `BufferError` where a copy
+/// would be needed), `None` copies only when it must. An array whose bytes are not in native
+/// order (numpy's `>f4` on a little-endian host), which DLPack cannot carry, raises
+/// `BufferError` naming its dtype and the conversion that makes it importable.
 #[pyfunction]
 #[pyo3(signature = (x, /, *, device=None, copy=None))]
 pub fn from_dlpack(
@@ -756,7 +758,20 @@ fn is_keyword_error(py: Python<'_>, e: &PyErr) -> bool {
 /// dict from Rust strings and a new `(1, 3)` per call cost about 0.3 us per import; perf showed
 /// string creation and hashing on top of a 4,096-array import loop), or, for an exact numpy
 /// array imported as it is, through [`call_numpy`].
+///
+/// An array whose bytes are not in native order (numpy's `>f4` on a little-endian host), which
+/// DLPack cannot carry, is a `BufferError` naming its dtype and the conversion that makes it
+/// importable.
 pub(crate) fn import_producer(
+    x: &Bound<'_, PyAny>,
+    target: Option<Device>,
+    copy: Option<bool>,
+) -> PyResult<PyTensor> {
+    import_as_asked(x, target, copy).map_err(|e| super::ops::byte_order_refusal(x, e))
+}
+
+/// [`import_producer`] before a refusal is explained.
+fn import_as_asked(
     x: &Bound<'_, PyAny>,
     target: Option<Device>,
     copy: Option<bool>,

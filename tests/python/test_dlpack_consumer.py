@@ -401,3 +401,35 @@ def test_data_of_a_legacy_producer_is_read_only_and_a_write_says_why():
                                           r"from a producer without DLPack 1\.x"):
         dlpart.partition(np.ones((2, 3)), (1, 1)).repartition_into(target)
     assert (z == 0).all()
+
+
+def test_an_array_in_non_native_byte_order_is_refused_naming_its_dtype_and_the_fix():
+    """DLPack carries native byte order only, and an import keeps the caller's memory, so it
+    makes no native copy: numpy's own refusal says neither which dtype nor what to do; dlpart's
+    BufferError (the same class, numpy's chained as its cause) names both, on every import."""
+    import re
+
+    swapped = ">" if np.dtype("<f4").isnative else "<"
+    ref = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = ref.astype(swapped + "f4")
+    assert not x.dtype.isnative
+    dtype = x.dtype.str  # '>f4' on a little-endian host
+    d = {"shape": (3, 4), "partition_tiling": (1, 1),
+         "partitions": {(0, 0): {"start": (0, 0), "shape": (3, 4), "data": x, "location": []}}}
+    imports = [lambda: dlpart.from_dlpack(x), lambda: dlpart.from_dlpack(x, copy=True),
+               lambda: dlpart.from_dlpack(x, device="cpu"), lambda: dlpart.partition(x, (3, 1)),
+               lambda: dlpart.from_partitioned(d)]
+    for make in imports:
+        with pytest.raises(BufferError) as e:
+            make()
+        msg = str(e.value)
+        assert f"has dtype {dtype}, whose bytes are not in native order" in msg, msg
+        assert "x.astype(x.dtype.newbyteorder('='))" in msg, msg
+        assert re.search(r"ndarray to import", msg), msg
+    with pytest.raises(BufferError) as e:
+        dlpart.from_dlpack(x)
+    assert type(e.value.__cause__) is BufferError  # numpy's own refusal
+    # The conversion named makes it importable, with the same values.
+    fixed = x.astype(x.dtype.newbyteorder("="))
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.from_dlpack(fixed)), ref)
+    np.testing.assert_array_equal(np.from_dlpack(dlpart.partition(fixed, (3, 1)).assemble()), ref)
