@@ -543,8 +543,10 @@ pub(crate) fn gather_operands<B: Backend + ?Sized>(
 /// more than once (a zero stride) is refused before anything is written.
 /// [`PreparedScatter`](crate::PreparedScatter) checks all this once for a scatter that runs
 /// again and again. For one index (a 0-d `indices`, or one integer) `values` has `out`'s
-/// shape without `axis`, as numpy's `out[.., i, ..] = values` takes it. `indices` takes any of
-/// the forms of [`AsIndices`], as for [`gather`].
+/// shape without `axis`, as numpy's `out[.., i, ..] = values` takes it. `values` of another
+/// shape that broadcasts to the one written are broadcast, as numpy's fancy assignment
+/// broadcasts them: a 0-d value is written at every element, a row of `out`'s last axis in
+/// every row. `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
 ///
 /// ```
 /// use dlpart::{ops, DType, Tensor};
@@ -572,7 +574,8 @@ fn scatter_tensor(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) 
 
 /// What [`scatter`] checks before it writes, on the backend of `out`'s device, once `axis` is
 /// known to be in range; returns the indices normalised into dlpart's own memory, and the
-/// values as the backend takes them (with the axis of extent 1 back, for one index).
+/// values as the backend takes them (broadcast to the shape written, with the axis of extent
+/// 1 back for one index).
 pub(crate) fn scatter_operands(
     backend: &dyn Backend,
     values: &Tensor,
@@ -594,16 +597,13 @@ pub(crate) fn scatter_operands(
             of: "the scatter's out (values must have its dtype)".into(),
         });
     }
-    if values.shape() != &*shape {
-        return Err(Error::shape(
-            format!(
-                "values must have shape {} and dtype {}",
-                tuple_string(&shape),
-                out.dtype()
-            ),
-            format!("{values:?}"),
-        ));
-    }
+    let values = broadcast_values(values, &shape, || {
+        format!(
+            "values must have shape {} and dtype {}",
+            tuple_string(&shape),
+            out.dtype()
+        )
+    })?;
     if out.readonly() {
         return Err(Error::ReadOnly {
             what: format!("out {out:?}"),
@@ -621,9 +621,26 @@ pub(crate) fn scatter_operands(
     }
     let values = match one {
         true => values.with_unit_axis(axis),
-        false => values.clone(),
+        false => values,
     };
     Ok((idx, values))
+}
+
+/// A scatter's `values` as the `shape` it writes: themselves, or broadcast to it as numpy's
+/// fancy assignment broadcasts them ([`Tensor::broadcast_to`]: a 0-d value fills every
+/// element, a row every row). Values that do not broadcast are [`Error::Shape`], `wanted`
+/// saying what was expected (its shape first, in the words of every scatter).
+pub(crate) fn broadcast_values(
+    values: &Tensor,
+    shape: &[usize],
+    wanted: impl FnOnce() -> String,
+) -> Result<Tensor> {
+    values.broadcast_to(shape).ok_or_else(|| {
+        Error::shape(
+            format!("{} (or values that broadcast to it, as in numpy)", wanted()),
+            format!("{values:?}"),
+        )
+    })
 }
 
 /// A copy of `t` on `device`: the one way data crosses devices. The same device (or host
@@ -855,6 +872,73 @@ mod tests {
         assert_eq!(values_of(&host), (0..6).collect::<Vec<_>>());
         assert_eq!(values_of(&backing), (0..6).collect::<Vec<_>>());
         assert_eq!(values_of(&row), vec![0; 3]);
+    }
+
+    /// Values of another shape are broadcast to the one written, as numpy's fancy assignment
+    /// broadcasts them (`out[[3, 0]] = v` in numpy, written out by hand below); values that do
+    /// not broadcast are refused, and nothing is written.
+    #[test]
+    fn scatter_values_broadcast_as_numpys_fancy_assignment() {
+        use crate::PreparedScatter;
+        let rows = Tensor::from_slice(&[3i64, 0], &[2]).unwrap();
+        let v = |vals: &[i32], shape: &[usize]| Tensor::from_slice(vals, shape).unwrap();
+        let untouched: Vec<i32> = (0..12).collect();
+        let with = |row0: [i32; 3], row3: [i32; 3]| {
+            let mut w = untouched.clone();
+            w[..3].copy_from_slice(&row0);
+            w[9..].copy_from_slice(&row3);
+            w
+        };
+        let cases = [
+            (v(&[-1], &[]), with([-1; 3], [-1; 3])),
+            (v(&[-1, -2, -3], &[3]), with([-1, -2, -3], [-1, -2, -3])),
+            // One value per index: row 3 gets -1, row 0 gets -2.
+            (v(&[-1, -2], &[2, 1]), with([-2; 3], [-1; 3])),
+            // Leading axes of extent 1 are dropped.
+            (
+                v(&[-1, -2, -3], &[1, 1, 3]),
+                with([-1, -2, -3], [-1, -2, -3]),
+            ),
+            (v(&[-5], &[1, 1]), with([-5; 3], [-5; 3])),
+        ];
+        for (values, want) in &cases {
+            let out = arange(&[4, 3]);
+            scatter(values, &rows, &out, 0).unwrap();
+            assert_eq!(&values_of(&out), want, "{values:?}");
+            let out = arange(&[4, 3]);
+            PreparedScatter::new(values, &rows, &out, 0)
+                .unwrap()
+                .run()
+                .unwrap();
+            assert_eq!(&values_of(&out), want, "prepared {values:?}");
+        }
+        // One index writes a row: a 0-d value fills it.
+        let out = arange(&[4, 3]);
+        let one = Tensor::from_slice(&[1i64], &[]).unwrap();
+        scatter(&v(&[-9], &[]), &one, &out, 0).unwrap();
+        assert_eq!(
+            values_of(&out),
+            vec![0, 1, 2, -9, -9, -9, 6, 7, 8, 9, 10, 11]
+        );
+        // No broadcast: numpy refuses these too.
+        let out = arange(&[4, 3]);
+        for values in [
+            v(&[1, 2], &[2]),
+            v(&[1, 2, 3, 4], &[2, 2]),
+            v(&[0; 12], &[2, 2, 3]),
+            v(&[], &[0, 3]),
+        ] {
+            let e = scatter(&values, &rows, &out, 0).unwrap_err().to_string();
+            assert!(
+                e.starts_with(
+                    "values must have shape (2, 3) and dtype int32 (or values that broadcast \
+                     to it, as in numpy)"
+                ),
+                "{e}"
+            );
+            assert!(PreparedScatter::new(&values, &rows, &out, 0).is_err());
+        }
+        assert_eq!(values_of(&out), untouched);
     }
 
     #[test]

@@ -231,8 +231,8 @@ impl PreparedScatter {
         self.op.axis
     }
 
-    /// The number of indices, which is `values`'s extent along the axis (1 for one index,
-    /// which drops the axis).
+    /// The number of indices, which is `values`'s extent along the axis once broadcast (1
+    /// for one index, which drops the axis).
     pub fn num_indices(&self) -> usize {
         self.op.num_indices()
     }

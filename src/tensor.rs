@@ -492,6 +492,36 @@ impl Tensor {
         t
     }
 
+    /// A view of these elements broadcast to `shape` by numpy's rules, as numpy's fancy
+    /// assignment broadcasts its values: the axes aligned from the end, an axis of extent 1
+    /// (or one missing in front) repeated with stride 0, and leading axes of extent 1 beyond
+    /// `shape`'s dropped (`a[i] = v` takes `v` of shape `(1, n)` for a row of `n`). `None`
+    /// where the shapes do not broadcast. The view reads the same memory, within the same
+    /// span; its repeated elements make it a source only (targets are checked to be distinct).
+    pub(crate) fn broadcast_to(&self, shape: &[usize]) -> Option<Self> {
+        if *self.shape == *shape {
+            return Some(self.clone());
+        }
+        let extra = self.ndim().saturating_sub(shape.len());
+        if self.shape[..extra].iter().any(|&n| n != 1) {
+            return None;
+        }
+        let lead = shape.len() - (self.ndim() - extra);
+        let mut strides = vec![0isize; shape.len()];
+        let own = self.shape[extra..].iter().zip(&self.strides[extra..]);
+        for (k, (&n, &stride)) in own.enumerate() {
+            strides[lead + k] = match (n, shape[lead + k]) {
+                (n, want) if n == want => stride,
+                (1, _) => 0,
+                _ => return None,
+            };
+        }
+        let mut t = self.clone();
+        t.shape = shape.to_vec().into();
+        t.strides = strides.into();
+        Some(t)
+    }
+
     /// The same elements without axis `axis`, whose extent is 1.
     pub(crate) fn without_unit_axis(&self, axis: usize) -> Self {
         debug_assert_eq!(self.shape[axis], 1);

@@ -559,6 +559,46 @@ fn prepared_gathers_and_scatters_follow_changing_data() {
     }
 }
 
+/// Scatter values broadcast to the shape written, as numpy's fancy assignment broadcasts
+/// them: the kernels read the broadcast view's zero strides on every backend.
+#[test]
+fn scatter_broadcasts_values_on_every_backend() {
+    let test = "scatter_broadcasts_values_on_every_backend";
+    for be in backends(test) {
+        eprintln!("RUN {test} on {}", be.device());
+        let _running = Running(be.device());
+        let b = be.as_ref();
+        let host: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let idx = Tensor::from_slice(&[2i64, 0], &[2]).unwrap();
+        // numpy: a = arange(12).reshape(3, 4); a[[2, 0]] = values
+        let cases: [(&[f32], &[usize], [f32; 8]); 3] = [
+            (&[-1.], &[], [-1.; 8]),
+            (
+                &[-1., -2.],
+                &[2, 1],
+                [-1., -1., -1., -1., -2., -2., -2., -2.],
+            ),
+            (
+                &[-1., -2., -3., -4.],
+                &[1, 4],
+                [-1., -2., -3., -4., -1., -2., -3., -4.],
+            ),
+        ];
+        for (vals, shape, rows_2_then_0) in cases {
+            let dst = upload(b, &Tensor::from_slice(&host, &[3, 4]).unwrap());
+            let vals = upload(b, &Tensor::from_slice(vals, shape).unwrap());
+            PreparedScatter::on(be.clone(), &vals, &idx, &dst, 0)
+                .unwrap()
+                .run()
+                .unwrap();
+            let mut want = host.clone();
+            want[8..].copy_from_slice(&rows_2_then_0[..4]);
+            want[..4].copy_from_slice(&rows_2_then_0[4..]);
+            assert_eq!(download_f32(b, &dst), want, "values of shape {shape:?}");
+        }
+    }
+}
+
 /// One index (a 0-d tensor, host or device) drops the axis, as numpy's take and assignment
 /// do: the kernels run over a slab of one, inserted into the caller's output or values.
 #[test]

@@ -20,6 +20,35 @@ def _native(a):
     return a
 
 
+def _values(values, dtype: Optional[str]):
+    """A scatter's ``values`` as an array, the way numpy's ``out[idx] = values`` reads them:
+    DLPack arrays as given (in native byte order, `_native`); a numpy scalar
+    (``np.float32(3)``) as the 0-d array of its dtype it stands for; a Python scalar (bool,
+    int, float, complex), which has no dtype of its own, as a 0-d array of the target's
+    ``dtype`` (or numpy's default where that is not known yet), converted as numpy converts it
+    on assignment (its errors too: ``300`` into uint8 raises `OverflowError`). A 0-d value is
+    broadcast to every element written. Anything else is returned as it is, for the caller's
+    import to refuse by name."""
+    if isinstance(values, Tensor) or hasattr(values, "__dlpack__"):
+        return _native(values)
+    import numpy as np
+
+    if isinstance(values, np.generic):
+        return np.asarray(values)
+    if not isinstance(values, (bool, int, float, complex)):
+        return values
+    if dtype is None:
+        return np.asarray(values)
+    try:
+        target = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"a Python scalar is written in the target's dtype {dtype}, which numpy "
+                        f"has no type for: pass values as a 0-d array of {dtype}") from None
+    a = np.empty((), target)
+    a[()] = values
+    return a
+
+
 def _indices(indices):
     """Index arrays as given (any DLPack array; in native byte order, `_native`); one index (a Python or numpy int) as a 0-d
     int64 array, which drops the axis as numpy does; Python sequences of ints as an int64
@@ -92,7 +121,12 @@ def gather(x: Any, indices: Any, axis: int = 0,
 def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     """``out[.., indices[i], ..] = values[.., i, ..]`` along ``axis``, like numpy's fancy
     assignment: the last of duplicate indices wins; for one index (as in `gather`) ``values``
-    has ``out``'s shape without the axis. ``out`` is any writable DLPack array or a
+    has ``out``'s shape without the axis. ``values`` of another shape that broadcasts to the one
+    written are broadcast, as numpy broadcasts them: a scalar or a 0-d array is written at
+    every element, a row in every row. A numpy scalar is the 0-d array of its dtype, which
+    must be ``out``'s, as an array's must; a Python scalar takes ``out``'s dtype, converted as
+    numpy's assignment converts it. Scalars are host values: into device memory, pass a 0-d
+    array on that device. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride, or partitions
     written that share memory, raise `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
@@ -139,8 +173,9 @@ def prepare_scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> Prepa
     indices[i], ..] = values[.., i, ..]`` (the last of duplicate indices wins) and returns
     ``None``.
 
-    Everything `scatter` checks is checked here, once, with the same errors; ``values`` that
-    share memory with ``out`` raise `BufferError`, and so do ``values`` and ``out`` in
+    Everything `scatter` checks is checked here, once, with the same errors, and ``values``
+    broadcast as there (a scalar is a constant: the object keeps its 0-d array); ``values``
+    that share memory with ``out`` raise `BufferError`, and so do ``values`` and ``out`` in
     non-native byte order. The object holds ``values``, ``out`` and
     its own copy of the indices, so the caller may change the data of ``values`` between
     calls (not the shapes), and each call copies what is there then.

@@ -434,7 +434,9 @@ class PartitionedArray:
         """``self[.., indices, ..] = values`` along ``axis`` with global indices (the last of
         duplicate indices wins), written by the partitions that hold them; nothing is written
         unless every index is in range. For one index (an int, a 0-d array) ``values`` has the
-        array's shape without ``axis``, as numpy takes it. Partitions written that share
+        array's shape without ``axis``, as numpy takes it. ``values`` of another shape that
+        broadcasts to the one written are broadcast, and scalars read, as `dlpart.scatter`
+        does (a Python scalar takes the array's dtype). Partitions written that share
         memory raise `BufferError`, as in `repartition_into`. ``values`` may view this array's own memory: they are
         read as they were before the call, as numpy's fancy assignment does. Of an array of
         handles, only the partitions holding an index are fetched."""

@@ -442,10 +442,12 @@ class SpmdArray(PartitionedArray):
         ``split=None``), so nothing travels. Checked and agreed on every rank first: an
         error anywhere writes nothing anywhere. The ranks compare the indices and the values'
         shape and dtype, not the values' contents (that would cost a pass over them): each
-        rank writes from its own ``values``."""
-        from ._functions import _indices, _native
+        rank writes from its own ``values``. ``values`` broadcast as `dlpart.scatter`
+        broadcasts them, and scalars are read as it reads them."""
+        from ._functions import _indices, _values
 
-        v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_native(values)), _as_tensor(_indices(indices)),
+        v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_values(values, self.dtype)),
+                                                  _as_tensor(_indices(indices)),
                                                   _axis(axis, self.ndim)))
         _core._spmd_scatter(self.comm, self._core, v, idx, ax)
 

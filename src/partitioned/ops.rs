@@ -314,7 +314,9 @@ impl PartitionedArray {
     /// first). Only the partitions holding an index need data here
     /// ([`serving`](Self::serving)).
     /// For one index (a 0-d `indices`) `values` has this array's shape without `axis`, as
-    /// numpy's `a[.., i, ..] = values` takes it. `indices` takes any of the forms of
+    /// numpy's `a[.., i, ..] = values` takes it. `values` of another shape that broadcasts to
+    /// the one written are broadcast, as numpy's fancy assignment broadcasts them (a 0-d
+    /// value is written at every element). `indices` takes any of the forms of
     /// [`AsIndices`], as for [`gather`](Self::gather).
     ///
     /// ```
@@ -345,16 +347,20 @@ impl PartitionedArray {
             true => ops::without_axis(self.shape(), axis),
             false => self.shape_with(axis, idx.len()),
         };
-        if values.shape() != want.as_slice() {
-            return Err(Error::shape(
-                format!("scatter values must have shape {}", tuple_string(&want)),
+        let values = values.broadcast_to(&want).ok_or_else(|| {
+            Error::shape(
+                format!(
+                    "scatter values must have shape {} (or values that broadcast to it, as \
+                     in numpy)",
+                    tuple_string(&want)
+                ),
                 format!("values of shape {}", tuple_string(values.shape())),
-            ));
-        }
+            )
+        })?;
         // The slab of one that one index writes.
         let values = &match one {
             true => values.with_unit_axis(axis),
-            false => values.clone(),
+            false => values,
         };
         let dtype = self.dtype.unwrap_or(values.dtype());
         if values.dtype() != dtype {

@@ -531,14 +531,49 @@ fn one_index_drops_the_axis_as_numpy_does() {
     want.slice_mut(s![4, ..])
         .assign(&ndarray::arr1(&[-1, -2, -3, -4, -5]));
     assert_eq!(t.to_array::<i32>().unwrap(), want);
+    // Values of shape (5, 1) do not broadcast to a row of 5 (numpy refuses them too; those
+    // of shape (1, 5) it takes, dropping the leading axis).
     let e = pa
-        .scatter(&values.with_unit_axis(0), one(4), 0, false)
+        .scatter(&values.with_unit_axis(1), one(4), 0, false)
         .unwrap_err();
     assert!(e.to_string().contains("must have shape (5,)"), "{e}");
     assert_eq!(
         pa.serving(one(-1), 0).unwrap(),
         vec![vec![2, 0], vec![2, 1]]
     );
+}
+
+/// A partitioned scatter broadcasts its values as numpy's fancy assignment does: a 0-d value
+/// at every element written, one value per index along the axis.
+#[test]
+fn scatter_broadcasts_values_as_numpy_does() {
+    let idx = Tensor::from_slice(&[6i64, 0, 3], &[3]).unwrap();
+    let cases = [
+        (Tensor::from_slice(&[-1i32], &[]).unwrap(), [-1; 3]),
+        (
+            Tensor::from_slice(&[-1i32, -2, -3], &[3, 1]).unwrap(),
+            [-1, -2, -3],
+        ),
+    ];
+    for (values, per_index) in cases {
+        let (t, a) = global(&[7, 5]);
+        let pa = PartitionedArray::partition(&t, &Layout::tiling(&[3, 2])).unwrap();
+        pa.scatter(&values, &idx, 0, false).unwrap();
+        // numpy: a[[6, 0, 3]] = values
+        let mut want = a.clone();
+        for (&row, &x) in [6usize, 0, 3].iter().zip(&per_index) {
+            want.slice_mut(s![row, ..]).fill(x);
+        }
+        assert_eq!(t.to_array::<i32>().unwrap(), want, "{values:?}");
+        // Values that do not broadcast: refused, nothing written.
+        let long = Tensor::from_slice(&[0i32; 10], &[2, 5]).unwrap();
+        let e = pa.scatter(&long, &idx, 0, false).unwrap_err().to_string();
+        assert!(
+            e.contains("must have shape (3, 5) (or values that broadcast"),
+            "{e}"
+        );
+        assert_eq!(t.to_array::<i32>().unwrap(), want);
+    }
 }
 
 #[test]

@@ -145,6 +145,23 @@ pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     tensor_arg(&convert.call1((indices,))?)
 }
 
+/// A scatter's `values` as a tensor: a dlpart tensor or any DLPack array as [`read_arg`] reads
+/// it; anything else through `dlpart._functions._values`, which reads a numpy scalar as the
+/// 0-d array of its dtype and a Python scalar as a 0-d array of `dtype` (the target's, where
+/// known), as numpy's assignment reads them. Arrays, the common case, cost no more than
+/// before: the conversion is asked for only for what is no array.
+pub(super) fn values_arg(
+    values: &Bound<'_, PyAny>,
+    dtype: Option<crate::DType>,
+) -> PyResult<PyTensor> {
+    static VALUES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if values.cast::<PyTensor>().is_ok() || is_producer(values)? {
+        return read_arg(values);
+    }
+    let convert = VALUES.import(values.py(), "dlpart._functions", "_values")?;
+    read_arg(&convert.call1((values, dtype.map(|d| d.name())))?)
+}
+
 /// `out[.., i, ..] = x[.., indices[i], ..]` along `axis`, like `numpy.take`; negative indices
 /// count from the end, and an out-of-range index raises `IndexError` before anything is written.
 #[pyfunction]
@@ -170,7 +187,8 @@ fn gather(
 }
 
 /// `out[.., indices[i], ..] = values[.., i, ..]` along `axis`, like numpy's fancy assignment
-/// (the last of duplicate indices wins); validates everything before writing.
+/// (the last of duplicate indices wins, values broadcast, scalars read as numpy reads them);
+/// validates everything before writing.
 #[pyfunction]
 #[pyo3(signature = (values, indices, out, axis=0))]
 fn scatter(
@@ -180,8 +198,11 @@ fn scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<()> {
-    let (v, idx) = (read_arg(values)?, indices_arg(indices)?);
     let o = in_place_arg(out, "out", "scatter writes out in place")?;
+    let (v, idx) = (
+        values_arg(values, Some(o.inner.dtype()))?,
+        indices_arg(indices)?,
+    );
     let axis = axis_arg("scatter", axis, o.inner.ndim(), "output")?;
     detach_unless_small(py, &o.inner, v.inner.nbytes(), || {
         crate::ops::scatter(&v.inner, &idx.inner, &o.inner, axis)

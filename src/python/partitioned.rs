@@ -1297,7 +1297,9 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<()> {
-        let (pa, v, idx) = (self.inner(), read_arg(values)?, read_arg(indices)?);
+        let pa = self.inner();
+        let v = super::ops::values_arg(values, pa.dtype())?.inner;
+        let idx = read_arg(indices)?;
         let axis = axis_arg("scatter", axis, pa.ndim(), "array")?;
         py.detach(|| pa.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)

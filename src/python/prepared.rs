@@ -8,8 +8,8 @@ use crate::error::tuple_string;
 use crate::prepared::{PreparedGather, PreparedScatter};
 
 use super::errors::to_py;
-use super::ops::{in_place_arg, indices_arg};
-use super::tensor::{axis_arg, PyTensor};
+use super::ops::{in_place_arg, indices_arg, values_arg};
+use super::tensor::{axis_arg, is_producer, PyTensor};
 
 /// The methods both prepared classes share: `$class` wraps `inner`, shown by `__repr__` as
 /// `dlpart.$name`, with the tensor it reads (the Rust accessor `$read`) named `$label`.
@@ -112,14 +112,20 @@ fn prepare_scatter(
     out: &Bound<'_, PyAny>,
     axis: i64,
 ) -> PyResult<PyPreparedScatter> {
-    let why = "a prepared scatter reads values itself at each call";
-    let v = in_place_arg(values, "values", why)?;
-    let idx = indices_arg(indices)?;
     let o = in_place_arg(
         out,
         "out",
         "a prepared scatter writes out itself at each call",
     )?;
+    // A scalar is a constant: its 0-d array, which the object keeps, as `scatter` reads it.
+    let v = match values.cast::<PyTensor>().is_ok() || is_producer(values)? {
+        true => {
+            let why = "a prepared scatter reads values itself at each call";
+            in_place_arg(values, "values", why)?
+        }
+        false => values_arg(values, Some(o.inner.dtype()))?,
+    };
+    let idx = indices_arg(indices)?;
     let axis = axis_arg("prepare_scatter", axis, o.inner.ndim(), "output")?;
     let inner = py
         .detach(|| PreparedScatter::new(&v.inner, &idx.inner, &o.inner, axis))

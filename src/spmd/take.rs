@@ -340,8 +340,9 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// of a replicated array's), so nothing travels. Checked
 /// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
 /// anywhere. The ranks compare the indices and the values' shape and dtype, not the values'
-/// contents (that would cost a pass over them): each rank writes from its own `values`.
-/// `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
+/// contents (that would cost a pass over them): each rank writes from its own `values`,
+/// broadcast to the shape written as [`ops::scatter`] broadcasts them. `indices` takes any
+/// of the forms of [`AsIndices`], as for [`gather`].
 pub fn scatter(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -368,12 +369,9 @@ pub fn scatter(
                 of: "the partitioned array".into(),
             });
         }
-        if values.shape() != want.as_slice() {
-            return Err(Error::shape(
-                format!("scatter values must have shape {}", tuple_string(&want)),
-                format!("{values:?}"),
-            ));
-        }
+        let broadcast = ops::broadcast_values(values, &want, || {
+            format!("scatter values must have shape {}", tuple_string(&want))
+        })?;
         let slabs = Slabs::new(pa.grid(), axis, idx);
         let mut writes = Vec::new();
         // This rank's partitions, and the copies it holds of other ranks' (a replicated
@@ -413,9 +411,9 @@ pub fn scatter(
         }
         let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
-        Ok((writes, slabs, fingerprint(&w.0), index.one))
+        Ok((writes, slabs, fingerprint(&w.0), index.one, broadcast))
     })();
-    let ((writes, slabs, _, one), _) = agreed(
+    let ((writes, slabs, _, one, values), _) = agreed(
         comm,
         "scatter",
         stage,
@@ -431,7 +429,7 @@ pub fn scatter(
         let held = writes
             .iter()
             .map(|&(f, _)| pa.data()[f].tensor().expect("checked"));
-        let values = &ops::apart_from(values, held)?;
+        let values = &ops::apart_from(&values, held)?;
         // One index writes a slab of one.
         let values = &match one {
             true => values.with_unit_axis(axis),

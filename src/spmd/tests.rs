@@ -797,6 +797,33 @@ fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
     }
 }
 
+/// Values broadcast to the rows written, as numpy's fancy assignment broadcasts them: a 0-d
+/// value at every element, a column with one value per index.
+#[test]
+fn scatter_broadcasts_values_on_every_rank() {
+    let a = reference(&[4, 2]);
+    for (vals, shape) in [(vec![-1.0f32], vec![]), (vec![-1.0f32, -2.0], vec![2, 1])] {
+        let out = ThreadComm::run(2, |comm| {
+            let me = comm.rank();
+            let buffer = Tensor::from(block(&a, &[2 * me, 0], &[2, 2]));
+            let pa = from_stacked(comm, vec![buffer.clone()], 0).unwrap();
+            let values = Tensor::from_slice(&vals, &shape).unwrap();
+            let rows = Tensor::from_slice(&[3i64, 0], &[2]).unwrap();
+            scatter(comm, &pa, &values, &rows, 0).unwrap();
+            buffer.to_array::<f32>().unwrap()
+        });
+        // numpy: a[[3, 0]] = values
+        let mut want = a.clone();
+        for (k, row) in [3, 0].into_iter().enumerate() {
+            want.slice_mut(ndarray::s![row, ..])
+                .fill(vals[k % vals.len()]);
+        }
+        for (rank, mine) in out.iter().enumerate() {
+            assert_eq!(mine, &block(&want, &[2 * rank, 0], &[2, 2]), "{shape:?}");
+        }
+    }
+}
+
 /// Two partitions of rank 1 over the same memory: a scatter into both would leave what the one
 /// written last was given, not numpy's last duplicate. Refused on every rank, nothing written.
 #[test]
@@ -1334,7 +1361,10 @@ fn scatter_values_of_another_dtype_or_shape_fail_every_rank() {
          (ranks 1 failed too)"
     );
     assert!(
-        out[0][1].starts_with("ValueError: rank 0: scatter values must have shape (1, 2): "),
+        out[0][1].starts_with(
+            "ValueError: rank 0: scatter values must have shape (1, 2) (or values that \
+             broadcast to it, as in numpy): "
+        ),
         "{}",
         out[0][1]
     );

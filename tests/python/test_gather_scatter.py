@@ -300,8 +300,21 @@ def test_one_index_drops_the_axis_as_numpy_does(case, data):
         else:
             dlpart.partition(target, (2,) + (1,) * (ref.ndim - 1)).scatter(values, index, axis)
         assert same(target, assigned), write
-    with pytest.raises(ValueError, match="values must have shape"):
-        dlpart.scatter(np.expand_dims(values, axis), index, ref.copy(), axis=axis)
+    # Values with the axis kept broadcast where numpy's assignment to the slice broadcasts
+    # them (a leading axis of extent 1 is dropped), and are refused where it refuses them.
+    # (The trailing `...` makes numpy assign to a view even where the slice is one element,
+    # rather than convert the values to a scalar, which it refuses for arrays of ndim > 0.)
+    kept = np.expand_dims(values, axis)
+    assigned = ref.copy()
+    try:
+        assigned[along(axis, i) + (Ellipsis,)] = kept
+    except ValueError:
+        with pytest.raises(ValueError, match="values must have shape"):
+            dlpart.scatter(kept, index, ref.copy(), axis=axis)
+    else:
+        target = ref.copy()
+        dlpart.scatter(kept, index, target, axis=axis)
+        assert same(target, assigned)
 
 
 def test_indices_must_be_one_index_or_a_1d_integer_array():
@@ -468,9 +481,95 @@ def test_partitioned_scatter_refuses_partitions_that_share_memory():
     np.testing.assert_array_equal(z, values[::-1])
 
 
+@st.composite
+def broadcast_shape(draw, shape):
+    """A shape that broadcasts to `shape` as numpy's assignment broadcasts values: axes of
+    extent 1 in place of some, leading ones left out or leading axes of extent 1 added."""
+    out = [n if draw(st.booleans()) else 1 for n in shape]
+    out = out[draw(st.integers(0, len(out))):]
+    return (1,) * draw(st.integers(0, 2)) + tuple(out)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(case=cases(names=NATIVE), data=st.data())
+def test_scatter_values_broadcast_and_scalars_assign_as_numpy_does(case, data):
+    """Values of any shape numpy's ``out[.., idx, ..] = values`` broadcasts, a numpy scalar,
+    a Python scalar and a 0-d array, written by every scatter as numpy writes them; a shape
+    numpy refuses is refused by all."""
+    name, ref, _, axis, idx = case
+    idx = idx.astype(np.int64)
+    written = list(ref.shape)
+    written[axis] = len(idx)
+    rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+    form = data.draw(st.sampled_from(["broadcast", "numpy scalar", "python scalar", "0-d",
+                                      "not broadcast"]))
+    if form == "broadcast":
+        values = random_array(rng, data.draw(broadcast_shape(written)), name)
+    elif form == "not broadcast":
+        bad = list(written) or [1]
+        k = data.draw(st.integers(0, len(bad) - 1))
+        bad[k] = bad[k] + 2 if bad[k] > 1 else 2 + bad[k] + 1
+        values = random_array(rng, tuple(bad), name)
+    else:
+        zero_d = random_array(rng, (), name)
+        values = {"numpy scalar": zero_d[()], "python scalar": zero_d.item(), "0-d": zero_d}[form]
+    expect = ref.copy()
+    try:
+        expect[along(axis, idx)] = values
+    except ValueError:
+        expect = None
+    writes = {
+        "scatter": lambda t: dlpart.scatter(values, idx, t, axis=axis),
+        "prepared": lambda t: dlpart.prepare_scatter(values, idx, t, axis=axis)(),
+        "partitioned": lambda t: dlpart.partition(t, tuple(min(2, max(n, 1)) for n in t.shape))
+        .scatter(values, idx, axis),
+    }
+    for write, run in writes.items():
+        target = ref.copy()
+        if expect is None:
+            with pytest.raises(ValueError, match="values must have shape"):
+                run(target)
+            assert same(target, ref), write
+        else:
+            run(target)
+            assert same(target, expect), (write, form)
+
+
+def test_a_scalar_takes_the_targets_dtype_as_numpy_assigns_it():
+    """A Python scalar has no dtype: it is converted to the target's as numpy's assignment
+    converts it (3.7 into int32 is 3, 300 into uint8 an OverflowError, in both); a numpy
+    scalar has its dtype, which must be the target's, as an array's must."""
+    for dtype, value in (("int32", 3.7), ("float16", 1 / 3), ("bool", 2), ("complex64", 1.5),
+                         ("uint8", True), ("int64", 2**40)):
+        expect = np.zeros((4, 3), dtype)
+        expect[[2, 0]] = value
+        for write in ("scatter", "prepared", "partitioned"):
+            out = np.zeros((4, 3), dtype)
+            if write == "scatter":
+                dlpart.scatter(value, [2, 0], out)
+            elif write == "prepared":
+                dlpart.prepare_scatter(value, [2, 0], out)()
+            else:
+                dlpart.partition(out, (2, 1)).scatter(value, [2, 0])
+            assert same(out, expect), (dtype, value, write)
+    out = np.zeros(3, np.uint8)
+    with pytest.raises(OverflowError):
+        np.zeros(3, np.uint8)[[0]] = 300
+    for run in (lambda: dlpart.scatter(300, [0], out),
+                lambda: dlpart.partition(out, (1,)).scatter(300, [0])):
+        with pytest.raises(OverflowError):
+            run()
+    assert not out.any()
+    with pytest.raises(ValueError, match="dtype float64 differs from float32"):
+        dlpart.scatter(np.float64(1), [0], np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="do not support DLPack"):
+        dlpart.scatter("1", [0], np.zeros(3, np.float32))
+
+
 def test_partitioned_scatter_names_the_shape_it_wants_and_the_one_it_got():
     pa = dlpart.partition(np.zeros((3, 2)), (2, 1))
-    with pytest.raises(ValueError, match=r"values must have shape \(0, 2\): values of shape "
-                                         r"\(1, 2\)"):
-        pa.scatter(np.zeros((1, 2)), [])
+    with pytest.raises(ValueError, match=r"values must have shape \(0, 2\) \(or values that "
+                                         r"broadcast to it, as in numpy\): values of shape "
+                                         r"\(2, 2\)"):
+        pa.scatter(np.zeros((2, 2)), [])
     assert (np.from_dlpack(pa.assemble()) == 0).all()

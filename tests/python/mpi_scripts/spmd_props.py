@@ -194,6 +194,12 @@ def random_case(case, seed):
         where[ax] = one
         expect[tuple(where)] = ones
         np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
+    # Scalars (numpy's and Python's) broadcast to every element written, as numpy assigns them.
+    where[ax] = picks
+    for value in (ref.dtype.type(7), 5):
+        target.scatter(value, picks, axis=ax)
+        expect[tuple(where)] = value
+        np.testing.assert_array_equal(np.from_dlpack(target.assemble(root=None)), expect)
 
 
 def heat_form():
