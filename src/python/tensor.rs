@@ -740,6 +740,34 @@ fn refused_move(
     refused
 }
 
+/// The producer's data where it is, when it refused (`e`, a `BufferError`) to move it from
+/// `source` to `target` itself (numpy refuses every device but its own) and dlpart can make
+/// that move (`asked_move`: copies allowed): asked again without `dl_device`, for
+/// [`finish`] to move. `None` when dlpart cannot make the move either, or the second call
+/// fails too; the first refusal then stands.
+fn retry_here<'py>(
+    x: &Bound<'py, PyAny>,
+    e: &PyErr,
+    stream: Option<i64>,
+    (source, target): (Option<Device>, Option<Device>),
+    asked_move: bool,
+) -> Option<Bound<'py, PyAny>> {
+    let (Some(source), Some(target)) = (source, target) else {
+        return None;
+    };
+    if !asked_move
+        || !e.is_instance_of::<PyBufferError>(x.py())
+        || crate::backend::check_kernels([source, target]).is_err()
+    {
+        return None;
+    }
+    let here = Keywords {
+        dl_device: None,
+        copy: None,
+    };
+    call_versioned(x, stream, here).ok()
+}
+
 /// Whether `e` is the `TypeError` a callable raises for keywords it does not take: CPython
 /// says "unexpected keyword argument", "takes no keyword arguments" or "is an invalid keyword
 /// argument", always with the word "keyword".
@@ -820,7 +848,10 @@ fn import_as_asked(
         },
         Err(e) => {
             let asked_move = dl_device.is_some() && copy != Some(false);
-            return Err(refused_move(x, e, (source, target), asked_move));
+            match retry_here(x, &e, stream, (source, target), asked_move) {
+                Some(cap) => (cap, true, true),
+                None => return Err(refused_move(x, e, (source, target), asked_move)),
+            }
         }
     };
     let (t, flags) = consume_capsule(&cap)?;
