@@ -56,6 +56,11 @@
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 
+// The SPMD unit tests share helpers with the integration tests (tests/common/spmd.rs), which
+// name the crate `dlpart`.
+#[cfg(test)]
+extern crate self as dlpart;
+
 mod access;
 pub mod backend;
 pub mod device;

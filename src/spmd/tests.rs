@@ -1,7 +1,7 @@
 //! The SPMD logic on threads: every test runs its ranks through [`ThreadComm::run`] and checks
 //! each rank's result against an ndarray reference built independently of the planner.
 
-use ndarray::{ArrayD, IxDyn, SliceInfoElem};
+use ndarray::{ArrayD, IxDyn};
 
 use super::*;
 use crate::device::Device;
@@ -10,103 +10,16 @@ use crate::layout::Layout;
 use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::tensor::Tensor;
 
+/// The random layouts and references, shared with the integration tests.
+#[path = "../../tests/common/spmd.rs"]
+mod cases;
 mod rounds;
 
-/// A small deterministic generator (xorshift), seeded per case so every rank draws the same.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn reference(shape: &[usize]) -> ArrayD<f32> {
-    let mut k = 0.0f32;
-    ArrayD::from_shape_fn(IxDyn(shape), |_| {
-        k += 1.0;
-        k
-    })
-}
-
-/// The box of `a` at `start` of `shape`, copied out.
-pub(super) fn block(a: &ArrayD<f32>, start: &[usize], shape: &[usize]) -> ArrayD<f32> {
-    let info: Vec<SliceInfoElem> = start
-        .iter()
-        .zip(shape)
-        .map(|(&s, &n)| (s..s + n).into())
-        .collect();
-    a.slice(info.as_slice()).to_owned()
-}
-
-/// A random target: blocks of 1-4 along each axis dealt over `ranks` host slots when
-/// `cyclic`, else 1-4 random (possibly empty) slabs along each axis.
-fn random_layout(rng: &mut Rng, shape: &[usize], cyclic: bool, ranks: usize) -> Layout {
-    if cyclic {
-        let b: Vec<usize> = shape.iter().map(|_| 1 + rng.below(4)).collect();
-        return Layout::block_cyclic(&b, vec![Device::CPU; ranks]);
-    }
-    let s = shape
-        .iter()
-        .map(|&n| {
-            let parts = 1 + rng.below(4);
-            random_splits(rng, n, parts)
-        })
-        .collect();
-    Layout::splits(s)
-}
-
-/// Random split points of `len` into `parts` slabs (some possibly empty).
-fn random_splits(rng: &mut Rng, len: usize, parts: usize) -> Vec<usize> {
-    let mut cuts: Vec<usize> = (1..parts).map(|_| rng.below(len + 1)).collect();
-    cuts.sort_unstable();
-    let mut s = vec![0];
-    s.extend(cuts);
-    s.push(len);
-    s
-}
-
-/// A random source grid over `shape` (uneven, no empty slab: empty partitions at one offset
-/// would share a slab in the placed form) and a random rank for each partition.
-fn random_source(rng: &mut Rng, shape: &[usize], ranks: usize) -> (Grid, Vec<usize>) {
-    let splits = shape
-        .iter()
-        .map(|&n| {
-            let parts = 1 + rng.below(4);
-            let mut s = random_splits(rng, n, parts);
-            s.dedup();
-            s
-        })
-        .collect();
-    let grid = Grid::from_splits(shape, splits).unwrap();
-    // Rank 1 gets nothing when there are more than two ranks.
-    let owners = (0..grid.num_partitions())
-        .map(|_| match rng.below(ranks) {
-            1 if ranks > 2 => 0,
-            r => r,
-        })
-        .collect();
-    (grid, owners)
-}
-
-fn local_parts(a: &ArrayD<f32>, grid: &Grid, owners: &[usize], me: usize) -> LocalParts {
-    LocalParts::Placed(
-        (0..grid.num_partitions())
-            .filter(|&f| owners[f] == me)
-            .map(|f| {
-                let r = grid.region_at(f);
-                (r.start.clone(), Tensor::from(block(a, &r.start, &r.shape)))
-            })
-            .collect(),
-    )
-}
+pub(super) use cases::block;
+use cases::{
+    check_repartitioned, expected_traffic, local_parts, random_layout, random_picks, random_source,
+    reference, take_and_assign, Rng,
+};
 
 fn assembled(comm: &ThreadComm, pa: &PartitionedArray) -> Option<ArrayD<f32>> {
     assemble(comm, pa, Some(0), None, false)
@@ -313,61 +226,6 @@ fn a_mismatch_on_one_rank_is_the_same_error_on_every_rank() {
         from_local(c, parts, None).unwrap_err().kind().to_string()
     });
     assert_eq!(kinds, vec!["BufferError"; 2]);
-}
-
-/// The bytes rank `me` must send to each rank and copy locally, from region intersections.
-fn expected_traffic(
-    src: &Grid,
-    src_owners: &[usize],
-    dst: &Grid,
-    dst_owners: &[usize],
-    me: usize,
-    ranks: usize,
-) -> (Vec<u64>, u64) {
-    let mut sent = vec![0u64; ranks];
-    let mut local = 0;
-    for (i, &s) in src_owners.iter().enumerate() {
-        for (j, &d) in dst_owners.iter().enumerate() {
-            let (a, b) = (src.region_at(i), dst.region_at(j));
-            let n = a.intersect(&b).map_or(0, |r| r.numel()) as u64 * 4;
-            match (s == me, d == me) {
-                (true, true) => local += n,
-                (true, false) => sent[d] += n,
-                _ => {}
-            }
-        }
-    }
-    (sent, local)
-}
-
-/// Checks rank `me`'s side of a repartition from `src` (grid and owners) of `a`: each local
-/// partition of `out` is this rank's and holds `a`'s box, and `traffic` sent and copied
-/// locally what the plan moves. Returns the target grid and owners.
-pub(super) fn check_repartitioned(
-    out: &PartitionedArray,
-    traffic: &Traffic,
-    a: &ArrayD<f32>,
-    (src, src_owners): (&Grid, &[usize]),
-    me: usize,
-    case: u64,
-) -> (Grid, Vec<usize>) {
-    let dst_grid = out.grid().clone();
-    let dst_owners = owners(out).unwrap();
-    for p in out.partitions() {
-        if let Some(t) = p.tensor() {
-            assert_eq!(dst_owners[dst_grid.flat_index(&p.position).unwrap()], me);
-            let want = block(a, &p.start, &p.shape);
-            assert_eq!(t.to_array::<f32>().unwrap(), want, "case {case}");
-        }
-    }
-    let ranks = traffic.sent.len();
-    let (sent, local) = expected_traffic(src, src_owners, &dst_grid, &dst_owners, me, ranks);
-    assert_eq!(
-        (traffic.sent.clone(), traffic.local),
-        (sent, local),
-        "case {case}"
-    );
-    (dst_grid, dst_owners)
 }
 
 #[test]
@@ -661,22 +519,8 @@ fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
         let a = reference(&shape);
         let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
         let axis = rng.below(2);
-        let len = shape[axis];
-        let picks: Vec<i64> = (0..rng.below(2 * len + 1))
-            .map(|_| rng.below(2 * len) as i64 - len as i64)
-            .collect();
-        let positive: Vec<usize> = picks
-            .iter()
-            .map(|&i| (i + len as i64) as usize % len)
-            .collect();
-        let want = a.select(ndarray::Axis(axis), &positive);
-        // Fancy assignment of `want` back, the last of duplicate indices winning.
-        let mut assigned = ArrayD::<f32>::zeros(IxDyn(&shape));
-        for (k, &i) in positive.iter().enumerate() {
-            assigned
-                .index_axis_mut(ndarray::Axis(axis), i)
-                .assign(&want.index_axis(ndarray::Axis(axis), k));
-        }
+        let picks = random_picks(&mut rng, shape[axis]);
+        let (want, assigned) = take_and_assign(&a, &picks, axis);
         ThreadComm::run(RANKS, |comm| {
             let me = comm.rank();
             let pa = from_local(
