@@ -5,13 +5,13 @@
 //! memoryviews, so the bytes are copied only by packing and unpacking.
 
 use std::ffi::c_char;
-use std::ops::Range;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::spmd::p2p::{messages, MESSAGE_BYTES, TAG};
 use crate::spmd::{self, Communicator, LocalParts, Segments, Traffic};
 
 use super::device::device_arg;
@@ -72,30 +72,6 @@ fn mpi_error(op: &str, e: PyErr) -> Error {
     }
 }
 
-/// The most bytes one message carries: MPI counts are C ints, so a peer's segment beyond this
-/// travels as several messages, cut the same way by the rank that sends it and the rank that
-/// receives it. `DLPART_MPI_MESSAGE_BYTES` (read once, at least 1) sets it for tests.
-static MESSAGE_BYTES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
-    std::env::var("DLPART_MPI_MESSAGE_BYTES")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1 << 30)
-        .min(i32::MAX as usize)
-});
-
-/// The tag of dlpart's messages, on the communicator's duplicate that `dlpart.mpi` makes for
-/// dlpart alone (so that they never meet the program's own receives).
-const TAG: i32 = 0x646c;
-
-/// The `(offset, length)` messages of a segment of `count` bytes at `displ`.
-fn messages(displ: usize, count: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..count.div_ceil(max)).map(move |i| {
-        let at = i * max;
-        (displ + at, max.min(count - at))
-    })
-}
-
 /// A memoryview over `len` bytes at `ptr`, writable or not.
 ///
 /// # Safety
@@ -119,8 +95,9 @@ impl MpiComm {
     /// Moves each peer's segment of `segments` with nonblocking point-to-point messages, only
     /// between the ranks that have bytes for each other (a sparse plan touches only its
     /// peers), then waits for all of them: receives are posted first, so every message finds
-    /// its receive. `send(offset, len)` and `recv(offset, len)` make the buffer objects mpi4py
-    /// takes for a byte range of the send and receive buffers. Every rank calls this with
+    /// its receive (see [`messages`]). `send(offset, len)` and `recv(offset, len)` make the
+    /// buffer objects mpi4py takes for a byte range of the send and receive buffers, of
+    /// `lens` bytes; they are asked only for ranges inside them. Every rank calls this with
     /// segments that match its peers' (the plan is global), so each pair's messages match in
     /// order (MPI's messages between two ranks with one tag do not overtake).
     fn exchange<'py>(
@@ -128,6 +105,7 @@ impl MpiComm {
         py: Python<'py>,
         send: &dyn Fn(usize, usize) -> Result<Bound<'py, PyAny>>,
         recv: &dyn Fn(usize, usize) -> Result<Bound<'py, PyAny>>,
+        lens: (usize, usize),
         segments: &Segments<'_>,
     ) -> Result<()> {
         let (mpi, byte) = py
@@ -137,23 +115,16 @@ impl MpiComm {
                 Ok((m, byte))
             })
             .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
-        let (me, n, max) = (self.rank, self.size, *MESSAGE_BYTES);
-        // Every buffer object first (what can fail before anything is posted). After this
-        // rank's own segment (empty in dlpart's plans), receives go to the ranks below it
-        // first and sends to the ranks above it first, so the ranks do not all start with
-        // the same peer.
-        let mut posts = Vec::new();
-        for k in 0..n {
-            let p = (me + n - k) % n;
-            for (at, len) in messages(segments.recv_displs[p], segments.recv_counts[p], max) {
-                posts.push(("Irecv", p, recv(at, len)?));
-            }
-        }
-        for k in 0..n {
-            let p = (me + k) % n;
-            for (at, len) in messages(segments.send_displs[p], segments.send_counts[p], max) {
-                posts.push(("Isend", p, send(at, len)?));
-            }
+        // Every buffer object first (what can fail before anything is posted).
+        let plan = messages(self.rank, segments, lens.0, lens.1, *MESSAGE_BYTES)?;
+        let mut posts = Vec::with_capacity(plan.len());
+        for m in &plan {
+            let buf = if m.send {
+                send(m.at, m.len)?
+            } else {
+                recv(m.at, m.len)?
+            };
+            posts.push((m.op(), m.peer, buf));
         }
         let comm = self.comm.bind(py);
         let mut requests = Vec::with_capacity(posts.len());
@@ -212,32 +183,21 @@ impl Communicator for MpiComm {
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
-        for p in 0..self.size {
-            let outside = |counts: &[usize], range: Range<usize>, len: usize| {
-                counts[p] > 0 && range.end > len
-            };
-            if outside(segments.send_counts, segments.send_range(p), send.len())
-                || outside(segments.recv_counts, segments.recv_range(p), recv.len())
-            {
-                return Err(Error::buffer(format!(
-                    "rank {}: segment {p} lies outside the exchange's buffers",
-                    self.rank
-                )));
-            }
-        }
+        let lens = (send.len(), recv.len());
         let (send_ptr, recv_ptr) = (send.as_ptr().cast_mut(), recv.as_mut_ptr());
         Python::attach(|py| {
             let view = |base: *mut u8, write: bool| {
                 move |at: usize, len: usize| {
-                    // SAFETY: `exchange` asks only for the ranges of nonempty segments, each
-                    // checked inside its buffer above; both buffers outlive the views, which
-                    // `exchange` releases before it returns (after MPI is done with them);
-                    // MPI only reads the send views.
+                    // SAFETY: `exchange` asks only for byte ranges inside the buffers (`lens`,
+                    // checked by `messages`); both buffers outlive the views, which `exchange`
+                    // releases before it returns (after MPI is done with them); MPI only reads
+                    // the send views.
                     unsafe { memoryview(py, base.wrapping_add(at), len, write) }
                         .map_err(|e| mpi_error("memoryview", e))
                 }
             };
-            self.exchange(py, &view(send_ptr, false), &view(recv_ptr, true), segments)
+            let (s, r) = (view(send_ptr, false), view(recv_ptr, true));
+            self.exchange(py, &s, &r, lens, segments)
         })
     }
 
@@ -254,7 +214,7 @@ impl Communicator for MpiComm {
         Python::attach(|py| {
             // A CUDA-aware mpi4py takes device buffers through DLPack.
             let (s, r) = (device_bytes(py, send), device_bytes(py, recv));
-            self.exchange(py, &s, &r, segments)
+            self.exchange(py, &s, &r, (send.nbytes(), recv.nbytes()), segments)
         })
     }
 }

@@ -36,6 +36,9 @@ mod agree;
 mod exchange;
 mod local;
 mod moved;
+#[cfg(any(feature = "python", test))]
+#[cfg_attr(not(feature = "python"), allow(dead_code))] // its tests alone
+pub(crate) mod p2p;
 mod take;
 mod thread;
 mod wire;
