@@ -50,7 +50,8 @@ _dlpart_heat_requirements='
 heat==1.8.0
 torch==2.11.0
 '
-_dlpart_apt_packages=(openmpi-bin libopenmpi-dev build-essential)
+# libclang-dev: the `mpi` cargo feature's bindings (rsmpi's mpi-sys) run bindgen over mpi.h.
+_dlpart_apt_packages=(openmpi-bin libopenmpi-dev build-essential libclang-dev)
 
 _dlpart_log() { printf '[setup] %s\n' "$*" >&2; }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every check, in order: formatting, clippy (no features, python, cuda), cargo test, Miri on the
-# core, the extension built into the venv, pytest. Runs them all, then prints a summary and exits
-# non-zero if any failed.
+# Every check, in order: formatting, clippy (no features, python, cuda), cargo test, the Rust MPI
+# communicator under mpirun, Miri on the core, the extension built into the venv, pytest. Runs
+# them all, then prints a summary and exits non-zero if any failed (a step that cannot run here
+# says "SKIPPED: why" and shows as skipped).
 #
 #   scripts/test.sh                     # everything
 #   scripts/test.sh clippy pytest       # only the named steps (names below)
@@ -14,7 +15,7 @@ export DLPART_WITH_HEAT="${DLPART_WITH_HEAT:-1}"
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh || exit 1
 
-all_steps=(fmt clippy clippy-python clippy-cuda cargo-test cargo-test-cuda miri build-ext pytest)
+all_steps=(fmt clippy clippy-python clippy-cuda cargo-test cargo-test-cuda mpi miri build-ext pytest)
 steps=("${@:-${all_steps[@]}}")
 for s in "${steps[@]}"; do
     [[ " ${all_steps[*]} " == *" $s "* ]] || { echo "unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2; }
@@ -25,14 +26,29 @@ mkdir -p "$logs"
 results=()
 failed=0
 
+# The `mpi` feature (`MpiComm` over the `mpi` crate) builds against the system's MPI through
+# `mpicc` (and bindgen, through libclang); both, and `mpirun`, come with setup.sh's packages.
+# Where MPI is missing, what needs it is skipped, saying why, as pytest skips its MPI tests.
+mpi_missing() {
+    local tool
+    for tool in mpicc mpirun; do
+        command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install openmpi-bin libopenmpi-dev)"; return; }
+    done
+}
+mpi_feature() { [[ -n $(mpi_missing) ]] || echo ",mpi"; }
+
 step_fmt() { cargo fmt --all --check; }
 # The kernel bench and example need `bench-internals`: lint them with it too, and with `half`
-# (the f16/bf16 element types), which costs no pass of its own. The API docs build without a
-# warning (missing docs, broken or private links).
+# (the f16/bf16 element types) and `mpi` (MpiComm, its test and example), in the same pass.
+# The API docs build without a warning (missing docs, broken or private links), MpiComm's
+# included.
 step_clippy() {
+    local mpi
+    mpi=$(mpi_feature)
+    [[ -n $mpi ]] || echo "clippy and doc without feature mpi: $(mpi_missing)"
     cargo clippy --all-targets -- -D warnings &&
-        cargo clippy --all-targets --features bench-internals,half -- -D warnings &&
-        RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+        cargo clippy --all-targets --features "bench-internals,half$mpi" -- -D warnings &&
+        RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features "${mpi#,}"
 }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
 # kernel-host-tests adds the host build of the kernels (kernels/host/) and its tests.
@@ -59,6 +75,21 @@ step_cargo-test-cuda() {
     DLPART_REQUIRE_NVRTC=1 cargo test --features kernel-host-tests,half --lib --test cuda_ptx --test cuda_backend &&
         DLPART_REQUIRE_NVRTC=1 DLPART_NVRTC_MAJOR=13 LD_LIBRARY_PATH="$_dlpart_site/nvidia/cu13/lib" \
             cargo test --features cuda --test cuda_ptx
+}
+# MpiComm across processes: tests/mpi.rs (its own main: random layouts checked against ndarray
+# on every rank, `ok <rank>: <n> checks` from each) and the example, run by mpirun on 4 ranks
+# however many cores there are (oversubscribed), each bounded by a timeout; the test runs again
+# with every message cut at 7 bytes, as one beyond MPI's C-int counts is cut at 1 GiB. A failed
+# check aborts every rank. Then MpiComm's doc example is compiled (it needs mpirun to run).
+mpi_runner=(--config "target.'cfg(all())'.runner = ['timeout', '120', 'mpirun', '--oversubscribe', '-n', '4']")
+step_mpi() {
+    local missing
+    missing=$(mpi_missing)
+    if [[ -n $missing ]]; then echo "SKIPPED: $missing"; return 0; fi
+    cargo test --features mpi --test mpi "${mpi_runner[@]}" &&
+        DLPART_MPI_MESSAGE_BYTES=7 cargo test --features mpi --test mpi "${mpi_runner[@]}" -- 60 &&
+        cargo run --quiet --features mpi --example mpi_spmd "${mpi_runner[@]}" &&
+        cargo test --features mpi --doc MpiComm
 }
 # Miri runs the modules with unsafe code. The grid and planner hold none, and their
 # 65,536-partition tests would take Miri hours; one kernel test loops over thousands of random
@@ -113,6 +144,7 @@ for s in "${steps[@]}"; do
     rc=${PIPESTATUS[0]}
     secs=$((SECONDS - start))
     if ((rc == 0)); then status=ok; else status="FAILED (exit $rc)"; failed=1; fi
+    if ((rc == 0)) && grep -q '^SKIPPED: ' "$logs/$s.log"; then status=skipped; fi
     results+=("$(printf '%-14s %-18s %4ss' "$s" "$status" "$secs")")
 done
 

@@ -104,6 +104,11 @@ pub use num_complex;
 #[cfg(feature = "half")]
 pub use half;
 
+/// The `mpi` crate (rsmpi; feature `mpi`), whose communicators [`spmd::MpiComm`] wraps:
+/// `dlpart::mpi::initialize()` starts MPI with the version dlpart was built against.
+#[cfg(feature = "mpi")]
+pub use mpi;
+
 /// The README's Rust code blocks, run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

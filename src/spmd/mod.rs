@@ -1,8 +1,9 @@
 //! SPMD partitioned arrays: one process per rank (MPI's model), each holding its own
 //! partitions of one global array, and the collective operations between the ranks.
 //!
-//! The ranks talk through a [`Communicator`]: `dlpart.mpi` implements it over an mpi4py
-//! communicator, [`ThreadComm`] over threads of one process (for tests and examples). Every
+//! The ranks talk through a [`Communicator`]: `MpiComm` (feature `mpi`) implements it over an
+//! MPI communicator of the `mpi` crate (rsmpi), `dlpart.mpi` over an mpi4py one, and
+//! [`ThreadComm`] over threads of one process (for tests and examples). Every
 //! rank calls the same collective functions in the same order with the same global arguments:
 //! - [`from_local`]: each rank's own partitions and their global offsets, agreed into one
 //!   global grid by one all-gather of metadata (module `local`).
@@ -36,8 +37,10 @@ mod agree;
 mod exchange;
 mod local;
 mod moved;
-#[cfg(any(feature = "python", test))]
-#[cfg_attr(not(feature = "python"), allow(dead_code))] // its tests alone
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+#[cfg(any(feature = "python", feature = "mpi", test))]
+#[cfg_attr(not(any(feature = "python", feature = "mpi")), allow(dead_code))] // its tests alone
 pub(crate) mod p2p;
 mod take;
 mod thread;
@@ -54,6 +57,8 @@ pub use local::{from_local, from_stacked, with_ranks, LocalParts};
 pub use moved::to;
 #[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
 pub(crate) use moved::to_in;
+#[cfg(feature = "mpi")]
+pub use mpi_comm::MpiComm;
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;
 
@@ -82,9 +87,10 @@ pub trait Communicator: Sync {
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
 
     /// Sends `send[segments.send_range(p)]` to each rank `p` and receives rank `p`'s bytes for
-    /// this rank into `recv[segments.recv_range(p)]` (MPI's `Alltoallv` over bytes; `dlpart.mpi`
-    /// sends point-to-point messages between the ranks with bytes for each other). Send ranges
-    /// may overlap (the same bytes to several ranks); receive ranges do not.
+    /// this rank into `recv[segments.recv_range(p)]` (MPI's `Alltoallv` over bytes; `MpiComm`
+    /// and `dlpart.mpi` send point-to-point messages between the ranks with bytes for each
+    /// other). Send ranges may overlap (the same bytes to several ranks); receive ranges do
+    /// not.
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware

@@ -1,5 +1,5 @@
 //! The point-to-point messages by which dlpart's MPI communicators carry an all-to-all-v
-//! (`dlpart.mpi` over mpi4py): messages only between the
+//! (`dlpart.mpi` over mpi4py, and `MpiComm` over rsmpi): messages only between the
 //! ranks with bytes for each other, each peer's segment cut into messages of at most
 //! [`MESSAGE_BYTES`], the same way by the rank that sends it and the rank that receives it.
 

@@ -10,7 +10,7 @@ use crate::layout::Layout;
 use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::tensor::Tensor;
 
-/// The random layouts and references, shared with the integration tests.
+/// The random layouts and references that the MPI test (`tests/mpi.rs`) shares.
 #[path = "../../tests/common/spmd.rs"]
 mod cases;
 mod rounds;

@@ -1,7 +1,6 @@
-//! What the SPMD tests share (`src/spmd/tests.rs` includes this file, so that tests over other
-//! communicators can draw the same cases): random global layouts that every rank draws alike
-//! from one seed, and references built with ndarray independently of the planner. Public API
-//! only.
+//! What the SPMD tests share, over threads (`src/spmd/tests.rs` includes this file) and over
+//! MPI processes (`tests/mpi.rs`): random global layouts that every rank draws alike from one
+//! seed, and references built with ndarray independently of the planner. Public API only.
 
 use dlpart::grid::Grid;
 use dlpart::spmd::{owners, LocalParts, Traffic};
