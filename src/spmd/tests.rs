@@ -883,26 +883,37 @@ fn within_a_minute<T: Send + 'static>(
         .expect("every rank returns")
 }
 
+/// An 8 x 8 array over 4 ranks as row blocks, and zeros as its column blocks to repartition
+/// into: this rank's columns contiguous, or a strided view (`strided`), received in place or
+/// unpacked. Returns the array, the rows, this rank's columns and the column array.
+fn rows_to_columns(
+    comm: &ThreadComm,
+    strided: bool,
+) -> (ArrayD<f32>, PartitionedArray, Tensor, PartitionedArray) {
+    let r = comm.rank();
+    let a = ArrayD::from_shape_fn(IxDyn(&[8, 8]), |i| (i[0] * 10 + i[1]) as f32);
+    let rows = Tensor::from(block(&a, &[2 * r, 0], &[2, 8]));
+    let src = from_stacked(comm, vec![rows], 0).unwrap();
+    let cols = match strided {
+        false => Tensor::zeros(&[8, 2], crate::DType::Float32).unwrap(),
+        true => Tensor::zeros(&[8, 4], crate::DType::Float32)
+            .unwrap()
+            .view(&[0, 1], &[8, 2])
+            .unwrap(),
+    };
+    let placed = LocalParts::Placed(vec![(vec![0, 2 * r], cols.clone())]);
+    let dst = from_local(comm, Ok(placed), None).unwrap();
+    (a, src, cols, dst)
+}
+
 #[test]
 fn a_view_one_rank_holds_of_its_target_fails_every_rank_before_any_write() {
     // Rows to columns, the target received in place (contiguous columns) or unpacked (a
     // strided view): rank 1 still reads its own target through a view.
     for strided in [false, true] {
         let out = within_a_minute(4, move |comm| {
-            let r = comm.rank();
-            let a = ArrayD::from_shape_fn(IxDyn(&[8, 8]), |i| (i[0] * 10 + i[1]) as f32);
-            let rows = Tensor::from(block(&a, &[2 * r, 0], &[2, 8]));
-            let src = from_stacked(comm, vec![rows], 0).unwrap();
-            let cols = match strided {
-                false => Tensor::zeros(&[8, 2], crate::DType::Float32).unwrap(),
-                true => Tensor::zeros(&[8, 4], crate::DType::Float32)
-                    .unwrap()
-                    .view(&[0, 1], &[8, 2])
-                    .unwrap(),
-            };
-            let placed = LocalParts::Placed(vec![(vec![0, 2 * r], cols.clone())]);
-            let dst = from_local(comm, Ok(placed), None).unwrap();
-            let view = (r == 1).then(|| cols.as_array::<f32>().unwrap());
+            let (_, src, cols, dst) = rows_to_columns(comm, strided);
+            let view = (comm.rank() == 1).then(|| cols.as_array::<f32>().unwrap());
             let e = repartition_into(comm, &src, &dst, false).map(|_| ());
             drop(view);
             let untouched = cols.to_array::<f32>().unwrap().iter().all(|&v| v == 0.0);
@@ -958,26 +969,14 @@ fn another_thread_cannot_claim_a_target_between_the_agreement_and_the_writes() {
     // than making this rank fail alone after the others went on.
     for strided in [false, true] {
         let out = within_a_minute(4, move |comm| {
-            let r = comm.rank();
-            let a = ArrayD::from_shape_fn(IxDyn(&[8, 8]), |i| (i[0] * 10 + i[1]) as f32);
-            let rows = Tensor::from(block(&a, &[2 * r, 0], &[2, 8]));
-            let src = from_stacked(comm, vec![rows], 0).unwrap();
-            let cols = match strided {
-                false => Tensor::zeros(&[8, 2], crate::DType::Float32).unwrap(),
-                true => Tensor::zeros(&[8, 4], crate::DType::Float32)
-                    .unwrap()
-                    .view(&[0, 1], &[8, 2])
-                    .unwrap(),
-            };
-            let placed = LocalParts::Placed(vec![(vec![0, 2 * r], cols.clone())]);
-            let dst = from_local(comm, Ok(placed), None).unwrap();
+            let (a, src, cols, dst) = rows_to_columns(comm, strided);
             let pest = ReadsDuringExchange {
                 inner: comm,
                 target: cols.clone(),
                 refused: std::sync::Mutex::new(None),
             };
             let done = repartition_into(&pest, &src, &dst, false).map(|_| ());
-            let want = block(&a, &[0, 2 * r], &[8, 2]);
+            let want = block(&a, &[0, 2 * comm.rank()], &[8, 2]);
             let refused = pest.refused.into_inner().unwrap();
             (
                 done.map_err(|e| e.to_string()),
