@@ -307,8 +307,9 @@ impl PartitionedArray {
     /// `self[.., indices[k], ..] = values[.., k, ..]` along `axis`, like numpy's fancy
     /// assignment, with global indices (the last of duplicate indices wins). Each index is
     /// written by the partition that holds it, on its device; `values` on another device needs
-    /// `transfer`. Nothing is written unless every check passes; partitions to write that
-    /// share memory are refused ([`Error::Buffer`]), as
+    /// `transfer`. Nothing is written unless every check passes: a partition to write that
+    /// another thread reads or writes (a live view of it) is refused before any partition is
+    /// written, and so are partitions to write that share memory ([`Error::Buffer`] both), as
     /// [`repartition_into`](Self::repartition_into) refuses such targets. `values` may view
     /// this array's own memory: they are read as they were before the call (copied aside
     /// first). Only the partitions holding an index need data here
@@ -409,9 +410,13 @@ impl PartitionedArray {
         if !written.is_empty() {
             backend_for(values.device())?;
         }
-        // Each partition picks its rows of `values` when its turn comes: values that view
-        // this array's own memory are read before any partition is written.
+        // Values that view this array's own memory are read before any partition is written.
         let values = &ops::apart_from(values, written.iter().map(|&f| targets(f)))?;
+        // Everything that can fail before a kernel runs (each partition's rows of `values`
+        // picked and moved to its device, its indices normalised there) is done for every
+        // partition before the first is written: an error leaves the array as it was. The
+        // picked rows together are at most the size of `values`.
+        let mut writes = Vec::with_capacity(written.len());
         for f in written {
             let t = targets(f);
             let r = self.grid.region_at(f);
@@ -430,7 +435,22 @@ impl PartitionedArray {
             if !ops::one_memory(picked.device(), t.device()) {
                 picked = ops::to_device(&picked, t.device())?;
             }
-            ops::scatter(&picked, &groups.local[s], t, axis)?;
+            let backend = backend_for(t.device())?;
+            let (local, picked) =
+                ops::scatter_operands(backend.as_ref(), &picked, &groups.local[s], t, axis)?;
+            writes.push((backend, picked, local, t));
+        }
+        // Every partition written (and the values and indices read) claimed at once, for the
+        // whole write: a partition another thread reads or writes is refused before any is
+        // written, and none can be claimed by another thread between two writes. The writes'
+        // own claims on this thread go on within it.
+        let _scope = crate::access::scope(
+            writes.iter().flat_map(|(_, v, i, _)| [v, i]),
+            writes.iter().map(|&(_, _, _, t)| t),
+        )?;
+        for (backend, picked, local, t) in &writes {
+            backend.scatter(picked, local, axis, t)?;
+            backend.synchronize()?;
         }
         Ok(())
     }

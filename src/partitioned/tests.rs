@@ -611,6 +611,29 @@ fn scatter_refuses_partitions_that_share_memory_and_writes_nothing() {
     );
 }
 
+/// A scatter refused by a partition another thread is reading writes no partition, not
+/// even those before it: every partition written is claimed before the first write.
+#[test]
+fn scatter_refused_by_a_partition_in_use_writes_nothing() {
+    let t = Tensor::from(ndarray::Array2::<i32>::zeros((4, 3)));
+    let pa = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
+    let second = pa.at(&[1, 0]).unwrap().tensor().unwrap().clone();
+    let values = Tensor::from(ndarray::array![[1, 1, 1], [2, 2, 2]]);
+    let reader = second.as_array::<i32>().unwrap(); // as another thread reading it
+    let e = pa.scatter(&values, [0, 3], 0, false).unwrap_err();
+    drop(reader);
+    assert!(matches!(e, Error::Buffer { .. }), "{e}");
+    assert!(e.to_string().contains("being read"), "{e}");
+    let zeros = ndarray::Array2::<i32>::zeros((4, 3)).into_dyn();
+    assert_eq!(t.to_array::<i32>().unwrap(), zeros, "nothing written");
+    // Once the reader is gone the same scatter writes both rows.
+    pa.scatter(&values, [0, 3], 0, false).unwrap();
+    let mut want = ndarray::Array2::<i32>::zeros((4, 3));
+    want.row_mut(0).fill(1);
+    want.row_mut(3).fill(2);
+    assert_eq!(t.to_array::<i32>().unwrap(), want.into_dyn());
+}
+
 /// Scatters float32 values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row
 /// blocks, `p0` over rows 0..2 and `p1` over rows 2..4.
 fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2], transfer: bool) -> Result<()> {
