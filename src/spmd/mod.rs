@@ -158,5 +158,7 @@ pub struct Traffic {
 mod tests;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_faults;
+#[cfg(test)]
+mod tests_scatter;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_staged;

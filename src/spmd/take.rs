@@ -409,11 +409,23 @@ pub fn scatter(
             let position = |j: usize| tuple_string(&pa.grid().position(writes[j].0));
             return Err(s.targets_error(position, &format!(" of rank {me}")));
         }
+        // A view this process holds of a partition written (or a write to `values` under
+        // way) would refuse this rank's writes after the ranks agreed: found here, where its
+        // error reaches every rank, and the memory held until the writes are done, so that
+        // no other thread claims it in between (see `crate::access::scope`).
+        let scope = crate::access::scope([values], held.iter().copied())?;
         let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
-        Ok((writes, slabs, fingerprint(&w.0), index.one, broadcast))
+        Ok((
+            writes,
+            slabs,
+            fingerprint(&w.0),
+            index.one,
+            broadcast,
+            scope,
+        ))
     })();
-    let ((writes, slabs, _, one, values), _) = agreed(
+    let ((writes, slabs, _, one, values, _scope), _) = agreed(
         comm,
         "scatter",
         stage,
@@ -422,8 +434,10 @@ pub fn scatter(
         "scatters (indices, values' shapes or dtypes, or grids)",
     )?;
     // Picking the rows allocates, on the host too, and device work can fail on one rank:
-    // the ranks confirm the outcome, as gathers do, so that none returns success while
-    // another fails (the partitions then hold what the ranks had written by then).
+    // every partition's rows are picked, and its indices made, before the first is written,
+    // so that a rank failing there writes nothing, and the ranks confirm the outcome, as
+    // gathers do, so that none returns success while another fails (the other ranks'
+    // partitions then hold what they wrote).
     let written = (|| {
         // Values that view this rank's partitions are read before any of them is written.
         let held = writes
@@ -435,6 +449,7 @@ pub fn scatter(
             true => values.with_unit_axis(axis),
             false => values.clone(),
         };
+        let mut ready = Vec::with_capacity(writes.len());
         for (f, s) in writes {
             let t = pa.data()[f].tensor().expect("checked");
             let r = pa.grid().region_at(f);
@@ -443,7 +458,15 @@ pub fn scatter(
             shape[axis] = values.shape()[axis];
             let rows = values.view(&start, &shape)?;
             let picked = ops::gather(&rows, &index_tensor(&slabs.at[s])?, axis, None)?;
-            ops::scatter(&picked, &index_tensor(&slabs.local[s])?, t, axis)?;
+            let backend = crate::backend::backend_for(t.device())?;
+            let local = index_tensor(&slabs.local[s])?;
+            let (local, picked) =
+                ops::scatter_operands(backend.as_ref(), &picked, &local, t, axis)?;
+            ready.push((backend, picked, local, t));
+        }
+        for (backend, picked, local, t) in &ready {
+            backend.scatter(picked, local, axis, t)?;
+            backend.synchronize()?;
         }
         Ok(())
     })();

@@ -1,0 +1,57 @@
+//! The SPMD scatter's all-or-nothing writes.
+
+use ndarray::Array2;
+
+use super::*;
+use crate::tensor::Tensor;
+
+/// Each of 2 ranks holds rows `4r..4r + 4` of an 8x2 array as two row blocks; rank 0's second
+/// block is being read (a view held, as another thread reading it would). A scatter into rows
+/// of every block is refused on every rank, and no rank writes any block, not even those
+/// before the one in use.
+#[test]
+fn scatter_refused_by_a_partition_in_use_writes_nothing_on_any_rank() {
+    let out = ThreadComm::run(2, |comm| {
+        let me = comm.rank();
+        let blocks: Vec<Tensor> = (0..2)
+            .map(|_| Tensor::from(Array2::<i32>::zeros((2, 2))))
+            .collect();
+        let pa = from_stacked(comm, blocks.clone(), 0).unwrap();
+        let values = Tensor::from(ndarray::array![[1, 1], [2, 2], [3, 3], [4, 4]]);
+        let rows = Tensor::from_slice(&[0i64, 3, 4, 7], &[4]).unwrap();
+        let reader = (me == 0).then(|| blocks[1].as_array::<i32>().unwrap());
+        let e = scatter(comm, &pa, &values, &rows, 0).unwrap_err();
+        drop(reader);
+        let held: Vec<_> = blocks
+            .iter()
+            .map(|b| b.to_array::<i32>().unwrap())
+            .collect();
+        // Once the reader is gone the same scatter writes every row asked.
+        scatter(comm, &pa, &values, &rows, 0).unwrap();
+        let after: Vec<_> = blocks
+            .iter()
+            .map(|b| b.to_array::<i32>().unwrap())
+            .collect();
+        (e.to_string(), held, after)
+    });
+    let zeros = Array2::<i32>::zeros((2, 2)).into_dyn();
+    for (rank, (e, held, after)) in out.iter().enumerate() {
+        assert!(e.contains("being read"), "rank {rank}: {e}");
+        for b in held {
+            assert_eq!(b, &zeros, "rank {rank}: nothing written");
+        }
+        // numpy: a[[0, 3, 4, 7]] = values, rank r holding rows 4r..4r + 4.
+        let mut want = Array2::<i32>::zeros((8, 2));
+        for (k, row) in [0, 3, 4, 7].into_iter().enumerate() {
+            want.row_mut(row).fill(k as i32 + 1);
+        }
+        for (j, b) in after.iter().enumerate() {
+            let r0 = 4 * rank + 2 * j;
+            let w = want
+                .slice(ndarray::s![r0..r0 + 2, ..])
+                .to_owned()
+                .into_dyn();
+            assert_eq!(b, &w, "rank {rank} block {j}");
+        }
+    }
+}
