@@ -456,6 +456,8 @@ impl Backend for CpuBackend {
         normalise::normalise_indices(indices, axis, len)
     }
 
+    /// Every index is checked before anything is written: one out of range is
+    /// [`Error::IndexOutOfRange`] naming the first such one, with `out` as it was.
     fn gather(&self, src: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"gather", src, out)?;
         // The kernel writes `out` from several threads: an element it holds twice would race.
@@ -483,6 +485,8 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Every index is checked before anything is written: one out of range is
+    /// [`Error::IndexOutOfRange`] naming the first such one, with `out` as it was.
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"scatter", values, out)?;
         crate::ops::check_distinct(out, "scatter target")?;
@@ -527,7 +531,8 @@ fn packed(src: SrcView<'_>, itemsize: usize) -> Result<(HostBuffer, Vec<isize>)>
 }
 
 /// Gather or scatter between tensors that may alias each other: an aliased source is copied
-/// first, so that the result is as if every value was read before any was written.
+/// first, so that the result is as if every value was read before any was written. An index
+/// out of range is [`Error::IndexOutOfRange`] before anything is written.
 ///
 /// # Safety
 /// The views must describe valid host memory, `dst` writable.
@@ -538,6 +543,12 @@ unsafe fn index_checked<const SCATTER: bool>(
     dst: DstView<'_>,
     itemsize: usize,
 ) -> Result<()> {
+    // Every index checked before the first write (the kernels check each as they use it,
+    // after earlier ones were written): a pass over the indices, cheap beside the copy.
+    let indexed = if SCATTER { dst.shape } else { src.shape };
+    if let Some(&len) = indexed.get(axis) {
+        index::check_indices(idx, axis, len)?;
+    }
     let aliased = overlap(
         span(src.ptr, src.shape, src.strides, itemsize),
         span(dst.ptr, dst.shape, dst.strides, itemsize),

@@ -201,6 +201,44 @@ fn gather_checks_index_tensors() {
     );
 }
 
+/// A gather or scatter whose bad index comes after good ones writes nothing: every index is
+/// checked before the first write, on each kernel path (rows, columns, long lists).
+#[test]
+fn gather_and_scatter_with_a_bad_index_leave_out_as_it_was() {
+    let b = backend();
+    for (shape, axis, n) in [
+        (&[4usize, 3][..], 0, 2),
+        (&[4, 3], 1, 2),
+        (&[4096, 2], 0, 3000),
+    ] {
+        let len = shape[axis] as i64;
+        let mut list: Vec<i64> = (0..n as i64).map(|k| (k * 7) % len).collect();
+        list[n - 1] = len + 5;
+        let idx = Tensor::from_slice(&list, &[n]).unwrap();
+        let mut short = shape.to_vec();
+        short[axis] = n;
+        let bad = |e: Error| {
+            assert!(
+                matches!(e, Error::IndexOutOfRange { index, axis: a, len: l }
+                    if index == (len + 5) as i128 && a == axis && l == len as usize),
+                "{e}"
+            )
+        };
+        // gather: out is the short side
+        let src = iota(shape);
+        let out = Tensor::zeros(&short, DType::Int32).unwrap();
+        bad(b.gather(&src, &idx, axis, &out).unwrap_err());
+        let zeros = ndarray::ArrayD::<i32>::zeros(ndarray::IxDyn(&short));
+        assert_eq!(out.to_array::<i32>().unwrap(), zeros, "gather {shape:?}");
+        // scatter: out is the indexed side
+        let values = iota(&short);
+        let out = Tensor::zeros(shape, DType::Int32).unwrap();
+        bad(b.scatter(&values, &idx, axis, &out).unwrap_err());
+        let zeros = ndarray::ArrayD::<i32>::zeros(ndarray::IxDyn(shape));
+        assert_eq!(out.to_array::<i32>().unwrap(), zeros, "scatter {shape:?}");
+    }
+}
+
 #[test]
 fn identity_gather_in_place_keeps_the_data() {
     let b = backend();
