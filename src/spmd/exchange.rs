@@ -116,19 +116,22 @@ impl SpmdTarget {
 pub fn owners(pa: &PartitionedArray) -> Result<Vec<usize>> {
     (0..pa.len())
         .map(|flat| {
-            pa.locations(flat)
-                .iter()
-                .find_map(|l| l.rank)
-                .and_then(|r| usize::try_from(r).ok())
-                .ok_or_else(|| {
-                    Error::protocol(
-                        "location",
-                        Some(&pa.grid().position(flat)),
-                        "names no rank: not an SPMD array (make one with from_local, or read \
-                         the dict with the communicator)",
-                        None,
-                    )
-                })
+            let rank = pa.locations(flat).iter().find_map(|l| l.rank);
+            rank.and_then(|r| usize::try_from(r).ok()).ok_or_else(|| {
+                let names = match rank {
+                    Some(r) => format!("names rank {r}, which is no rank (ranks count from 0)"),
+                    None => "names no rank".into(),
+                };
+                Error::protocol(
+                    "location",
+                    Some(&pa.grid().position(flat)),
+                    format!(
+                        "{names}: not an SPMD array (make one with from_local, or read the \
+                         dict with the communicator)"
+                    ),
+                    None,
+                )
+            })
         })
         .collect()
 }

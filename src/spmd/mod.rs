@@ -159,6 +159,8 @@ mod tests;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_faults;
 #[cfg(test)]
+mod tests_messages;
+#[cfg(test)]
 mod tests_scatter;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_staged;
