@@ -101,8 +101,9 @@ impl PreparedGather {
         let slab = shown.as_ref().map(|o| o.with_unit_axis(axis));
         let (indices, new_out) =
             gather_operands(backend.as_ref(), src, &list, axis, slab.as_ref().or(out))?;
-        if out.is_some() {
-            check_apart(src, &new_out, "source")?;
+        // The caller's `out` named in errors, not the slab of one made of it.
+        if let Some(out) = out {
+            check_apart(src, out, "source")?;
         }
         let out = shown.unwrap_or_else(|| new_out.clone());
         let op = Operands {

@@ -281,6 +281,31 @@ fn operands_sharing_memory_are_refused_and_disjoint_views_of_one_buffer_run() {
     assert_eq!(a.index_axis(Axis(0), 5), a.index_axis(Axis(0), 1));
 }
 
+/// One index drops the axis: an `out` refused for sharing memory with the source is named as
+/// the caller gave it, not as the slab of one the kernels write.
+#[test]
+fn a_refused_out_for_one_index_is_named_as_given() {
+    let x = Tensor::zeros(&[4, 3], DType::Int32).unwrap();
+    let row = x.view(&[3, 0], &[1, 3]).unwrap();
+    // SAFETY: row 3 of `x` (three contiguous elements) as a 1-d tensor, keeping `x`'s owner.
+    let row3 = unsafe {
+        Tensor::from_raw_parts(
+            row.data_ptr(),
+            vec![3],
+            vec![1],
+            DType::Int32,
+            Device::CPU,
+            false,
+            x.owner().clone(),
+        )
+    };
+    let e = PreparedGather::new(&x, 0, 0, Some(&row3)).unwrap_err();
+    let want = format!("out {row3:?} shares memory with the source {x:?}");
+    assert!(matches!(e, Error::Buffer { .. }), "{e}");
+    assert!(e.to_string().starts_with(&want), "{e}");
+    assert!(!e.to_string().contains("(1, 3)"), "{e}");
+}
+
 #[test]
 fn the_tensors_live_as_long_as_the_prepared_operation() {
     let a: ArcArray<f32, IxDyn> = ArcArray::from_shape_fn(IxDyn(&[3, 5]), |i| i[0] as f32);
