@@ -74,7 +74,17 @@ pub(crate) unsafe fn gather_tuned(
 
 /// The first index outside `[0, len)` as [`Error::IndexOutOfRange`] on `axis`.
 pub(super) fn check_indices(indices: &[i64], axis: usize, len: usize) -> Result<()> {
-    match indices.iter().find(|&&j| j as u64 >= len as u64) {
+    // A branch-free pass first (the compiler vectorises it, where a search that may stop at
+    // any index stays one compare and branch per index), the search only when some index is
+    // out of range.
+    let len64 = len as u64;
+    if !indices
+        .iter()
+        .fold(false, |bad, &j| bad | (j as u64 >= len64))
+    {
+        return Ok(());
+    }
+    match indices.iter().find(|&&j| j as u64 >= len64) {
         Some(&index) => Err(Error::IndexOutOfRange {
             index: index as i128,
             axis,
