@@ -369,6 +369,9 @@ class SpmdArray(PartitionedArray):
         element; ``block_cyclic`` (or ``devices`` with ``process_grid``) deals the partitions
         over the ranks instead, ``devices`` then listing one device per rank (by default each
         rank's own). Boxes that stay on a rank are copied there, never sent (see ``traffic``).
+        New partitions are the memory their device names, as in one process: pinned memory
+        from CUDA on ``kDLCUDAHost``, and a BufferError on every rank for managed or ROCm host
+        memory, which dlpart does not make.
         """
         def layout():
             devs = devices

@@ -6,7 +6,7 @@
 //! buffers carry no headers. Large exchanges in host memory go in rounds (module `rounds`):
 //! each round packs and exchanges a slice of every peer's boxes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
@@ -158,7 +158,12 @@ pub(super) fn check_own_data(pa: &PartitionedArray, src_owners: &[usize], me: us
 
 /// The same array over `layout` across the ranks of `comm` (a collective call), with the bytes
 /// this rank moved. See [`SpmdTarget::resolve`] for where target partitions go; a target on
-/// another device than this rank's sources needs `transfer`.
+/// another device than this rank's sources needs `transfer`. New partitions are the memory
+/// their device names, as in one process ([`PartitionedArray::repartition`]): pinned memory
+/// from CUDA on `kDLCUDAHost` (an [`Error::BackendUnavailable`] where CUDA cannot load), and
+/// none on `kDLCUDAManaged` or `kDLROCMHost`, which dlpart does not make
+/// ([`Error::NoNewMemory`]); such an error on the ranks holding those partitions is every
+/// rank's, before anything moves.
 pub fn repartition(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -204,19 +209,8 @@ pub(super) fn repartition_target_with(
         let dtype = dtype_of(pa)?;
         let mine: Vec<usize> = (0..t.owners.len()).filter(|&j| t.owners[j] == me).collect();
         check_here(mine.iter().map(|&j| t.devices[j]))?;
-        let targets = match rank_device(mine.iter().map(|&j| t.devices[j]), "targets")? {
-            None => Vec::new(),
-            Some(dev) => {
-                let shapes: Vec<Vec<usize>> =
-                    mine.iter().map(|&j| t.grid.region_at(j).shape).collect();
-                let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-                backend_for(dev)?.empty_many(&refs, dtype)?
-            }
-        };
-        let mut all: Vec<Option<Tensor>> = vec![None; t.owners.len()];
-        for (j, tensor) in mine.into_iter().zip(targets) {
-            all[j] = Some(tensor);
-        }
+        rank_device(mine.iter().map(|&j| t.devices[j]), "targets")?;
+        let all = new_targets(&t, &mine, dtype)?;
         Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
     });
     let stage = stage.map_err(|e| e.advise(REPARTITION_ELSEWHERE));
@@ -238,6 +232,31 @@ pub(super) fn repartition_target_with(
         dtype_of(pa)?,
     )?;
     Ok((out, traffic))
+}
+
+/// New tensors for this rank's target partitions `mine` of `t` (`None` for the others), each
+/// in the memory its device names, as a single-process repartition allocates them: host
+/// memory of one kind is not another's (new `kDLCUDAHost` memory is pinned memory from CUDA,
+/// and managed or ROCm host memory is [`Error::NoNewMemory`]), though the exchange works on
+/// every host kind alike. The targets of each device come from one call, so that its backend
+/// can share allocations.
+fn new_targets(t: &SpmdTarget, mine: &[usize], dtype: DType) -> Result<Vec<Option<Tensor>>> {
+    let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
+    for &j in mine {
+        by_device.entry(t.devices[j]).or_default().push(j);
+    }
+    let mut all: Vec<Option<Tensor>> = vec![None; t.owners.len()];
+    for (dev, js) in by_device {
+        let shapes: Vec<Vec<usize>> = js.iter().map(|&j| t.grid.region_at(j).shape).collect();
+        let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        for (j, tensor) in js
+            .into_iter()
+            .zip(backend_for(dev)?.empty_many(&refs, dtype)?)
+        {
+            all[j] = Some(tensor);
+        }
+    }
+    Ok(all)
 }
 
 /// The SPMD array over `grid` whose partition `j` lives on rank `owners[j]`, device
@@ -361,7 +380,8 @@ pub(super) fn repartition_into_with(
 
 /// The whole array as one tensor on rank `root` (`Some` there, `None` elsewhere), or on every
 /// rank when `root` is `None` (a collective call). The tensor goes to `device`, by default the
-/// device of the receiving rank's first partition (host memory for a rank without one).
+/// device of the receiving rank's first partition (host memory for a rank without one), in
+/// memory of the kind that device names, as [`repartition`] allocates it.
 pub fn assemble(
     comm: &dyn Communicator,
     pa: &PartitionedArray,

@@ -91,10 +91,12 @@ fn print(pa: &PartitionedArray, src_owners: &[usize], axis: usize, idx: &Index) 
 /// same indices): each index is served by the rank holding it, and the picked slabs travel in
 /// one all-to-all-v. The result keeps `pa`'s split points on the other axes and has one slab
 /// along `axis`; each of its partitions goes to the rank (and device) of the source partition
-/// holding its first element. An index out of range, or a partition of a rank's own that
-/// holds no data there, is an error on every rank before anything moves. `indices` takes any
-/// of the forms of [`AsIndices`]: a [`Tensor`] (host memory), a slice, `Vec` or array of
-/// integers, an ndarray array or view, one integer (which drops the axis).
+/// holding its first element, in memory of the kind that device names, as
+/// [`crate::spmd::repartition`] allocates it. An index out of range, a partition of a rank's
+/// own that holds no data there, or memory dlpart cannot make there, is an error on every
+/// rank before anything moves. `indices` takes any of the forms of [`AsIndices`]: a
+/// [`Tensor`] (host memory), a slice, `Vec` or array of integers, an ndarray array or view,
+/// one integer (which drops the axis).
 ///
 /// ```
 /// use dlpart::spmd::{self, Communicator, ThreadComm};
@@ -160,8 +162,11 @@ pub fn gather(
         )?
         .unwrap_or(Device::CPU);
         let mut outs: Vec<Option<Tensor>> = vec![None; n];
+        // Each in the memory its device names, as a single-process gather allocates it
+        // (pinned kDLCUDAHost memory from CUDA; no new managed memory), though the picks
+        // work on every host kind alike.
         for &j in &mine {
-            outs[j] = Some(backend_for(dev)?.empty(&grid.region_at(j).shape, dtype)?);
+            outs[j] = Some(backend_for(out_dev[j])?.empty(&grid.region_at(j).shape, dtype)?);
         }
         // Contributions (output partition, slab) in (j, s) order, by sender and receiver.
         let piece = |j: usize, s: usize| {

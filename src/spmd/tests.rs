@@ -870,7 +870,7 @@ fn an_all_gather_of_the_wrong_count_is_an_error_not_a_panic() {
 
 /// `f` on `ranks` ranks, or a panic when they have not all returned within a minute: a rank
 /// left waiting in a collective fails the test instead of hanging it.
-fn within_a_minute<T: Send + 'static>(
+pub(super) fn within_a_minute<T: Send + 'static>(
     ranks: usize,
     f: impl Fn(&ThreadComm) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
@@ -1211,4 +1211,115 @@ fn scatter_values_of_another_dtype_or_shape_fail_every_rank() {
         "{}",
         out[0][1]
     );
+}
+
+/// What one rank's collective call gave: every partition it holds as (position, device,
+/// elements) and the device every partition's location names, or its error as (class,
+/// message).
+type HeldOrError =
+    std::result::Result<(Vec<(Vec<usize>, Device, ArrayD<f32>)>, Vec<Device>), (String, String)>;
+
+fn held_or_error(r: crate::Result<PartitionedArray>) -> HeldOrError {
+    match r {
+        Ok(pa) => {
+            let held = pa
+                .partitions()
+                .filter_map(|p| {
+                    let t = p.data.tensor()?;
+                    Some((p.position.clone(), t.device(), t.to_array::<f32>().unwrap()))
+                })
+                .collect();
+            let named = pa.partitions().map(|p| p.locations[0].device).collect();
+            Ok((held, named))
+        }
+        Err(e) => Err((e.kind().to_string(), e.to_string())),
+    }
+}
+
+/// New partitions in host memory of another kind than `kDLCPU` are memory of that kind, as a
+/// single-process repartition allocates them, or the same error on every rank: a repartition
+/// onto such a device, one dealt over the ranks onto it, one that stays where sources in such
+/// memory are, and a gather from them. dlpart makes no managed or ROCm host memory (a
+/// `BufferError` naming the device and the way out); pinned `kDLCUDAHost` memory comes from
+/// CUDA where it loads (`BackendUnavailableError` where it does not). Plain host memory
+/// labelled so would fail the rank holding it alone, after the exchange.
+#[test]
+fn new_partitions_in_other_host_memory_are_of_that_kind_or_fail_every_rank() {
+    use crate::DeviceType;
+    let a = reference(&[4, 2]);
+    for kind in [
+        DeviceType::CudaHost,
+        DeviceType::CudaManaged,
+        DeviceType::RocmHost,
+    ] {
+        let dev = Device::new(kind, 0).unwrap();
+        let src = a.clone();
+        let out = within_a_minute(2, move |comm| {
+            let me = comm.rank();
+            let mine = || Tensor::from(block(&src, &[2 * me, 0], &[2, 2]));
+            let rows = from_stacked(comm, vec![mine()], 0).unwrap();
+            let buffer = mine();
+            // SAFETY: the buffer's four elements, in C order, labelled as host memory of
+            // another kind, which the CPU reads and writes alike.
+            let there = unsafe { crate::partitioned::tests::view_2x2(&buffer, [2, 1], dev) };
+            let labelled = from_stacked(comm, vec![there], 0).unwrap();
+            let cols = Layout::tiling(&[1, 2]);
+            let picks = Tensor::from_slice(&[3i64, 0], &[2]).unwrap();
+            [
+                repartition(comm, &rows, &cols.clone().on(dev), true).map(|r| r.0),
+                repartition(comm, &rows, &cols.clone().dealt(vec![dev; 2]), true).map(|r| r.0),
+                repartition(comm, &labelled, &cols, false).map(|r| r.0),
+                gather(comm, &labelled, &picks, 0).map(|r| r.0),
+            ]
+            .map(held_or_error)
+        });
+        // Column blocks on rank 0, dealt over ranks 0 and 1, staying on rank 0; the gather's
+        // one partition goes to rank 1, which holds row 3 (numpy.take(a, [3, 0], 0)).
+        let col = |j: usize| (vec![0, j], block(&a, &[0, j], &[4, 1]));
+        let picked = ndarray::concatenate![
+            ndarray::Axis(0),
+            block(&a, &[3, 0], &[1, 2]),
+            block(&a, &[0, 0], &[1, 2])
+        ];
+        let want = [
+            [vec![col(0), col(1)], vec![]],
+            [vec![col(0)], vec![col(1)]],
+            [vec![col(0), col(1)], vec![]],
+            [vec![], vec![(vec![0, 0], picked)]],
+        ];
+        let advice = [
+            "repartition onto one of them",
+            "repartition onto one of them",
+            "repartition onto one of them",
+            "copy the data onto one of them first",
+        ];
+        let cuda_here = out[0][0].is_ok();
+        for (op, want) in want.iter().enumerate() {
+            for (rank, results) in out.iter().enumerate() {
+                match (&results[op], kind) {
+                    (Ok((held, named)), DeviceType::CudaHost) if cuda_here => {
+                        let expect: Vec<_> = want[rank]
+                            .iter()
+                            .map(|(pos, v)| (pos.clone(), dev, v.clone()))
+                            .collect();
+                        assert_eq!(held, &expect, "op {op}, rank {rank}");
+                        assert!(named.iter().all(|&d| d == dev), "{named:?}");
+                    }
+                    (Err((class, message)), _) => {
+                        assert_eq!(results[op], out[0][op], "op {op}: the same on every rank");
+                        if kind == DeviceType::CudaHost {
+                            assert_eq!(class, "BackendUnavailableError", "{message}");
+                            assert!(message.contains("new kDLCUDAHost memory"), "{message}");
+                        } else {
+                            assert_eq!(class, "BufferError", "{message}");
+                            let name = format!("cannot allocate new memory on {dev}");
+                            assert!(message.contains(&name), "{message}");
+                            assert!(message.contains(advice[op]), "{message}");
+                        }
+                    }
+                    (other, _) => panic!("{kind:?}, op {op}, rank {rank}: {other:?}"),
+                }
+            }
+        }
+    }
 }

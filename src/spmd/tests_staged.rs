@@ -234,3 +234,74 @@ fn ranks_assembling_everywhere_onto_devices_of_their_own_agree_on_the_rounds() {
         assert_eq!(got, a, "rank {}", comm.rank());
     });
 }
+
+/// New `kDLCUDAHost` partitions across ranks are page-locked memory from CUDA, as in one
+/// process, not plain host memory labelled so: host blocks dealt over the ranks onto pinned
+/// memory, a gather from those partitions, and an assemble onto rank 0's first partition's
+/// device each allocate pinned memory of the rank's own (emulated) device, and hold the
+/// reference's elements.
+#[test]
+fn new_pinned_partitions_across_ranks_are_page_locked_memory_from_cuda() {
+    use crate::backend::cpu::pin_host_memory_on;
+    use crate::layout::Layout;
+    let a = reference([7, 5]);
+    let devs = devices(70, 4);
+    let pinned = Device::new(DeviceType::CudaHost, 0).unwrap();
+    let before: Vec<usize> = devs.iter().map(|d| d.emulated_pinned().allocs).collect();
+    // A rank failing alone would leave the others waiting: a failure, not a hang.
+    let made = super::tests::within_a_minute(4, move |comm| {
+        let me = comm.rank();
+        let be = &devs[me];
+        pin_host_memory_on(Some(be.device()));
+        let allocs = || be.emulated_pinned().allocs - before[me];
+        let mine = (SOURCE.iter().filter(|b| b.0 == me))
+            .map(|(_, s, n)| (s.to_vec(), Tensor::from(block(&a, s, n))))
+            .collect();
+        let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
+        let held = |pa: &PartitionedArray, a: &ArrayD<f32>| {
+            let mut n = 0;
+            for p in pa.partitions() {
+                assert_eq!(p.locations[0].device, pinned, "{:?}", p.position);
+                if let Data::Tensor(t) = p.data {
+                    assert_eq!(t.device(), pinned, "{:?}", p.position);
+                    let got = t.to_array::<f32>().unwrap();
+                    assert_eq!(got, block(a, &p.start, &p.shape), "{:?}", p.position);
+                    n += 1;
+                }
+            }
+            n
+        };
+        // Blocks of 2x2 on a 2x2 process grid: 4, 2, 4 and 2 blocks on ranks 0 to 3.
+        let dealt = Layout::block_cyclic(&[2, 2], vec![pinned; 4]);
+        let (cyclic, _) = repartition(comm, &pa, &dealt, true).unwrap();
+        let blocks = held(&cyclic, &a);
+        let after_repartition = allocs();
+        // numpy.take(a, [4, 0], 1): each row block on the rank holding its column 4.
+        let picks = Tensor::from_slice(&[4i64, 0], &[2]).unwrap();
+        let (taken, _) = gather(comm, &cyclic, &picks, 1).unwrap();
+        let columns = ndarray::concatenate![
+            ndarray::Axis(1),
+            block(&a, &[0, 4], &[7, 1]),
+            block(&a, &[0, 0], &[7, 1])
+        ];
+        let slabs = held(&taken, &columns);
+        let after_gather = allocs();
+        let whole = assemble(comm, &cyclic, Some(0), None, false).unwrap();
+        if let Some(whole) = &whole {
+            assert_eq!(whole.device(), pinned);
+            assert_eq!(whole.to_array::<f32>().unwrap(), a);
+        }
+        pin_host_memory_on(None);
+        (blocks, after_repartition, slabs, after_gather, allocs())
+    });
+    for (r, &(blocks, repartitioned, slabs, gathered, assembled)) in made.iter().enumerate() {
+        assert_eq!(blocks, [4, 2, 4, 2][r], "rank {r}");
+        assert_eq!(slabs, [2, 0, 2, 0][r], "rank {r}");
+        // One pinned allocation per new block, on the rank's own device. The gather's picks
+        // from pinned partitions are pinned too (as in one process), and freed picks are
+        // reused from the device's cache: at least one allocation per new slab.
+        assert_eq!(repartitioned, blocks, "rank {r}");
+        assert!(gathered - repartitioned >= slabs, "rank {r}");
+        assert_eq!(assembled - gathered, usize::from(r == 0), "rank {r}");
+    }
+}

@@ -195,7 +195,7 @@ fn box_ptr(
 pub(crate) fn host_allocator(device: Device) -> Result<Option<Arc<dyn Backend>>> {
     match device.kind {
         DeviceType::Cpu => Ok(None),
-        DeviceType::CudaHost => match crate::backend::backend_for(Device::cuda(0)) {
+        DeviceType::CudaHost => match crate::backend::backend_for(pinned_source()) {
             Ok(cuda) => Ok(Some(cuda)),
             Err(Error::BackendUnavailable { backend, reason }) => Err(Error::BackendUnavailable {
                 backend,
@@ -205,6 +205,30 @@ pub(crate) fn host_allocator(device: Device) -> Result<Option<Arc<dyn Backend>>>
         },
         _ => Err(Error::no_new_memory(device)),
     }
+}
+
+/// The CUDA device whose page-locked memory new `kDLCUDAHost` memory is: device 0 (DLPack
+/// gives pinned memory no device of its own). This crate's tests with `kernel-host-tests` may
+/// name an emulated device for the calling thread instead (`pin_host_memory_on`), so that
+/// code allocating `kDLCUDAHost` memory runs without a GPU.
+fn pinned_source() -> Device {
+    #[cfg(all(test, feature = "kernel-host-tests"))]
+    if let Some(d) = PINNED_SOURCE.with(std::cell::Cell::get) {
+        return d;
+    }
+    Device::cuda(0)
+}
+
+#[cfg(all(test, feature = "kernel-host-tests"))]
+thread_local! {
+    static PINNED_SOURCE: std::cell::Cell<Option<Device>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes new `kDLCUDAHost` memory on this thread page-locked memory of the emulated CUDA
+/// `device` (`None`: of device 0 again), for tests without a GPU.
+#[cfg(all(test, feature = "kernel-host-tests"))]
+pub(crate) fn pin_host_memory_on(device: Option<Device>) {
+    PINNED_SOURCE.with(|s| s.set(device));
 }
 
 impl CpuBackend {
