@@ -32,7 +32,8 @@ pub enum Placement {
     Each(Vec<Device>),
     /// ScaLAPACK-style dealing: partition `(i, j, ...)` goes to process-grid coordinate
     /// `(i mod P0, j mod P1, ...)`, numbered in C order into `devices`. The process grid's size
-    /// must equal `devices.len()`; without one, [`default_process_grid`] is used.
+    /// must equal `devices.len()`; without one, [`default_process_grid`] is used. A 0-d array's
+    /// one partition goes to the first device, on the empty process grid (its default).
     Dealt {
         /// The devices the partitions are dealt to.
         devices: Vec<Device>,
@@ -380,19 +381,20 @@ fn no_devices(shape: &[usize], process_grid: Option<&[usize]>) -> Error {
 /// Checks a dealt placement: `devices` to deal over, and a process grid `pg` with one entry
 /// per axis of `shape` and as many coordinates as devices.
 fn check_process_grid(shape: &[usize], devices: &[Device], pg: &[usize]) -> Result<()> {
-    if shape.is_empty() && devices.len() != 1 {
-        return Err(Error::shape(
-            "a 0-d array has one partition and no axis to deal it along: a dealt \
-             (block-cyclic) placement of it takes one device",
-            format!("{} devices", devices.len()),
-        ));
+    // A 0-d array's one partition has the one coordinate of the empty process grid, which
+    // deals it to the first device, however many there are (as a 1-element 1-d array's one
+    // block goes to the first).
+    if shape.is_empty() && pg.is_empty() {
+        return Ok(());
     }
     let count = pg.iter().try_fold(1usize, |n, &k| n.checked_mul(k));
     if pg.len() != shape.len() || pg.contains(&0) || count != Some(devices.len()) {
         return Err(Error::shape(
             format!(
-                "block-cyclic process grid with {} axes and {} devices in all",
+                "block-cyclic process grid with {} axes (one per axis of shape {}) and {} \
+                 devices in all",
                 shape.len(),
+                tuple_string(shape),
                 devices.len()
             ),
             tuple_string(pg),
@@ -472,20 +474,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("dealt over devices: give at least one"));
-        // A 0-d array's one partition goes to the one device there is.
+        // A 0-d array's one partition goes to the first device, however many there are.
         let scalar = |n: usize| Layout::block_cyclic(&[], vec![Device::CPU; n]).resolve(&[]);
-        assert_eq!(scalar(1).unwrap().1, Some(vec![0]));
-        let e = scalar(2).unwrap_err().to_string();
-        assert!(
-            e.contains("a 0-d array has one partition") && e.ends_with(": 2 devices"),
-            "{e}"
-        );
+        for n in [1, 2, 5] {
+            let (grid, owners) = scalar(n).unwrap();
+            assert_eq!((grid.num_partitions(), owners), (1, Some(vec![0])), "{n}");
+        }
         let tiny = Layout::block_cyclic(&[1], vec![Device::CPU]);
         let e = tiny.resolve(&[1 << 40]).unwrap_err().to_string();
         assert!(e.contains("too many partitions"), "{e}");
         assert!(Layout::splits(vec![vec![0, 8], vec![0, 3, 8]])
             .resolve(&[8, 8])
             .is_ok());
+    }
+
+    /// A 0-d array has one partition, at the one coordinate of the empty process grid: dealt
+    /// over several devices, it goes to the first, as a 1-element 1-d array's one block does.
+    /// A process grid with an axis the array lacks is refused, naming it.
+    #[test]
+    fn a_0d_array_dealt_over_several_devices_goes_to_the_first() {
+        let source = Grid::even(&[], &[]).unwrap();
+        let devs = vec![Device::cuda(1), Device::cuda(0), Device::cuda(2)];
+        let layouts = [
+            Layout::block_cyclic(&[], devs.clone()),
+            Layout::tiling(&[]).dealt(devs.clone()),
+            Layout::tiling(&[]).dealt(devs.clone()).process_grid(&[]),
+        ];
+        for layout in &layouts {
+            let t = layout.target(&source, &|_| Device::CPU).unwrap();
+            assert_eq!((t.grid.num_partitions(), t.devices), (1, vec![devs[0]]));
+        }
+        let one = Layout::block_cyclic(&[1], devs.clone()).process_grid(&[3]);
+        assert_eq!(one.resolve(&[1]).unwrap().1, Some(vec![0]));
+        let e = Layout::block_cyclic(&[], devs.clone())
+            .process_grid(&[3])
+            .resolve(&[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("0 axes (one per axis of shape ())") && e.ends_with(": (3,)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -356,10 +356,11 @@ class PartitionedArray:
         Give exactly one target: ``tiling`` (even split, like `numpy.array_split`), ``splits``
         (split points per axis) or ``block_cyclic`` (block size, an int or one per axis; the
         blocks are dealt round-robin over ``devices`` laid out on ``process_grid``, ScaLAPACK
-        style). ``devices`` may also name one device for every target partition or one per
-        partition; by default each target partition stays on the device of the source partition
-        holding its first element. A layout that moves data across devices raises
-        `dlpart.DeviceError` unless ``transfer=True``.
+        style; a 0-d array's one partition goes to the first device). ``devices`` may also name
+        one device for every target partition or one per partition; by default each target
+        partition stays on the device of the source partition holding its first element. A
+        layout that moves data across devices raises `dlpart.DeviceError` unless
+        ``transfer=True``.
 
         Host partitions under 2 MiB share one allocation per device, which is released when
         the last of them is dropped (a large array cut into small blocks then costs one

@@ -368,7 +368,7 @@ class SpmdArray(PartitionedArray):
         partition goes to the rank (and device) of the source partition holding its first
         element; ``block_cyclic`` (or ``devices`` with ``process_grid``) deals the partitions
         over the ranks instead, ``devices`` then listing one device per rank (by default each
-        rank's own). Boxes that stay on a rank are copied there, never sent (see ``traffic``).
+        rank's own; a 0-d array's one partition goes to rank 0). Boxes that stay on a rank are copied there, never sent (see ``traffic``).
         New partitions are the memory their device names, as in one process: pinned memory
         from CUDA on ``kDLCUDAHost``, and a BufferError on every rank for managed or ROCm host
         memory, which dlpart does not make.

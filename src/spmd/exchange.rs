@@ -51,8 +51,9 @@ impl SpmdTarget {
     /// `layout` resolved for the SPMD array `pa` over `ranks` ranks. By default (placement
     /// `Stay`) each target partition goes to the rank, and the device, of the source partition
     /// holding its first element; a dealt placement (block-cyclic) deals the partitions over
-    /// the ranks, rank `r` using `devices[r]`, so it needs one device per rank; `On` and `Each`
-    /// keep the default ranks and set the devices.
+    /// the ranks, rank `r` using `devices[r]`, so it needs one device per rank (a 0-d array's
+    /// one partition goes to rank 0, as a single-process deal gives it to the first device);
+    /// `On` and `Each` keep the default ranks and set the devices.
     pub fn resolve(layout: &Layout, pa: &PartitionedArray, ranks: usize) -> Result<Self> {
         let src_owners = owners(pa)?;
         let (grid, dealt) = layout.resolve(pa.shape())?;

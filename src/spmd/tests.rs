@@ -1323,3 +1323,53 @@ fn new_partitions_in_other_host_memory_are_of_that_kind_or_fail_every_rank() {
         }
     }
 }
+
+/// A 0-d array dealt over the ranks (one device per rank, as every SPMD deal takes) has one
+/// partition, which goes to rank 0, as the first device of a single-process deal: dealt from
+/// rank 1, it arrives on rank 0 alone and assembles on rank 2. A process grid with an axis
+/// the array lacks is the same error on every rank, naming it.
+#[test]
+fn a_0d_array_dealt_over_the_ranks_goes_to_rank_0() {
+    let out = within_a_minute(3, |comm| {
+        let me = comm.rank();
+        let parts = match me {
+            1 => vec![(vec![], Tensor::from(ndarray::arr0(7.5f32).into_dyn()))],
+            _ => vec![],
+        };
+        let pa = from_local(comm, Ok(LocalParts::Placed(parts)), None).unwrap();
+        let cpus = vec![Device::CPU; 3];
+        let mut dealt = Vec::new();
+        for layout in [
+            Layout::block_cyclic(&[], cpus.clone()),
+            Layout::tiling(&[]).dealt(cpus.clone()).process_grid(&[]),
+        ] {
+            let (moved, traffic) = repartition(comm, &pa, &layout, false).unwrap();
+            let held = moved.data()[0]
+                .tensor()
+                .map(|t| t.to_array::<f32>().unwrap());
+            let whole = assemble(comm, &moved, Some(2), None, false).unwrap();
+            let whole = whole.map(|t| t.to_array::<f32>().unwrap());
+            dealt.push((owners(&moved).unwrap(), held, traffic, whole));
+        }
+        let gridded = Layout::block_cyclic(&[], cpus).process_grid(&[3]);
+        let e = repartition(comm, &pa, &gridded, false).unwrap_err();
+        (dealt, e.to_string())
+    });
+    let seven = ndarray::arr0(7.5f32).into_dyn();
+    for (rank, (dealt, e)) in out.iter().enumerate() {
+        for (owners, held, traffic, whole) in dealt {
+            assert_eq!(owners, &[0]);
+            assert_eq!(held.as_ref(), (rank == 0).then_some(&seven), "rank {rank}");
+            let sent: &[u64] = if rank == 1 { &[4, 0, 0] } else { &[0; 3] };
+            let received: &[u64] = if rank == 0 { &[0, 4, 0] } else { &[0; 3] };
+            assert_eq!((&traffic.sent[..], &traffic.received[..]), (sent, received));
+            assert_eq!(whole.as_ref(), (rank == 2).then_some(&seven), "rank {rank}");
+        }
+        assert_eq!(e, &out[0].1);
+        assert!(
+            e.starts_with("rank 0: ") && e.contains("0 axes (one per axis of shape ())"),
+            "{e}"
+        );
+        assert!(e.contains("in all: (3,)"), "{e}");
+    }
+}
