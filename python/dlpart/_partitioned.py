@@ -260,8 +260,11 @@ class PartitionedArray:
         one (numpy views for numpy input), numpy for host data dlpart made itself, and
         `dlpart.Tensor` for device data dlpart made itself; read-only data goes to torch,
         which has no read-only tensors, as a copy (and so do views with negative strides, which
-        torch cannot hold); to JAX, strided views go as C-contiguous copies, and 64-bit types
-        follow ``jax_enable_x64`` (without it JAX makes 32-bit copies). ``locations``: ``'draft2'``
+        torch cannot hold); to JAX, each array goes on the JAX device its data is on
+        (``kDLCPU:k`` is JAX's CPU device ``k``, a `dlpart.DeviceError` where JAX has none),
+        strided views as C-contiguous copies, read-only GPU data as a copy on its GPU, and
+        64-bit types follow ``jax_enable_x64`` (without it JAX makes 32-bit copies).
+        ``locations``: ``'draft2'``
         (``(ip, pid, device)`` tuples; a location given as an MPI rank or a bare address is
         kept as it came), ``'ip'`` (bare addresses, as xgboost_ray reads them; this host's for the data held
         here when its locations name a rank) or ``'rank'``
@@ -763,21 +766,40 @@ def _numpy_has(dtype: str) -> bool:
 
 
 def _to_jax(t):
-    """A jax array over ``t``'s memory where JAX can take it (JAX imports only C-contiguous
-    tensors, so a strided view is copied first, and asks for the legacy capsule, which dlpart
-    refuses for read-only data, as imports of JAX's own arrays are); host data JAX cannot take
-    goes through a read-only numpy view, which ``jax.device_put`` may alias or copy."""
+    """A JAX array over ``t``'s memory where JAX can take it, on the JAX device ``t``'s device
+    names: ``kDLCPU:k`` is JAX's CPU device ``k`` (an emulated host device), ``kDLCUDA:k`` its
+    GPU ``k``. JAX imports only C-contiguous tensors, so a strided view is copied first; and
+    it asks for the legacy capsule, which dlpart refuses for read-only data (as imports of
+    JAX's own arrays are): read-only host data goes through a read-only numpy view, which
+    ``jax.device_put`` aliases where JAX can (64-byte aligned data) and copies otherwise, and
+    read-only GPU data as a copy on its GPU."""
     import jax
     import jax.numpy as jnp
 
     if not t.is_contiguous:
         t = t.copy()
-    try:
-        return jnp.from_dlpack(t)
-    except BufferError:
-        if t.device.kind != "kDLCPU":
-            raise
-        return jax.device_put(_to_numpy(t))
+    if t.device.kind == "kDLCPU":
+        device = _jax_cpu_device(t.device)
+        if t.readonly:
+            return jax.device_put(_to_numpy(t), device)
+    elif t.readonly and t.device.kind in ("kDLCUDA", "kDLROCM"):
+        t = t.copy()
+    # JAX places what it imports on the device `__dlpack_device__` names.
+    return jnp.from_dlpack(t)
+
+
+def _jax_cpu_device(device: Device):
+    """JAX's CPU device for dlpart's ``kDLCPU:k``."""
+    import jax
+
+    cpus = jax.local_devices(backend="cpu")
+    for d in cpus:
+        if d.local_hardware_id == device.id:
+            return d
+    raise DeviceError(
+        f"JAX has no CPU device {device.id} for data on {device} (its CPU devices: "
+        f"{', '.join(str(d.local_hardware_id) for d in cpus)}; XLA_FLAGS="
+        f"--xla_force_host_platform_device_count sets how many there are)")
 
 
 def _to_torch(t):

@@ -2,6 +2,9 @@
 
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 
 # XLA reads this when the CPU backend starts, which is the first jax.devices() call.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -67,6 +70,60 @@ def test_sharded_round_trip_is_zero_copy():
     assert layout(b) == layout(a) and b.dtype == a.dtype
     assert pointers(b) == pointers(a)
     np.testing.assert_array_equal(np.asarray(b), ref)
+
+
+@pytest.mark.parametrize("tiling", [(2, 1), (1, 2)])
+def test_jax_data_on_cpu_device_2_is_handed_out_there_and_reads_back(tiling):
+    """A plain JAX array on CPU device 2, cut by dlpart: the dict hands out JAX arrays on device 2,
+    as its locations say, and dlpart reads its own dict back. Row blocks (64-byte rows, so
+    aligned) share the array's memory; column blocks, strided, are copies."""
+    ref = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    pa = dlpart.partition(jax.device_put(ref, DEVICES[2]), tiling)
+    d = pa.__partitioned__
+    for pos, e in d["partitions"].items():
+        assert isinstance(e["data"], jax.Array)
+        assert e["data"].devices() == {DEVICES[2]}
+        assert [loc[2] for loc in e["location"]] == ["kDLCPU:2"]
+        shared = e["data"].unsafe_buffer_pointer() == pa.partitions[pos].tensor.data_ptr
+        assert shared == (tiling == (2, 1))
+        (r0, c0), (nr, nc) = e["start"], e["shape"]
+        np.testing.assert_array_equal(np.asarray(e["data"]), ref[r0:r0 + nr, c0:c0 + nc])
+    back = dlpart.from_partitioned(d)
+    assert back.devices == [Device("kDLCPU:2")]
+    np.testing.assert_array_equal(np.from_dlpack(back.assemble(device="cpu", transfer=True)), ref)
+
+
+def test_shards_go_to_jax_on_their_own_devices_without_a_copy():
+    ref, a = sharded((8, 12), P("x", "y"))
+    pa = dj.to_partitioned(a)
+    d = pa.to_partitioned(framework="jax")
+    for s in a.addressable_shards:
+        start, _ = box_of(s.index, a.shape)
+        data = d["partitions"][(start[0] // 4, start[1] // 6)]["data"]
+        assert data.devices() == {s.device}
+        assert data.unsafe_buffer_pointer() == s.data.unsafe_buffer_pointer()
+    back = dlpart.from_partitioned(d)
+    assert back.devices == pa.devices
+    np.testing.assert_array_equal(np.from_dlpack(back.assemble(device="cpu", transfer=True)), ref)
+
+
+def test_data_on_a_cpu_device_jax_lacks_is_a_device_error_naming_it():
+    """In a child process: importing data on kDLCPU:7 makes that host device known to dlpart
+    for the rest of the process."""
+    script = textwrap.dedent("""
+        import numpy as np, dlpart
+        from dlpart._core import _testing
+        data = np.arange(6, dtype=np.float32)
+        pa = dlpart.partition(_testing.make_capsule(data.tobytes(), [6], device=(1, 7)))
+        try:
+            pa.to_partitioned(framework="jax")
+        except dlpart.DeviceError as e:
+            print(e)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.startswith("JAX has no CPU device 7 for data on kDLCPU:7 (its CPU devices: "
+                                 "0, 1, 2, 3;"), out.stdout + out.stderr
 
 
 def test_heat_form_writes_this_rank_not_jax_device_ids():

@@ -74,6 +74,23 @@ def test_jax_cuda_round_trip():
     np.testing.assert_array_equal(np.asarray(y), np.arange(64, dtype=np.float32))
 
 
+def test_jax_gpu_partitions_go_back_to_jax_on_their_gpu():
+    """JAX's arrays import read-only (legacy capsules carry no flag), which JAX cannot take back
+    through DLPack: the dict hands out copies on the same GPU, equal to the data."""
+    jax = pytest.importorskip("jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    ref = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    for tiling in ((2, 1), (2, 2)):  # contiguous blocks, strided ones
+        pa = dlpart.partition(jax.device_put(ref, gpu), tiling)
+        for e in pa.__partitioned__["partitions"].values():
+            assert isinstance(e["data"], jax.Array) and e["data"].devices() == {gpu}
+            (r0, c0), (nr, nc) = e["start"], e["shape"]
+            np.testing.assert_array_equal(np.asarray(e["data"]), ref[r0:r0 + nr, c0:c0 + nc])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_repartition_on_gpu_matches_numpy(dtype):
     cp = _cupy()
