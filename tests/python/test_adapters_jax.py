@@ -93,14 +93,16 @@ def test_jax_data_on_cpu_device_2_is_handed_out_there_and_reads_back(tiling):
     np.testing.assert_array_equal(np.from_dlpack(back.assemble(device="cpu", transfer=True)), ref)
 
 
-def test_shards_go_to_jax_on_their_own_devices_without_a_copy():
+@pytest.mark.parametrize("framework", ["jax", None])
+def test_shards_go_to_jax_on_their_own_devices_without_a_copy(framework):
+    """By default too: JAX is the producer's framework, as for a plain jax.Array."""
     ref, a = sharded((8, 12), P("x", "y"))
     pa = dj.to_partitioned(a)
-    d = pa.to_partitioned(framework="jax")
+    d = pa.to_partitioned(framework=framework)
     for s in a.addressable_shards:
         start, _ = box_of(s.index, a.shape)
         data = d["partitions"][(start[0] // 4, start[1] // 6)]["data"]
-        assert data.devices() == {s.device}
+        assert isinstance(data, jax.Array) and data.devices() == {s.device}
         assert data.unsafe_buffer_pointer() == s.data.unsafe_buffer_pointer()
     back = dlpart.from_partitioned(d)
     assert back.devices == pa.devices

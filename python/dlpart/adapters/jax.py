@@ -69,7 +69,9 @@ def to_partitioned(arr: jax.Array) -> PartitionedArray:
 
     Shards are imported through DLPack without copying. In a multi-process JAX program the
     shards of other processes become partitions without data, and ``locals`` lists this
-    process's positions (SPMD).
+    process's positions (SPMD). Its ``__partitioned__`` dict hands out JAX arrays, each on its
+    shard's device over the shard's memory (the producer's framework, as for a plain
+    ``jax.Array`` given to `dlpart.partition`).
     """
     shape = tuple(int(n) for n in arr.shape)
     holders: Dict[Box, List] = {}
@@ -109,7 +111,9 @@ def to_partitioned(arr: jax.Array) -> PartitionedArray:
     if not arr.is_fully_addressable:
         local_positions = [pos for pos, p in parts.items() if p.tensor is not None]
     dtype = None if any(p.tensor is not None for p in parts.values()) else str(arr.dtype)
-    return PartitionedArray(shape, splits, parts, dtype=dtype, locals=local_positions)
+    pa = PartitionedArray(shape, splits, parts, dtype=dtype, locals=local_positions)
+    pa._framework = "jax"  # the producer's: its dict hands out JAX arrays, as for plain ones
+    return pa
 
 
 def _jax_device_of(loc: Location, by_id):
