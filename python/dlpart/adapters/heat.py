@@ -38,7 +38,8 @@ def _rank(comm) -> int:
 
 
 class HeatPartitioned:
-    """An object whose ``__partitioned__`` is ``array``'s dict in heat's form."""
+    """An object whose ``__partitioned__`` is ``array``'s dict in heat's form. ``framework``:
+    the data's (None: torch for arrays that came from torch, numpy otherwise)."""
 
     def __init__(self, array: PartitionedArray, rank: int, framework: Optional[str] = None):
         self.array = array
@@ -56,7 +57,10 @@ class HeatPartitioned:
                 raise ProtocolError(
                     f"heat reads each partition's rank as int(location[0]): partition {pos} "
                     f"is not held here and {where}, so it names no rank")
-        d = self.array.to_partitioned(framework=self.framework, locations="rank", rank=self.rank)
+        framework = self.framework
+        if framework is None:  # heat takes numpy arrays and torch tensors, nothing else
+            framework = "torch" if self.array._framework == "torch" else "numpy"
+        d = self.array.to_partitioned(framework=framework, locations="rank", rank=self.rank)
         if "locals" not in d:
             d["locals"] = [pos for pos, p in self.array.partitions.items()
                            if p.tensor is not None]
@@ -141,7 +145,8 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
     ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` once the
     program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's
-    (default: the producer's, numpy for host data dlpart made).
+    (default: torch for arrays that came from torch, numpy for all others, as heat takes
+    nothing else; numpy holds host data only).
 
     For a `dlpart.mpi.SpmdArray` the call is collective. The array must already be in heat's
     layout (one partition per rank, in rank order along one axis), over memory torch can hold
