@@ -22,7 +22,8 @@
 //! 8. **location** — every location is well formed, and its device string names a DLPack
 //!    device (`kDLCPU`, `kDLCUDA:0`, ...).
 //! 9. **device** — a partition that holds data and lists locations has its data on a device
-//!    that one of those locations names.
+//!    that one of those locations names (or on the device the data's producer reports for it
+//!    through `__dlpack_device__`, where that differs from the device of its DLPack capsule).
 //! 10. **locals** — `locals` names positions of the grid, each at most once.
 //!
 //! Invariants 1–5 are checked here ([`Grid::from_entries`]); 6–10 by

@@ -155,7 +155,8 @@ class _PartitionedArray:
     def tensors(self) -> List[Tensor]: ...
     def pending(self, positions: Optional[List[List[int]]] = None) -> List[Tuple[int, Any]]: ...
     def set_fetched(
-        self, flats: List[int], tensors: List[Tensor], moved: bool = False
+        self, flats: List[int], tensors: List[Tensor], moved: bool = False,
+        sources: Optional[List[Any]] = None,
     ) -> List[Tensor]: ...
     def target(
         self, tiling: Optional[Sequence[int]] = None, splits: Optional[Splits] = None,

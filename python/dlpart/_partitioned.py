@@ -313,7 +313,7 @@ class PartitionedArray:
                 tensors.append(_import_data(obj, self._position(flat), device, copy))
             # The tensors in place: another thread's, where it fetched a partition first.
             tensors = self._core.set_fetched([flat for flat, _ in pending], tensors,
-                                             device is not None)
+                                             device is not None, list(raw))
         except BaseException:
             # The traceback keeps this frame alive: let go of every tensor imported so far.
             tensors.clear()

@@ -138,14 +138,16 @@ impl PartitionedArray {
         locations: Vec<Vec<Location>>,
         locals: Option<Vec<Vec<usize>>>,
     ) -> Result<Self> {
-        Self::new_in_order(grid, data, locations.into(), locals, None, Vec::new())
+        Self::new_in_order(grid, data, locations.into(), locals, None, Vec::new(), &[])
     }
 
     /// [`PartitionedArray::new`], where partition `first` (a flat index) sets the dtype the
     /// others are checked against (invariant 6): the first one a producer's data was read
     /// from. By default, the first partition holding data in C order. `found` are the
     /// violations the caller found while reading the parts, each with the flat index of its
-    /// partition, in that order: listed with that partition's own.
+    /// partition, in that order: listed with that partition's own. `reported`: by flat index
+    /// (ascending), the device a partition's producer reported for its data where that differs
+    /// from the tensor's (see [`contradicts`]).
     pub(crate) fn new_in_order(
         grid: Grid,
         data: Vec<Data>,
@@ -153,6 +155,7 @@ impl PartitionedArray {
         locals: Option<Vec<Vec<usize>>>,
         first: Option<usize>,
         found: Vec<(usize, Error)>,
+        reported: &[(usize, Device)],
     ) -> Result<Self> {
         let n = grid.num_partitions();
         for (key, len) in [("partitions", data.len()), ("location", locations.len())] {
@@ -214,9 +217,10 @@ impl PartitionedArray {
                     )
                 });
             }
-            if contradicts(locs, me, t.device()) {
+            let also = reported_for(reported, flat);
+            if contradicts(locs, me, t.device(), also) {
                 v.push("location", Some(&position()), inv::DEVICE, || {
-                    contradiction(locs, me, t.device())
+                    contradiction(locs, me, t.device(), also)
                 });
             }
         }
@@ -503,18 +507,20 @@ impl PartitionedArray {
     /// Puts `tensors` into the partitions `flats` (which held handles), after checking their
     /// shapes and dtypes; nothing changes on an error.
     pub fn set_fetched(&mut self, flats: &[usize], tensors: Vec<Tensor>) -> Result<()> {
-        self.set_fetched_where(flats, tensors, false)
+        self.set_fetched_where(flats, tensors, false, &[])
     }
 
     /// [`PartitionedArray::set_fetched`]; `moved`: the tensors were put on a device the
     /// caller named (an import's `device=`), so their partitions are located by the tensors
     /// and lose the locations the producer gave. Otherwise fetched data must live on a device
-    /// the locations in this process name (invariant 9), as data given in the dict must.
+    /// the locations in this process name (invariant 9), as data given in the dict must;
+    /// `reported` as for [`PartitionedArray::new_in_order`].
     pub(crate) fn set_fetched_where(
         &mut self,
         flats: &[usize],
         tensors: Vec<Tensor>,
         moved: bool,
+        reported: &[(usize, Device)],
     ) -> Result<()> {
         let me = Some(i64::from(std::process::id()));
         if tensors.len() != flats.len() {
@@ -582,11 +588,12 @@ impl PartitionedArray {
                 Some(_) => {}
             }
             let locs = self.locations.get(flat);
-            if !moved && contradicts(locs, me, t.device()) {
+            let also = reported_for(reported, flat);
+            if !moved && contradicts(locs, me, t.device(), also) {
                 return Err(Error::protocol(
                     "location",
                     Some(&position),
-                    format!("fetched {}", contradiction(locs, me, t.device())),
+                    format!("fetched {}", contradiction(locs, me, t.device(), also)),
                     Some(inv::DEVICE),
                 ));
             }
@@ -603,23 +610,48 @@ impl PartitionedArray {
 }
 
 /// Whether data on `device` contradicts `locs`: some of them are in this process (pid `me`)
-/// and none of those names `device` (invariant 9).
-fn contradicts(locs: &[Location], me: Option<i64>, device: Device) -> bool {
+/// and none of those names `device`, nor `reported`, the device the data's producer reports
+/// for it (its `__dlpack_device__`) where that differs from the device the data was imported
+/// on (invariant 9). A location may name either: JAX 0.10, for one, writes `kDLCPU:k` into the
+/// capsules of its emulated host device `k` while its `__dlpack_device__` says `kDLCPU`.
+pub(crate) fn contradicts(
+    locs: &[Location],
+    me: Option<i64>,
+    device: Device,
+    reported: Option<Device>,
+) -> bool {
     let mut here = locs.iter().filter(|l| l.pid == me).peekable();
-    here.peek().is_some() && here.all(|l| l.device != device)
+    here.peek().is_some() && here.all(|l| l.device != device && Some(l.device) != reported)
 }
 
 /// What [`contradicts`] found, in words.
-fn contradiction(locs: &[Location], me: Option<i64>, device: Device) -> String {
+fn contradiction(
+    locs: &[Location],
+    me: Option<i64>,
+    device: Device,
+    reported: Option<Device>,
+) -> String {
     let named: Vec<String> = locs
         .iter()
         .filter(|l| l.pid == me)
         .map(|l| l.device.to_string())
         .collect();
+    let also = match reported {
+        Some(r) => format!(" (its producer's __dlpack_device__ names {r})"),
+        None => String::new(),
+    };
     format!(
-        "data lives on {device} but the locations in this process name {}",
+        "data lives on {device}{also} but the locations in this process name {}",
         named.join(", ")
     )
+}
+
+/// The device `reported` (ascending by flat index) holds for partition `flat`.
+fn reported_for(reported: &[(usize, Device)], flat: usize) -> Option<Device> {
+    reported
+        .binary_search_by_key(&flat, |&(f, _)| f)
+        .ok()
+        .map(|i| reported[i].1)
 }
 
 /// The `dtype` the entry at `position` of a `__partitioned__` dict states, `stated`, which
@@ -645,7 +677,7 @@ pub(crate) fn stated_dtype_conflict(stated: DType, data: DType, position: &[usiz
 #[cfg(feature = "python")]
 pub(crate) fn device_contradiction(locs: &[Location], device: Device) -> Option<String> {
     let me = Some(i64::from(std::process::id()));
-    contradicts(locs, me, device).then(|| contradiction(locs, me, device))
+    contradicts(locs, me, device, None).then(|| contradiction(locs, me, device, None))
 }
 
 fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {

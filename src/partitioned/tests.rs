@@ -1024,3 +1024,68 @@ fn set_fetched_names_a_partition_out_of_range_or_without_a_handle() {
          data already"
     );
 }
+
+#[test]
+fn a_location_may_name_the_device_the_producer_reports_but_no_other() {
+    // Data imported on kDLCPU (as its capsule says) whose producer's `__dlpack_device__`
+    // names kDLCPU:2: a location in this process naming either is not a contradiction.
+    let (t, _) = global(&[4]);
+    let grid = Grid::even(&[4], &[2]).unwrap();
+    let data = PartitionedArray::from_tensor(&t, grid.clone())
+        .unwrap()
+        .data()
+        .to_vec();
+    let cpu = |id| Device::new(DeviceType::Cpu, id).unwrap();
+    let here = |d| vec![Location::new("1.1.1.1", me(), d)];
+    let locs = LocationTable::from(vec![here(cpu(2)), here(Device::CPU)]);
+    let reported = [(0, cpu(2)), (1, cpu(2))];
+    let new = |reported: &[(usize, Device)], locs: &LocationTable| {
+        PartitionedArray::new_in_order(
+            grid.clone(),
+            data.clone(),
+            locs.clone(),
+            None,
+            None,
+            Vec::new(),
+            reported,
+        )
+    };
+    let pa = new(&reported, &locs).unwrap();
+    assert_eq!(pa.locations(0), &here(cpu(2))[..], "kept as given");
+    let e = new(&[], &locs).unwrap_err();
+    assert_eq!(invariants(&e), vec![("location".into(), Some(vec![0]), 9)]);
+    // A location naming a third device still contradicts the data, and says what both name.
+    let third = LocationTable::from(vec![here(cpu(3)), here(Device::CPU)]);
+    let e = new(&reported, &third).unwrap_err();
+    assert_eq!(invariants(&e), vec![("location".into(), Some(vec![0]), 9)]);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(
+            "data lives on kDLCPU (its producer's __dlpack_device__ names kDLCPU:2) but the \
+             locations in this process name kDLCPU:3"
+        ),
+        "{msg}"
+    );
+    // Fetched data too.
+    let fetched = |reported: &[(usize, Device)]| {
+        let handles = vec![
+            Data::Handle(Handle::new(0u8)),
+            Data::Handle(Handle::new(1u8)),
+        ];
+        let mut pa = PartitionedArray::new(
+            grid.clone(),
+            handles,
+            vec![here(cpu(2)), here(Device::CPU)],
+            None,
+        )
+        .unwrap();
+        let tensors = data.iter().map(|d| d.tensor().unwrap().clone()).collect();
+        pa.set_fetched_where(&[0, 1], tensors, false, reported)
+    };
+    fetched(&reported).unwrap();
+    let e = fetched(&[(1, cpu(2))]).unwrap_err().to_string();
+    assert!(
+        e.contains("fetched data lives on kDLCPU but the locations in this process name kDLCPU:2"),
+        "{e}"
+    );
+}

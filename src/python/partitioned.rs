@@ -21,8 +21,8 @@ use crate::error::{tuple_string, Error};
 use crate::grid::{inv, EntryTable, Grid};
 use crate::layout::Layout;
 use crate::partitioned::{
-    device_contradiction, stated_dtype_conflict, Data, Handle, Location, LocationTable,
-    PartitionedArray,
+    contradicts, device_contradiction, stated_dtype_conflict, Data, Handle, Location,
+    LocationTable, PartitionedArray,
 };
 use crate::plan::Plan;
 
@@ -460,6 +460,11 @@ fn read_dict<'py>(
     let mut first_failure: Option<PyErr> = None;
     let mut order = vec![0usize; n];
     let mut reader = LocationReader::default();
+    // By flat index, for data the locations contradict, the device its producer reports
+    // (`__dlpack_device__`) where that is not the device of its capsule: invariant 9 accepts
+    // a location naming it.
+    let mut reported: Vec<(usize, Device)> = Vec::new();
+    let me = Some(i64::from(std::process::id()));
     // The grid checked every position: in range, each once.
     let mut position = vec![0usize; grid.ndim()];
     // Consumed as read: each value is released while it is in cache.
@@ -486,6 +491,7 @@ fn read_dict<'py>(
             .map_err(|e| in_entry(py, e, "device", position))?;
         let mut fallback = extra.unwrap_or(Device::CPU);
         let mut moved = false;
+        let mut imported_on = None;
         let mut datum = Data::Remote;
         // The device of data `validate` could not import, as its `__dlpack_device__` names
         // it: checked against the locations (invariant 9) all the same.
@@ -520,6 +526,7 @@ fn read_dict<'py>(
                     Ok(t) => {
                         let t = t.inner;
                         fallback = t.device();
+                        imported_on = Some(t.device());
                         moved = target.is_some();
                         let kernels = || {
                             native == Some(t.device())
@@ -565,6 +572,16 @@ fn read_dict<'py>(
                     reader.read(location.as_ref(), position, fallback, all)
                 })
                 .map_err(|e| in_entry(py, e, "location", position))?;
+        }
+        if let Some(on) = imported_on.filter(|_| !moved) {
+            if contradicts(locations.get(flat), me, on, None) {
+                match source_device(obj) {
+                    Ok(Some(r)) if r != on => reported.push((flat, r)),
+                    Ok(_) => {}
+                    Err(e) if fatal(py, &e) => return Err(e),
+                    Err(_) => {} // no other device to accept: the contradiction is reported
+                }
+            }
         }
         if let Some(on) = unimported_on {
             if let Some(why) = device_contradiction(locations.get(flat), on) {
@@ -614,15 +631,17 @@ fn read_dict<'py>(
         Some((flat, _, obj)) => (Some(flat), Some(obj)),
         None => (None, None),
     };
-    let mut array =
-        PartitionedArray::new_in_order(grid, data, locations, locals, first_flat, problems)
-            .map_err(|e| {
-                let e = to_py(e);
-                if let Some(cause) = first_failure {
-                    e.set_cause(py, Some(cause));
-                }
-                e
-            })?;
+    reported.sort_unstable_by_key(|&(flat, _)| flat);
+    let mut array = PartitionedArray::new_in_order(
+        grid, data, locations, locals, first_flat, problems, &reported,
+    )
+    .map_err(|e| {
+        let e = to_py(e);
+        if let Some(cause) = first_failure {
+            e.set_cause(py, Some(cause));
+        }
+        e
+    })?;
     if let Some((dt, at, _)) = stated {
         array = array.with_dtype_stated_at(dt, Some(&at)).map_err(to_py)?;
     }
@@ -1125,14 +1144,37 @@ impl PyPartitioned {
     /// Puts fetched `tensors` into partitions `flats`, after checking them, in a new array
     /// that replaces this one's (operations under way keep the one they began with). A
     /// partition another thread fetched meanwhile keeps that thread's data. Returns the
-    /// tensor each of `flats` now holds, for the Python `Partition` objects.
-    #[pyo3(signature = (flats, tensors, moved=false))]
+    /// tensor each of `flats` now holds, for the Python `Partition` objects. `sources`: the
+    /// objects the tensors were imported from, whose `__dlpack_device__` is asked where the
+    /// locations contradict a tensor's device (invariant 9 accepts the device it reports).
+    #[pyo3(signature = (flats, tensors, moved=false, sources=None))]
     fn set_fetched(
         &self,
         flats: Vec<usize>,
         tensors: Vec<PyTensor>,
         moved: bool,
+        sources: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Vec<PyTensor>> {
+        // Asked before the lock is taken: a producer's method may wait for a thread that
+        // wants the lock.
+        let mut reported = Vec::new();
+        if let (Some(sources), false) = (&sources, moved) {
+            let current = self.inner();
+            let me = Some(i64::from(std::process::id()));
+            for ((&f, t), obj) in flats.iter().zip(&tensors).zip(sources) {
+                let on = t.inner.device();
+                if f < current.len() && contradicts(current.locations(f), me, on, None) {
+                    match source_device(obj) {
+                        Ok(Some(r)) if r != on => reported.push((f, r)),
+                        Ok(_) => {}
+                        Err(e) if fatal(obj.py(), &e) => return Err(e),
+                        Err(_) => {} // no other device to accept: the contradiction is reported
+                    }
+                }
+            }
+            reported.sort_unstable_by_key(|&(f, _)| f);
+            reported.dedup_by_key(|&mut (f, _)| f);
+        }
         let mut state = self.slot();
         let (new, data): (Vec<usize>, Vec<_>) = flats
             .iter()
@@ -1145,7 +1187,8 @@ impl PyPartitioned {
         let mut old = None;
         if !new.is_empty() {
             let mut next = PartitionedArray::clone(&state);
-            next.set_fetched_where(&new, data, moved).map_err(to_py)?;
+            next.set_fetched_where(&new, data, moved, &reported)
+                .map_err(to_py)?;
             old = Some(std::mem::replace(&mut *state, Arc::new(next)));
         }
         let held = flats

@@ -128,6 +128,70 @@ def test_data_on_a_cpu_device_jax_lacks_is_a_device_error_naming_it():
                                  "0, 1, 2, 3;"), out.stdout + out.stderr
 
 
+class _Ref:
+    """A handle to a shard, resolved only by the dict's ``get``."""
+
+    def __init__(self, shard):
+        self.shard = shard
+
+
+def _third_party_dict(a, device, handles=False, rows=2):
+    """A draft-2 dict another library might make of ``a``'s row shards, each located at
+    ``(ip, pid, device(shard))`` in this process."""
+    me = (dlpart._location.this_host(), os.getpid())
+    parts = {}
+    for s in a.addressable_shards:
+        r0 = s.index[0].start or 0
+        parts[(r0 // rows, 0)] = {
+            "start": (r0, 0), "shape": (rows, a.shape[1]),
+            "data": _Ref(s.data) if handles else s.data, "location": [me + (device(s),)]}
+    d = {"shape": a.shape, "partition_tiling": (a.shape[0] // rows, 1), "partitions": parts}
+    if handles:
+        d["get"] = lambda hs: [h.shard for h in hs] if isinstance(hs, list) else hs.shard
+    return d
+
+
+@pytest.mark.parametrize("handles", [False, True])
+def test_locations_may_name_the_device_jax_shards_report(handles):
+    """JAX writes kDLCPU:k into the capsules of CPU device k while each shard's own
+    __dlpack_device__() says (kDLCPU, 0): a dict locating its shards at 'kDLCPU', as that method
+    has it, is as valid as one naming kDLCPU:k; the data stays on kDLCPU:k, zero-copy."""
+    ref = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    a = jax.device_put(ref, NamedSharding(Mesh(np.array(DEVICES), ("x",)), P("x", None)))
+    assert {tuple(map(int, s.data.__dlpack_device__())) for s in a.addressable_shards} == {(1, 0)}
+    for name in (lambda s: "kDLCPU", lambda s: f"kDLCPU:{s.device.local_hardware_id}"):
+        d = _third_party_dict(a, name, handles)
+        if not handles:
+            dlpart.validate(d)
+        pa = dlpart.from_partitioned(d).fetch()
+        for s in a.addressable_shards:
+            p = pa.partitions[((s.index[0].start or 0) // 2, 0)]
+            assert p.tensor.device == Device(f"kDLCPU:{s.device.local_hardware_id}")
+            assert p.tensor.data_ptr == s.data.unsafe_buffer_pointer()
+            assert [loc.device for loc in p.locations] == [Device(name(s))]  # as given
+        np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu", transfer=True)),
+                                      ref)
+        # and its own dict reads back
+        again = dlpart.from_partitioned(pa.__partitioned__)
+        assert again.devices == pa.devices
+
+
+@pytest.mark.parametrize("handles", [False, True])
+def test_a_location_naming_another_device_than_either_still_contradicts_the_data(handles):
+    ref = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    a = jax.device_put(ref, NamedSharding(Mesh(np.array(DEVICES), ("x",)), P("x", None)))
+    # the shard on device 1 located on device 3
+    d = _third_party_dict(
+        a, lambda s: "kDLCPU:3" if s.device.local_hardware_id == 1 else "kDLCPU", handles)
+    want = (r"at position \(1, 0\): .*data lives on kDLCPU:1 \(its producer's __dlpack_device__ "
+            r"names kDLCPU\) but the locations in this process name kDLCPU:3")
+    with pytest.raises(dlpart.ProtocolError, match=want):
+        dlpart.from_partitioned(d).fetch()
+    if not handles:
+        with pytest.raises(dlpart.ProtocolError, match=want):
+            dlpart.validate(d)
+
+
 def test_heat_form_writes_this_rank_not_jax_device_ids():
     """A location's rank holds the JAX device id; heat reads int(location[0]) as an MPI rank,
     so the shards this process holds are written on this process's rank."""
