@@ -130,8 +130,9 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride, or partitions
     written that share memory, raise `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
-    in host memory of any kind where ``out`` is, and in either byte order (as for
-    `gather`)."""
+    in host memory of any kind where ``out`` is (for a `dlpart.PartitionedArray`, where each
+    partition written is: host values write partitions on JAX's ``kDLCPU:k``, pinned or
+    managed memory in place), and in either byte order (as for `gather`)."""
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None

@@ -414,8 +414,10 @@ class PartitionedArray:
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
         axes and has one slab along ``axis``; one index (an int, a 0-d array) drops the axis,
-        as numpy does. Of an array of handles, only the partitions holding an index are
-        fetched."""
+        as numpy does. Serving partitions on another device than the result partition they
+        fill need ``transfer=True``, host memory of another kind (JAX's ``kDLCPU:k``, pinned,
+        managed) included: the result is new memory. Of an array of handles, only the
+        partitions holding an index are fetched."""
         from ._functions import _indices
 
         idx = _indices(indices)
@@ -440,10 +442,14 @@ class PartitionedArray:
         unless every index is in range. For one index (an int, a 0-d array) ``values`` has the
         array's shape without ``axis``, as numpy takes it. ``values`` of another shape that
         broadcasts to the one written are broadcast, and scalars read, as `dlpart.scatter`
-        does (a Python scalar takes the array's dtype). Partitions written that share
-        memory raise `BufferError`, as in `repartition_into`. ``values`` may view this array's own memory: they are
-        read as they were before the call, as numpy's fancy assignment does. Of an array of
-        handles, only the partitions holding an index are fetched."""
+        does (a Python scalar takes the array's dtype). ``values`` on another device than a
+        partition written need ``transfer=True``; host values (numpy arrays, scalars) write
+        partitions in host memory of any kind (JAX's ``kDLCPU:k``, pinned, managed, ROCm
+        host memory) in place without it, as `dlpart.scatter` writes such an array.
+        Partitions written that share memory raise `BufferError`, as in `repartition_into`.
+        ``values`` may view this array's own memory: they are read as they were before the
+        call, as numpy's fancy assignment does. Of an array of handles, only the partitions
+        holding an index are fetched."""
         from ._functions import _indices
 
         idx = _indices(indices)

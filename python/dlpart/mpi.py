@@ -446,7 +446,9 @@ class SpmdArray(PartitionedArray):
         error anywhere writes nothing anywhere. The ranks compare the indices and the values'
         shape and dtype, not the values' contents (that would cost a pass over them): each
         rank writes from its own ``values``. ``values`` broadcast as `dlpart.scatter`
-        broadcasts them, and scalars are read as it reads them."""
+        broadcasts them, and scalars are read as it reads them; they are on each rank's
+        device, or host values writing host memory of any kind in place (``transfer`` is
+        accepted for the signature)."""
         from ._functions import _indices, _values
 
         v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_values(values, self.dtype)),

@@ -211,7 +211,10 @@ impl PartitionedArray {
     /// holds it, on its device. The result keeps this array's split points on the other axes
     /// and has one slab of `indices.len()` along `axis`; each of its partitions lives on the
     /// device of the source partition holding its first element. Serving partitions on other
-    /// devices need `transfer`. An out-of-range index is an error before anything is written.
+    /// devices need `transfer`, host memory of another kind (`kDLCPU:k`, pinned, managed)
+    /// included: unlike [`scatter`](Self::scatter), which writes memory already there, a
+    /// gather fills new partitions on those devices. An out-of-range index is an error before
+    /// anything is written.
     ///
     /// Only the partitions holding an index need data here ([`serving`](Self::serving)):
     /// the others may hold handles not fetched yet. One index (a 0-d `indices`) drops the
@@ -307,9 +310,12 @@ impl PartitionedArray {
     /// `self[.., indices[k], ..] = values[.., k, ..]` along `axis`, like numpy's fancy
     /// assignment, with global indices (the last of duplicate indices wins). Each index is
     /// written by the partition that holds it, on its device; `values` on another device needs
-    /// `transfer`. Nothing is written unless every check passes: a partition to write that
-    /// another thread reads or writes (a live view of it) is refused before any partition is
-    /// written, and so are partitions to write that share memory ([`Error::Buffer`] both), as
+    /// `transfer`, except that host values write partitions in host memory of any kind
+    /// (`kDLCPU:k`, pinned, managed, ROCm host memory) in place without it, as
+    /// [`ops::scatter`] writes such memory. Nothing is written unless every check passes: a
+    /// partition to write that another thread reads or writes (a live view of it) is refused
+    /// before any partition is written, and so are partitions to write that share memory
+    /// ([`Error::Buffer`] both), as
     /// [`repartition_into`](Self::repartition_into) refuses such targets. `values` may view
     /// this array's own memory: they are read as they were before the call (copied aside
     /// first). Only the partitions holding an index need data here
@@ -391,12 +397,16 @@ impl PartitionedArray {
                 return Err(Error::ReadOnly { what });
             }
             ops::check_distinct(t, &what)?;
-            check_crossing("scatter", values.device(), t.device(), transfer)?;
+            // Host memory of any kind is written from host values in place (below), as
+            // `ops::scatter` writes it: no move, so no transfer to ask for.
+            let crossing = !ops::one_memory(values.device(), t.device());
+            if crossing {
+                check_crossing("scatter", values.device(), t.device(), transfer)?;
+            }
             // Every error a write below can raise before its kernel runs, raised here: a
             // device with no backend, or a move between devices dlpart cannot make.
             backend_for(t.device())?;
-            // Host memory of any kind is written from host values in place (below).
-            if !ops::one_memory(values.device(), t.device()) {
+            if crossing {
                 ops::transfer_runner(values.device(), t.device())?;
             }
         }

@@ -484,20 +484,45 @@ fn gather_and_scatter_across_a_device_without_kernels_are_refused_by_name() {
     }
 }
 
+/// Host values write partitions in host memory of any kind (pinned, managed, ROCm host
+/// memory, an emulated `kDLCPU:k`) in place, as `ops::scatter` writes such a tensor: no
+/// move, so no `transfer` asked for. A gather from such a partition, which fills new memory
+/// on another device, still needs it.
 #[test]
 fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
-    for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {
+    let kinds = [
+        Device::new(DeviceType::CudaHost, 0).unwrap(),
+        Device::new(DeviceType::CudaManaged, 0).unwrap(),
+        Device::new(DeviceType::RocmHost, 0).unwrap(),
+        Device::new(DeviceType::Cpu, 1).unwrap(),
+    ];
+    for device in kinds {
         let p0 = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
         let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
         // SAFETY: `other`'s four elements, in C order, labelled as host memory of `kind`.
-        let p1 = unsafe { view_2x2(&other, [2, 1], Device::new(kind, 0).unwrap()) };
-        let e = scatter_rows_0_and_3(&p0, p1.clone(), false).unwrap_err();
-        // Spelled for Rust callers too, not only as Python's `transfer=True`.
-        assert!(e.to_string().contains("`true` in Rust"), "{e}");
-        scatter_rows_0_and_3(&p0, p1, true).unwrap();
+        let p1 = unsafe { view_2x2(&other, [2, 1], device) };
+        scatter_rows_0_and_3(&p0, p1.clone(), false).unwrap();
         let got = |t: &Tensor| t.to_array::<f32>().unwrap().into_raw_vec_and_offset().0;
-        assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0]);
-        assert_eq!(got(&other), vec![-7.0, -7.0, 3.0, 4.0]);
+        // numpy: a = full((4, 2), -7); a[[0, 3]] = [[1, 2], [3, 4]]
+        assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0], "{device}");
+        assert_eq!(got(&other), vec![-7.0, -7.0, 3.0, 4.0], "{device}");
+        let pa = PartitionedArray::new(
+            Grid::even(&[4, 2], &[2, 1]).unwrap(),
+            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
+            vec![vec![], vec![]],
+            None,
+        )
+        .unwrap();
+        // A 0-d value, broadcast: a[2] = 0.5
+        let half = Tensor::from_slice(&[0.5f32], &[]).unwrap();
+        pa.scatter(&half, 2i64, 0, false).unwrap();
+        assert_eq!(got(&other), vec![0.5, 0.5, 3.0, 4.0], "{device}");
+        // Rows 0 and 3 gathered into a partition on kDLCPU: a move, refused without transfer,
+        // and spelled for Rust callers too, not only as Python's `transfer=True`.
+        let rows = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
+        let e = pa.gather(&rows, 0, false).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+        assert!(e.to_string().contains("`true` in Rust"), "{e}");
     }
 }
 

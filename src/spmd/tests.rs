@@ -612,16 +612,22 @@ fn a_bad_index_or_a_read_only_partition_fails_every_rank_before_any_write() {
 /// buffer, and must write their old contents (numpy's fancy assignment), though writing row 1
 /// changes what row 2 is read from. A written partition that repeats an element (stride 0) is
 /// refused on every rank before anything is written.
-/// Host values write host partitions of any kind (pinned, managed) in place, on every rank.
+/// Host values write host partitions of any kind (pinned, managed, ROCm host memory, an
+/// emulated `kDLCPU:k`) in place, on every rank, as `PartitionedArray::scatter` does.
 #[test]
 fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
     use crate::DeviceType;
     let a = reference(&[4, 2]);
-    for kind in [DeviceType::CudaHost, DeviceType::CudaManaged] {
+    for (kind, id) in [
+        (DeviceType::CudaHost, 0),
+        (DeviceType::CudaManaged, 0),
+        (DeviceType::RocmHost, 0),
+        (DeviceType::Cpu, 1),
+    ] {
         let out = ThreadComm::run(2, |comm| {
             let me = comm.rank();
             let buffer = Tensor::from(block(&a, &[2 * me, 0], &[2, 2]));
-            let device = Device::new(kind, 0).unwrap();
+            let device = Device::new(kind, id).unwrap();
             // SAFETY: the buffer's four elements, in C order, labelled as host memory of
             // another kind, which the CPU reads and writes alike.
             let there = unsafe { crate::partitioned::tests::view_2x2(&buffer, [2, 1], device) };

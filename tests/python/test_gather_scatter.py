@@ -235,6 +235,38 @@ def test_host_memory_of_any_kind_is_gathered_and_scattered_in_place(kind):
     np.testing.assert_array_equal(np.from_dlpack(there), expect)
 
 
+@pytest.mark.parametrize("kind", sorted(HOST_KINDS) + ["kDLCPU:1"])
+def test_partitioned_host_memory_of_any_kind_is_scattered_from_host_values_in_place(kind):
+    """Host values (numpy arrays, scalars) write partitions in host memory of any kind (JAX's
+    emulated kDLCPU:k too) in place, as `dlpart.scatter` writes each such tensor: no move, so
+    no ``transfer=True`` to ask for (`dlpart.scatter` has none). A gather that fills a kDLCPU
+    partition from such memory, new memory on another device, still asks for it."""
+    x = np.arange(24.0).reshape(4, 6)
+    there = _labelled(x, HOST_KINDS.get(kind, (1, 1)))
+    assert str(there.device) in (kind, kind + ":0")
+    pa = dlpart.partition(there, (2, 1))
+    expect = x.copy()
+    pa.scatter(0.0, [3])
+    expect[[3]] = 0.0
+    dlpart.scatter(np.full(6, -1.0), [-4], pa)
+    expect[[-4]] = -1.0
+    dlpart.scatter(np.arange(12.0).reshape(2, 6), [2, 1], pa)
+    expect[[2, 1]] = np.arange(12.0).reshape(2, 6)
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+    # A kDLCPU partition beside one of this kind, both written from numpy values.
+    mixed = dlpart.from_partitioned({
+        "shape": (4, 6), "partition_tiling": (2, 1), "partitions": {
+            (0, 0): {"start": (0, 0), "shape": (2, 6), "data": np.zeros((2, 6)),
+                     "location": [0]},
+            (1, 0): {"start": (2, 0), "shape": (2, 6), "data": pa.partitions[(1, 0)].tensor, "location": [0]}}})
+    dlpart.scatter(np.full((2, 6), 5.0), [0, 3], mixed)
+    expect[[3]] = 5.0
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+    with pytest.raises(dlpart.DeviceError, match=rf"\(devices: {kind}(:0)? -> kDLCPU\)"):
+        mixed.gather([0, 3])
+    np.testing.assert_array_equal(np.from_dlpack(there), expect)
+
+
 @pytest.mark.parametrize("kind", ["kDLCUDAManaged", "kDLROCMHost"])
 def test_a_gather_of_memory_dlpart_does_not_make_without_out_lands_in_kdlcpu_memory(kind):
     """dlpart allocates no managed or ROCm host memory: a gather from it without ``out`` puts
