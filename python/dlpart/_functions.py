@@ -26,9 +26,12 @@ def _values(values, dtype: Optional[str]):
     (``np.float32(3)``) as the 0-d array of its dtype it stands for; a Python scalar (bool,
     int, float, complex), which has no dtype of its own, as a 0-d array of the target's
     ``dtype`` (or numpy's default where that is not known yet), converted as numpy converts it
-    on assignment (its errors too: ``300`` into uint8 raises `OverflowError`). A 0-d value is
-    broadcast to every element written. Anything else is returned as it is, for the caller's
-    import to refuse by name."""
+    on assignment (its errors too: ``300`` into uint8 raises `OverflowError`). A dtype numpy
+    cannot hand over through DLPack (bfloat16, the float8 types) is converted by the package
+    that gives numpy the type (ml_dtypes, as ``import jax`` loads it) and returned as a 0-d
+    `Tensor`; without such a package it raises `TypeError`. A 0-d value is broadcast to
+    every element written. Anything else is returned as it is, for the caller's import to
+    refuse by name."""
     if isinstance(values, Tensor) or hasattr(values, "__dlpack__"):
         return _native(values)
     import numpy as np
@@ -46,6 +49,11 @@ def _values(values, dtype: Optional[str]):
                         f"has no type for: pass values as a 0-d array of {dtype}") from None
     a = np.empty((), target)
     a[()] = values
+    if target.isbuiltin != 1:
+        # A dtype numpy knows only through a package that adds it (ml_dtypes' bfloat16 and
+        # float8 types, which `import jax` loads): numpy's DLPack export refuses it, so the
+        # converted bytes go in as a dlpart tensor of that dtype.
+        return _core._tensor_from_bytes(a.tobytes(), (), dtype, "kDLCPU", False)
     return a
 
 
@@ -125,8 +133,10 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     written are broadcast, as numpy broadcasts them: a scalar or a 0-d array is written at
     every element, a row in every row. A numpy scalar is the 0-d array of its dtype, which
     must be ``out``'s, as an array's must; a Python scalar takes ``out``'s dtype, converted as
-    numpy's assignment converts it. Scalars are host values: into device memory, pass a 0-d
-    array on that device. ``out`` is any writable DLPack array or a
+    numpy's assignment converts it (into bfloat16 or a float8 dtype, which numpy knows only
+    once ml_dtypes is loaded, as ``import jax`` loads it, by ml_dtypes' conversion; without
+    it, `TypeError` asks for a 0-d array of that dtype). Scalars are host values: into
+    device memory, pass a 0-d array on that device. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride, or partitions
     written that share memory, raise `BufferError`);
     nothing is written unless every index is in range. ``values`` are on ``out``'s device, or

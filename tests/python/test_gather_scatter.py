@@ -598,6 +598,64 @@ def test_a_scalar_takes_the_targets_dtype_as_numpy_assigns_it():
         dlpart.scatter("1", [0], np.zeros(3, np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_a_scalar_into_a_dtype_numpy_knows_through_ml_dtypes_is_converted_as_it_assigns(dtype):
+    """bfloat16 and float8 targets: numpy knows those types once ml_dtypes is loaded (``import
+    jax`` loads it), but its DLPack export refuses them; a Python scalar is converted by
+    ml_dtypes all the same, as numpy's assignment converts it, in every scatter."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype))
+    bits = {1: np.uint8, 2: np.uint16}[np_dtype.itemsize]
+    for value in (2.0, 1.1, -3, True, 1e40):
+        expect = np.zeros((4, 3), np_dtype)
+        expect[[2, 0]] = value
+        for write in ("scatter", "prepared", "partitioned"):
+            out = torch.zeros((4, 3), dtype=getattr(torch, dtype))
+            if write == "scatter":
+                dlpart.scatter(value, [2, 0], out)
+            elif write == "prepared":
+                dlpart.prepare_scatter(value, [2, 0], out)()
+            else:
+                dlpart.partition(out, (2, 1)).scatter(value, [2, 0])
+            got = out.view(torch.uint8).numpy().view(bits)
+            np.testing.assert_array_equal(got, expect.view(bits), err_msg=f"{value} {write}")
+    # torch's own assignment writes the same bfloat16.
+    out, ref = torch.ones(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16)
+    dlpart.scatter(1.1, [0], out)
+    ref[[0]] = 1.1
+    assert torch.equal(out, ref)
+    # A value numpy's assignment refuses is refused alike, and nothing is written.
+    out = torch.zeros(3, dtype=getattr(torch, dtype))
+    with pytest.raises(TypeError):
+        np.zeros(3, np_dtype)[[0]] = 1 + 2j
+    with pytest.raises(TypeError):
+        dlpart.scatter(1 + 2j, [0], out)
+    assert not out.view(torch.uint8).any()
+
+
+def test_a_scalar_into_bfloat16_without_ml_dtypes_is_a_type_error():
+    """Without ml_dtypes numpy has no bfloat16: the scalar cannot be converted, and the
+    TypeError says what to pass instead."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import sys, torch, dlpart
+        out = torch.ones(3, dtype=torch.bfloat16)
+        try:
+            dlpart.scatter(2.0, [0], out)
+        except TypeError as e:
+            print("ml_dtypes" in sys.modules, e)
+        """
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (
+        "False a Python scalar is written in the target's dtype bfloat16, which numpy has no "
+        "type for: pass values as a 0-d array of bfloat16"), run.stdout
+
+
 def test_partitioned_scatter_names_the_shape_it_wants_and_the_one_it_got():
     pa = dlpart.partition(np.zeros((3, 2)), (2, 1))
     with pytest.raises(ValueError, match=r"values must have shape \(0, 2\) \(or values that "
