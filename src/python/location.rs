@@ -2,6 +2,9 @@
 //! [`Location`]s: draft 2's `[(ip, pid, device), ...]` and `[(ip, pid), ...]`, draft 1's lists
 //! of IP strings (`'1.1.1.2:55667'` worker addresses too), xgboost_ray's bare IP string, heat's
 //! MPI rank ints, and heat's extra `device` key (`'cpu'`, `'cuda:1'`, a `torch.device`).
+//! What none of them writes is refused rather than guessed at: a list mixing bare host
+//! strings and ranks (one draft-2 location written as a list, `['10.0.0.5', 4242,
+//! 'kDLCPU']`), and a DLPack device name in a host's place.
 
 use std::sync::Arc;
 
@@ -86,10 +89,12 @@ impl<'py> LocationReader<'py> {
         if one {
             out.push(self.location(value, position, fallback)?);
         } else if let Ok(l) = value.cast::<PyList>() {
+            unmixed(value, l.iter(), position)?;
             for item in l.iter() {
                 out.push(self.location(&item, position, fallback)?);
             }
         } else if let Ok(t) = value.cast::<PyTuple>() {
+            unmixed(value, t.iter(), position)?;
             for item in t.iter() {
                 out.push(self.location(&item, position, fallback)?);
             }
@@ -103,13 +108,25 @@ impl<'py> LocationReader<'py> {
     }
 
     /// The text of a host string, shared with the previous entry when it is the same object.
-    fn host(&mut self, s: &Bound<'py, PyString>) -> PyResult<Arc<str>> {
+    /// A DLPack device name (`'kDLCPU'`, `'kDLCUDA:0'`) is no host: a device in the host's
+    /// place is a location misread, refused rather than taken as a machine of that name.
+    fn host(&mut self, s: &Bound<'py, PyString>, position: &[usize]) -> PyResult<Arc<str>> {
         if let Some((last, text)) = &self.host {
             if same_str(last, s) {
                 return Ok(text.clone());
             }
         }
         let text: Arc<str> = s.to_cow()?.into();
+        if text.starts_with("kDL") && Device::from_dlpack_name(&text).is_ok() {
+            return Err(bad(
+                position,
+                format!(
+                    "{} is a device name where a host is expected (a location is a host \
+                     string, a rank, or a tuple (ip, pid[, device]))",
+                    repr(s)
+                ),
+            ));
+        }
         self.host = Some((s.clone(), text.clone()));
         Ok(text)
     }
@@ -142,7 +159,7 @@ impl<'py> LocationReader<'py> {
             return Self::rank(item, position, fallback);
         }
         if let Ok(s) = item.cast::<PyString>() {
-            let host = self.host(s)?;
+            let host = self.host(s, position)?;
             if host.is_empty() {
                 return Err(bad(position, "empty host string".into()));
             }
@@ -236,12 +253,62 @@ impl<'py> LocationReader<'py> {
             }
         };
         Ok(Location {
-            host: Some(self.host(host)?),
+            host: Some(self.host(host, position)?),
             pid: Some(pid),
             device,
             rank: None,
         })
     }
+}
+
+/// Refuses a list (or tuple) of locations that holds both bare host strings and bare ranks:
+/// one array comes from one system, which names its locations one way (draft 1's IPs or
+/// worker names, heat's ranks). Such a list is most likely one draft-2 location written as a
+/// list, `['10.0.0.5', 4242, 'kDLCPU']`, which would otherwise read as a host, rank 4242 and
+/// a host named `kDLCPU`: the error says so, and how to write it.
+fn unmixed<'py>(
+    value: &Bound<'py, PyAny>,
+    items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+    position: &[usize],
+) -> PyResult<()> {
+    // One entry (the common case: one location, or heat's one rank) mixes nothing.
+    if items.len() < 2 {
+        return Ok(());
+    }
+    let (mut host, mut rank) = (None, None);
+    let items: Vec<Bound<'py, PyAny>> = items.collect();
+    for (k, item) in items.iter().enumerate() {
+        if item.is_instance_of::<PyString>() {
+            host = host.or(Some(k));
+        } else if !item.is_instance_of::<PyBool>() && integer(item) {
+            rank = rank.or(Some(k));
+        }
+    }
+    let (Some(host), Some(rank)) = (host, rank) else {
+        return Ok(());
+    };
+    let draft2 = (2..=3).contains(&items.len())
+        && host == 0
+        && rank == 1
+        && items.get(2).is_none_or(|d| d.is_instance_of::<PyString>());
+    let found = if draft2 {
+        let tuple = PyTuple::new(value.py(), &items)?;
+        format!(
+            "{} mixes a host string and a rank: it reads as one location (ip, pid[, device]) \
+             written as a list; give it as a tuple in a list: [{}]",
+            repr(value),
+            repr(tuple.as_any())
+        )
+    } else {
+        format!(
+            "{} mixes host strings and ranks (the host {} at entry {host}, the rank {} at \
+             entry {rank}): one array names its locations one way",
+            repr(value),
+            repr(&items[host]),
+            repr(&items[rank])
+        )
+    };
+    Err(bad(position, found))
 }
 
 /// Whether `a` and `b` are one string: the same object, or two exact `str` objects (no

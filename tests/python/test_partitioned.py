@@ -312,6 +312,62 @@ def test_numpy_integers_are_ranks_and_pids_as_python_ints_are():
         read([("10.0.0.1", np.float64(42))])
 
 
+def test_a_location_list_mixing_hosts_and_ranks_or_naming_a_device_as_host_is_refused():
+    # ['10.0.0.5', 4242, 'kDLCPU'] is one draft-2 location written as a list: read as a list of
+    # locations it would be three replicas (an IP, MPI rank 4242, a host named 'kDLCPU').
+    def entry(location):
+        return {"start": (2,), "shape": (2,), "data": None, "location": location}
+
+    def read(location):
+        d = {"shape": (4,), "partition_tiling": (2,),
+             "partitions": {(0,): {"start": (0,), "shape": (2,), "data": None, "location": [0]},
+                            (1,): entry(location)}}
+        return dlpart.from_partitioned(d).partitions[(1,)].locations
+
+    at = '__partitioned__["location"] at position (1,): '
+    for loc, found in [
+        (["10.0.0.5", 4242, "kDLCPU"],
+         "['10.0.0.5', 4242, 'kDLCPU'] mixes a host string and a rank: it reads as one "
+         "location (ip, pid[, device]) written as a list; give it as a tuple in a list: "
+         "[('10.0.0.5', 4242, 'kDLCPU')]"),
+        (["10.0.0.5", np.int64(7)],
+         f"{['10.0.0.5', np.int64(7)]!r} mixes a host string and a rank: it reads as one "
+         "location (ip, pid[, device]) written as a list; give it as a tuple in a list: "
+         f"[{('10.0.0.5', np.int64(7))!r}]"),
+        ((3, "10.0.0.5"),
+         "(3, '10.0.0.5') mixes host strings and ranks (the host '10.0.0.5' at entry 1, the "
+         "rank 3 at entry 0): one array names its locations one way"),
+        (["kDLCPU"], "'kDLCPU' is a device name where a host is expected (a location is a "
+                     "host string, a rank, or a tuple (ip, pid[, device]))"),
+        ("kDLCUDA:1", "'kDLCUDA:1' is a device name where a host is expected (a location is "
+                      "a host string, a rank, or a tuple (ip, pid[, device]))"),
+        ([("kDLCPU", 11, "kDLCPU")], "'kDLCPU' is a device name where a host is expected"),
+    ]:
+        with pytest.raises(dlpart.ProtocolError) as info:
+            read(loc)
+        assert str(info.value).startswith(at + found), str(info.value)
+    # Every form a producer writes still reads: one location, or a list of one form each.
+    cpu, cuda = dlpart.Device("kDLCPU"), dlpart.Device("kDLCUDA:0")
+    for loc, want in [
+        (("10.0.0.5", 4242, "kDLCUDA:0"), [Location("10.0.0.5", 4242, cuda)]),
+        ([("10.0.0.5", 4242, "kDLCUDA:0")], [Location("10.0.0.5", 4242, cuda)]),
+        ([["10.0.0.5", 4242, "kDLCUDA:0"]], [Location("10.0.0.5", 4242, cuda)]),
+        ([("10.0.0.5", 1), ("10.0.0.6", 2)],
+         [Location("10.0.0.5", 1, cpu), Location("10.0.0.6", 2, cpu)]),
+        (["10.0.0.5", "10.0.0.6"], [Location("10.0.0.5", None, cpu),
+                                    Location("10.0.0.6", None, cpu)]),
+        (["Alice", "1.1.1.2:55667"], [Location("Alice", None, cpu),
+                                      Location("1.1.1.2:55667", None, cpu)]),
+        (["10.0.0.8", ("10.0.0.7", 11)], [Location("10.0.0.8", None, cpu),
+                                          Location("10.0.0.7", 11, cpu)]),
+        ([0, 1], [Location(None, None, cpu, rank=0), Location(None, None, cpu, rank=1)]),
+        ((0, np.int64(1)), [Location(None, None, cpu, rank=0),
+                            Location(None, None, cpu, rank=1)]),
+        ("kdl-node-1", [Location("kdl-node-1", None, cpu)]),
+    ]:
+        assert list(read(loc)) == want, loc
+
+
 def test_locations_shared_between_entries_read_per_entry():
     # One location object repeated across entries (as dlpart's own dicts do) must give each
     # entry what reading it alone gives, including the device taken from the entry.
