@@ -54,9 +54,7 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
         }
     }
     if copy == Some(false) {
-        return Err(PyBufferError::new_err(format!(
-            "cannot place a tensor on {here} onto {to}: copy=False forbids the copy this needs"
-        )));
+        return Err(copy_forbidden(here, to));
     }
     // A copy on the target device, as the array API's from_dlpack allows: what dlpart cannot
     // place there is a BufferError, as the array API asks of both from_dlpack and __dlpack__
@@ -74,6 +72,14 @@ fn place(t: Tensor, target: Option<Device>, copy: Option<bool>) -> PyResult<(Ten
             Err(refused)
         }
     }
+}
+
+/// The `BufferError` of a move from `here` to `to` that `copy=False` forbids: said alike
+/// whether dlpart or the producer was to make the move.
+fn copy_forbidden(here: Device, to: Device) -> PyErr {
+    PyBufferError::new_err(format!(
+        "cannot place a tensor on {here} onto {to}: copy=False forbids the copy this needs"
+    ))
 }
 
 /// Export side of the DLPack stream rules: the consumer's stream waits (through an event) for
@@ -568,8 +574,9 @@ pub(crate) fn non_negative(func: &str, arg: &str, values: &[i64]) -> PyResult<Ve
 /// `dl_device`, and where it does not, dlpart copies it); a device neither can place it on is
 /// a `BufferError`, as the array API asks (for a device without dlpart kernels, kDLOneAPI,
 /// with the `dlpart.BackendUnavailableError` every other move raises as its `__cause__`).
-/// `copy=True` always copies, `copy=False` never does (raising `BufferError` where a copy
-/// would be needed), `None` copies only when it must. An array whose bytes are not in native
+/// `copy=True` always copies, `copy=False` never does (raising `BufferError` naming both
+/// devices where a copy would be needed, alike when the producer refused the move itself:
+/// its refusal is then the `__cause__`), `None` copies only when it must. An array whose bytes are not in native
 /// order (numpy's `>f4` on a little-endian host), which DLPack cannot carry, raises
 /// `BufferError` naming its dtype and the conversion that makes it importable.
 #[pyfunction]
@@ -768,6 +775,40 @@ fn retry_here<'py>(
     call_versioned(x, stream, here).ok()
 }
 
+/// The producer's answer `e` to an import that asked it to move its data from `source` to
+/// `target` through `dl_device` with `copy=False`. A `BufferError` is its refusal (numpy
+/// refuses every device but its own): where dlpart would take the data without a copy
+/// ([`place`]: host memory of any kind read as `kDLCPU`), the data where it is, asked for
+/// again without `dl_device`, for [`finish`] to relabel; otherwise the `BufferError` dlpart
+/// gives for the same request of its own tensors, which names both devices, the producer's
+/// refusal chained as its cause. Anything else is returned as it is.
+fn uncopied_move<'py>(
+    x: &Bound<'py, PyAny>,
+    e: PyErr,
+    stream: Option<i64>,
+    (source, target): (Option<Device>, Option<Device>),
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    let (Some(source), Some(target)) = (source, target) else {
+        return Err(e);
+    };
+    if !e.is_instance_of::<PyBufferError>(py) {
+        return Err(e);
+    }
+    if source.is_host_accessible() && target == Device::CPU {
+        let here = Keywords {
+            dl_device: None,
+            copy: Some(false),
+        };
+        if let Ok(cap) = call_versioned(x, stream, here) {
+            return Ok(cap);
+        }
+    }
+    let refused = copy_forbidden(source, target);
+    refused.set_cause(py, Some(e));
+    Err(refused)
+}
+
 /// Whether `e` is the `TypeError` a callable raises for keywords it does not take: CPython
 /// says "unexpected keyword argument", "takes no keyword arguments" or "is an invalid keyword
 /// argument", always with the word "keyword".
@@ -846,6 +887,9 @@ fn import_as_asked(
             }
             Err(e2) => return Err(e2),
         },
+        Err(e) if dl_device.is_some() && copy == Some(false) => {
+            (uncopied_move(x, e, stream, (source, target))?, true, true)
+        }
         Err(e) => {
             let asked_move = dl_device.is_some() && copy != Some(false);
             match retry_here(x, &e, stream, (source, target), asked_move) {

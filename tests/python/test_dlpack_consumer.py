@@ -388,8 +388,50 @@ def test_a_producer_refusing_to_move_its_data_is_imported_where_it_is_and_moved_
         c = dlpart.from_dlpack(x, device="kDLCPU:1", copy=copy)
         assert str(c.device) == "kDLCPU:1" and c.data_ptr != x.ctypes.data
         np.testing.assert_array_equal(np.from_dlpack(c.to("cpu")), x)
-    with pytest.raises(BufferError):  # a move is a copy
-        dlpart.from_dlpack(x, device="kDLCPU:1", copy=False)
+    # A move is a copy: refused as dlpart refuses it for its own tensors, naming both devices,
+    # numpy's refusal chained as the cause.
+    for source, cause in ((dlpart.from_dlpack(x), type(None)), (x, BufferError)):
+        with pytest.raises(BufferError) as e:
+            dlpart.from_dlpack(source, device="kDLCPU:1", copy=False)
+        assert str(e.value) == ("cannot place a tensor on kDLCPU onto kDLCPU:1: copy=False "
+                                "forbids the copy this needs"), e.value
+        assert type(e.value.__cause__) is cause
+
+
+def test_a_producer_refusing_a_move_dlpart_makes_without_a_copy_is_read_where_it_is():
+    """Pinned host memory is read as kDLCPU without a copy: a producer that refuses to move it
+    there itself (copy=False) is asked again for the data where it is, which dlpart relabels,
+    as it does for its own tensors."""
+    dlpart._core._note_host_devices(2)  # JAX's emulated host devices, as its adapter notes
+    x = np.arange(6.0).reshape(2, 3)
+    pinned = dlpart.from_dlpack(_testing.make_capsule(x.tobytes(), [2, 3], dtype=(2, 64, 1),
+                                                      device=(3, 0)))
+
+    class Refusing:
+        calls = []
+
+        def __dlpack__(self, **kw):
+            Refusing.calls.append(kw)
+            if kw.get("dl_device") is not None:
+                raise BufferError("unsupported device requested")
+            return pinned.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return pinned.__dlpack_device__()
+
+    mine = dlpart.from_dlpack(pinned, device="cpu", copy=False)
+    got = dlpart.from_dlpack(Refusing(), device="cpu", copy=False)
+    for c in (mine, got):
+        assert str(c.device) == "kDLCPU" and c.data_ptr == pinned.data_ptr
+        np.testing.assert_array_equal(np.from_dlpack(c), x)
+    assert [kw.get("dl_device") for kw in Refusing.calls] == [(1, 0), None]
+    assert Refusing.calls[1]["copy"] is False
+    # Onto another device than kDLCPU a copy is needed: refused as dlpart refuses it.
+    with pytest.raises(BufferError) as e:
+        dlpart.from_dlpack(Refusing(), device="kDLCPU:1", copy=False)
+    assert str(e.value) == ("cannot place a tensor on kDLCUDAHost onto kDLCPU:1: copy=False "
+                            "forbids the copy this needs"), e.value
+    assert str(e.value.__cause__) == "unsupported device requested"
 
 
 class LegacyProducer:

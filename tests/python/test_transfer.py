@@ -189,10 +189,15 @@ def test_every_transfer_path_reports_a_device_without_kernels_as_backend_unavail
     with pytest.raises(BufferError, match=r"ndarray.__dlpack__ refused the move") as e:
         dlpart.from_dlpack(ref, device="kDLOneAPI:0")
     assert type(e.value.__cause__.__cause__) is BufferError
-    # With copy=False the producer's refusal stands as it is: no copy could serve.
-    with pytest.raises(BufferError) as e:
-        dlpart.from_dlpack(ref, device="kDLOneAPI:0", copy=False)
-    assert e.value.__cause__ is None and no_kernels not in str(e.value)
+    # With copy=False no copy could serve, whoever made it: refused as dlpart refuses the
+    # request for its own tensors, numpy's refusal chained as the cause.
+    for source, cause in ((host, type(None)), (ref, BufferError)):
+        with pytest.raises(BufferError) as e:
+            dlpart.from_dlpack(source, device="kDLOneAPI:0", copy=False)
+        assert no_kernels not in str(e.value)
+        assert type(e.value.__cause__) is cause
+    assert str(e.value) == ("cannot place a tensor on kDLCPU onto kDLOneAPI:0: copy=False "
+                            "forbids the copy this needs")
     # Gather and scatter between host memory and such a device.
     out = np.full((1, 3), -1.0, np.float32)
     one_api_row = there.view([0, 0], [1, 3])
