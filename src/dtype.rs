@@ -126,7 +126,7 @@ impl DType {
     /// Whether this is an integer type of indices, signed or not; else the error naming it.
     pub(crate) fn index_signed(self) -> Result<bool> {
         self.signed_integer()
-            .ok_or_else(|| Error::shape("indices must have an integer dtype", self.name()))
+            .ok_or(Error::IndexDType { found: self })
     }
 
     /// Bytes per element.
@@ -215,8 +215,14 @@ mod tests {
             assert_eq!(d.signed_integer(), want, "{d}");
             assert_eq!(d.index_signed().ok(), want, "{d}");
         }
-        let e = DType::Bool.index_signed().unwrap_err().to_string();
-        assert!(e.contains("integer dtype") && e.contains("bool"), "{e}");
+        // A TypeError in Python, as numpy.take raises for a float or bool index array.
+        let e = DType::Bool.index_signed().unwrap_err();
+        assert!(
+            matches!(e, Error::IndexDType { found: DType::Bool }),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), "TypeError");
+        assert_eq!(e.to_string(), "indices must have an integer dtype: bool");
     }
 
     #[test]

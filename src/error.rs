@@ -208,6 +208,14 @@ pub enum Error {
         errors: Vec<Error>,
     },
 
+    /// Indices of a dtype that is no integer type (a float, bool or complex array): a
+    /// `TypeError` in Python, as `numpy.take` raises for such an index array.
+    #[error("indices must have an integer dtype: {found}")]
+    IndexDType {
+        /// The dtype of the indices given.
+        found: crate::dtype::DType,
+    },
+
     /// An index outside `[-len, len)`.
     #[error("index {index} is out of bounds for axis {axis} with size {len}")]
     IndexOutOfRange {
@@ -399,7 +407,7 @@ impl Error {
     }
 
     /// The name of the Python exception class this error becomes (`"ProtocolError"`,
-    /// `"DeviceError"`, `"BufferError"`, `"IndexError"`, `"ValueError"`,
+    /// `"DeviceError"`, `"BufferError"`, `"IndexError"`, `"TypeError"`, `"ValueError"`,
     /// `"BackendUnavailableError"`, `"MemoryError"`, `"RuntimeError"`), which is also how an SPMD
     /// rank tells the others what kind of error it had.
     pub fn kind(&self) -> &str {
@@ -415,6 +423,7 @@ impl Error {
             }
             Error::InvalidDevice { .. } | Error::DeviceMismatch { .. } => "DeviceError",
             Error::IndexOutOfRange { .. } => "IndexError",
+            Error::IndexDType { .. } => "TypeError",
             Error::OutOfMemory { .. } => "MemoryError",
             Error::BackendUnavailable { .. } => "BackendUnavailableError",
             Error::Shape { .. } | Error::DTypeMismatch { .. } => "ValueError",

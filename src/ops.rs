@@ -1149,8 +1149,17 @@ mod tests {
         // Non-integer indices are refused when there are none too.
         for n in [2, 0] {
             let floats = Tensor::zeros(&[n], DType::Float32).unwrap();
-            let e = normalise_indices(&floats, 0, 5).unwrap_err().to_string();
-            assert_eq!(e, "indices must have an integer dtype: float32");
+            let e = normalise_indices(&floats, 0, 5).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::IndexDType {
+                        found: DType::Float32
+                    }
+                ),
+                "{e:?}"
+            );
+            assert_eq!(e.to_string(), "indices must have an integer dtype: float32");
         }
     }
 }

@@ -107,7 +107,8 @@ def gather(x: Any, indices: Any, axis: int = 0,
     ``indices`` may be any 1-d integer DLPack array or a Python sequence, or one index (a
     Python or numpy int, a 0-d array), which drops the axis as numpy does: ``gather(x, 2)`` is
     ``x[2]``, and ``out`` then has ``x``'s shape without the axis. Indices of more axes raise
-    `ValueError`. Negative indices and axes count from the end. An out-of-range index raises
+    `ValueError`; indices that are no integers (floats, bools), in an array or a sequence,
+    raise `TypeError`, as ``numpy.take`` raises for a float index array. Negative indices and axes count from the end. An out-of-range index raises
     `IndexError` before anything is written (numpy's ``mode='raise'``); an ``out`` that refers
     to some element more than once (a zero stride) raises `BufferError`, as it would make
     threads race. ``out`` is on ``x``'s device, or in host memory of any kind where ``x`` is

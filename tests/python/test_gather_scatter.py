@@ -360,9 +360,22 @@ def test_indices_must_be_one_index_or_a_1d_integer_array():
             dlpart.partition(x, (2,)).gather(idx)
         with pytest.raises(ValueError, match="are not supported"):
             dlpart.scatter(np.zeros((1, 2)), idx, x.copy())
-    for idx in [np.array([0.0, 1.0]), np.array([True]), True, 1.0]:
-        with pytest.raises((ValueError, TypeError), match="integer"):
-            dlpart.gather(x, idx)
+    # Indices that are no integers: numpy.take raises TypeError for a float index array (it
+    # will not cast it), and so does dlpart, for arrays and Python sequences alike, on every
+    # path (a bool array, which fancy indexing reads as a mask, is refused alike).
+    with pytest.raises(TypeError):
+        np.take(x, np.array([0.0, 1.0]))
+    floats = [np.array([0.0, 1.0]), np.array(1.0), np.array([1.0], np.float32),
+              dlpart.from_dlpack(np.array([0.0, 1.0])), [0.0, 1.0], 1.0]
+    for idx in floats + [np.array([True]), np.array([1 + 0j]), [True], True]:
+        pa = dlpart.partition(x.copy(), (2,))
+        for call in (lambda: dlpart.gather(x, idx), lambda: pa.gather(idx),
+                     lambda: dlpart.scatter(0.0, idx, x.copy()), lambda: pa.scatter(0.0, idx),
+                     lambda: dlpart.prepare_gather(x, idx),
+                     lambda: dlpart.prepare_scatter(0.0, idx, x.copy())):
+            with pytest.raises(TypeError, match="integer"):
+                call()
+        assert (np.from_dlpack(pa.assemble()) == x).all()
     with pytest.raises(ValueError, match="axis 1 is out of range"):
         dlpart.gather(x, np.array([0]), axis=1)
 

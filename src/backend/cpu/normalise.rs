@@ -305,12 +305,7 @@ fn read_index(t: &Tensor, offset: isize) -> Result<i128> {
             DType::UInt16 => p.cast::<u16>().read_unaligned() as i128,
             DType::UInt32 => p.cast::<u32>().read_unaligned() as i128,
             DType::UInt64 => p.cast::<u64>().read_unaligned() as i128,
-            other => {
-                return Err(Error::shape(
-                    "indices must have an integer dtype",
-                    other.name(),
-                ))
-            }
+            other => return Err(Error::IndexDType { found: other }),
         })
     }
 }
