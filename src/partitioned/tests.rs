@@ -402,6 +402,21 @@ fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
 /// Partitions on a device without dlpart kernels (kDLOneAPI) cannot be moved by dlpart at
 /// all: `to`, and a repartition or assemble onto another device, say so (BackendUnavailable)
 /// with or without transfer, rather than ask for a transfer that could not run.
+/// `e` is the BackendUnavailable error of kDLOneAPI:0, named.
+fn assert_unavailable(e: Error) {
+    assert!(
+        matches!(
+            &e,
+            Error::BackendUnavailable {
+                backend: "kDLOneAPI",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
+}
+
 #[test]
 fn data_on_a_device_without_kernels_is_refused_by_name_not_sent_to_transfer() {
     let (t, _) = global(&[4, 2]);
@@ -409,29 +424,16 @@ fn data_on_a_device_without_kernels_is_refused_by_name_not_sent_to_transfer() {
     // SAFETY: the 2x2 view covers the first four of `t`'s elements.
     let there = unsafe { view_2x2(&t, [2, 1], one_api) };
     let pa = PartitionedArray::partition(&there, &Layout::tiling(&[2, 1])).unwrap();
-    let unavailable = |e: Error| {
-        assert!(
-            matches!(
-                &e,
-                Error::BackendUnavailable {
-                    backend: "kDLOneAPI",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
-    };
-    unavailable(pa.to(Device::CPU).unwrap_err());
+    assert_unavailable(pa.to(Device::CPU).unwrap_err());
     for transfer in [false, true] {
-        unavailable(pa.assemble(Some(Device::CPU), transfer).unwrap_err());
+        assert_unavailable(pa.assemble(Some(Device::CPU), transfer).unwrap_err());
         let on_cpu = Layout::tiling(&[1, 1]).on(Device::CPU);
-        unavailable(pa.repartition(&on_cpu, transfer).unwrap_err());
+        assert_unavailable(pa.repartition(&on_cpu, transfer).unwrap_err());
     }
     // Host data asked onto such a device is refused the same way.
     let host = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
-    unavailable(host.to(one_api).unwrap_err());
-    unavailable(host.assemble(Some(one_api), false).unwrap_err());
+    assert_unavailable(host.to(one_api).unwrap_err());
+    assert_unavailable(host.assemble(Some(one_api), false).unwrap_err());
 }
 
 /// A gather or scatter whose data would cross from or to a device without dlpart kernels
@@ -444,22 +446,9 @@ fn gather_and_scatter_across_a_device_without_kernels_are_refused_by_name() {
     let other = Tensor::from_slice(&[-7.0f32; 4], &[2, 2]).unwrap();
     // SAFETY: `other`'s four elements in C order; never read under this label (refused first).
     let p1 = unsafe { view_2x2(&other, [2, 1], one_api) };
-    let unavailable = |e: Error| {
-        assert!(
-            matches!(
-                &e,
-                Error::BackendUnavailable {
-                    backend: "kDLOneAPI",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
-    };
     for transfer in [false, true] {
         // Host values into rows 0 (host) and 3 (kDLOneAPI).
-        unavailable(scatter_rows_0_and_3(&p0, p1.clone(), transfer).unwrap_err());
+        assert_unavailable(scatter_rows_0_and_3(&p0, p1.clone(), transfer).unwrap_err());
         // Rows 0 and 3 gathered onto the device of row 0 (the host).
         let pa = PartitionedArray::new(
             Grid::even(&[4, 2], &[2, 1]).unwrap(),
@@ -469,12 +458,12 @@ fn gather_and_scatter_across_a_device_without_kernels_are_refused_by_name() {
         )
         .unwrap();
         let rows = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
-        unavailable(pa.gather(&rows, 0, transfer).unwrap_err());
+        assert_unavailable(pa.gather(&rows, 0, transfer).unwrap_err());
         // Values on such a device into host partitions.
         let host = PartitionedArray::partition(&p0, &Layout::tiling(&[2, 1])).unwrap();
         let row = Tensor::from_slice(&[1i64], &[1]).unwrap();
         let values = p1.view(&[0, 0], &[1, 2]).unwrap();
-        unavailable(host.scatter(&values, &row, 0, transfer).unwrap_err());
+        assert_unavailable(host.scatter(&values, &row, 0, transfer).unwrap_err());
     }
     for t in [&p0, &other] {
         assert_eq!(

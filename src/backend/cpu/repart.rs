@@ -276,6 +276,21 @@ struct General {
     shape_at: usize,
 }
 
+impl General {
+    /// The box `op` from `src_ptr` to `dst_ptr`, its shape appended to `shapes`.
+    fn of(op: &BoxCopy, src_ptr: *const u8, dst_ptr: *mut u8, shapes: &mut Vec<usize>) -> Self {
+        let shape_at = shapes.len();
+        shapes.extend_from_slice(&op.shape);
+        General {
+            src: op.src,
+            dst: op.dst,
+            src_ptr,
+            dst_ptr,
+            shape_at,
+        }
+    }
+}
+
 /// [`Backend::copy_plan`](crate::backend::Backend::copy_plan) on the CPU, with `tuning`.
 pub(super) fn copy_plan(
     plan: &Plan,
@@ -366,14 +381,7 @@ fn copy_classified(
                 span(dp, &op.shape, d.strides(), item),
             )
         {
-            aliased.push(General {
-                src: op.src,
-                dst: op.dst,
-                src_ptr: sp,
-                dst_ptr: dp,
-                shape_at: shapes.len(),
-            });
-            shapes.extend_from_slice(&op.shape);
+            aliased.push(General::of(op, sp, dp, &mut shapes));
             return;
         }
         match classify(op, s, d, sp, dp, item) {
@@ -381,16 +389,7 @@ fn copy_classified(
                 rows_bytes += b.bytes();
                 rows.push(b);
             }
-            Shape::General => {
-                general.push(General {
-                    src: op.src,
-                    dst: op.dst,
-                    src_ptr: sp,
-                    dst_ptr: dp,
-                    shape_at: shapes.len(),
-                });
-                shapes.extend_from_slice(&op.shape);
-            }
+            Shape::General => general.push(General::of(op, sp, dp, &mut shapes)),
         }
     });
 
