@@ -275,8 +275,10 @@ impl Tensor {
     /// # Ok::<(), dlpart::Error>(())
     /// ```
     pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType) -> Result<Self> {
-        let n = checked_numel(shape)?;
-        let want = n.checked_mul(dtype.itemsize());
+        // A shape of more elements than memory holds is one the bytes do not fill either.
+        let want = checked_numel(shape)
+            .ok()
+            .and_then(|n| n.checked_mul(dtype.itemsize()));
         if want != Some(bytes.len()) {
             return Err(Error::shape(
                 format!(
@@ -299,24 +301,33 @@ impl Tensor {
     /// types) included. Device memory is refused as by [`Tensor::to_array`]; copy it to the
     /// host first ([`Tensor::to_device`]).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        self.read_bytes("to_bytes", <[u8]>::to_vec)
+    }
+
+    /// `read` of the bytes [`Tensor::to_bytes`] returns, borrowed: this tensor's own memory
+    /// where it is contiguous, else a contiguous copy in `kDLCPU` memory (dlpart's own kernel;
+    /// host memory of any kind is read as `kDLCPU`, so no pinned or managed memory is made).
+    /// Device memory is refused, naming `op`.
+    pub(crate) fn read_bytes<R>(&self, op: &str, read: impl FnOnce(&[u8]) -> R) -> Result<R> {
         if !self.device.is_host_accessible() {
             return Err(Error::UnsupportedDevice {
                 device: self.device.to_string(),
-                op: "to_bytes".into(),
+                op: op.into(),
             });
         }
-        // A contiguous copy first where there are gaps or another order: dlpart's own kernel.
         let c = match self.is_contiguous() {
             true => self.clone(),
-            false => self.copy()?,
+            false => crate::ops::to_device(self, Device::CPU)?,
         };
         let _claim = access::tensors([&c], [])?;
         if c.numel() == 0 {
-            return Ok(Vec::new());
+            return Ok(read(&[]));
         }
         // SAFETY: `c` is contiguous host memory of `numel * itemsize` bytes from `data`, kept
         // alive by `c.owner`, and claimed for reading above so no dlpart write races it.
-        Ok(unsafe { std::slice::from_raw_parts(c.data.cast_const(), c.nbytes()) }.to_vec())
+        Ok(read(unsafe {
+            std::slice::from_raw_parts(c.data.cast_const(), c.nbytes())
+        }))
     }
 
     /// A writable host tensor over the buffer of `a`, without copying: the tensor takes the
@@ -1412,6 +1423,12 @@ mod tests {
         assert!(e.to_string().contains("(4, 2)"), "{e}");
         let empty = Tensor::from_bytes(&[], &[0, 3], DType::Float8E5M2).unwrap();
         assert_eq!(empty.to_bytes().unwrap(), Vec::<u8>::new());
+        // Host memory dlpart makes none of (managed, ROCm host) is read through kDLCPU memory.
+        for kind in [crate::DeviceType::CudaManaged, crate::DeviceType::RocmHost] {
+            let mut w = v.clone();
+            w.device = Device::new(kind, 0).unwrap();
+            assert_eq!(w.to_bytes().unwrap(), vec![10, 11, 6, 7, 2, 3], "{kind:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `dlpart.Tensor` and `dlpart.from_dlpack`.
 
-use pyo3::exceptions::{PyBufferError, PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -435,18 +435,12 @@ impl PyTensor {
                 t.device()
             )));
         }
-        let c = if t.is_contiguous() {
-            t.clone()
-        } else {
-            crate::ops::to_device(t, Device::CPU).map_err(to_py)?
-        };
-        let _claim = crate::access::tensors([&c], []).map_err(to_py)?;
-        // SAFETY: `c` is a contiguous host tensor of `nbytes` bytes, alive during this borrow,
-        // which nothing in this process writes meanwhile (claimed above).
-        let bytes = unsafe { std::slice::from_raw_parts(c.data_ptr(), c.nbytes()) };
+        let bytes = t
+            .read_bytes("pickle", |b| PyBytes::new(py, b))
+            .map_err(to_py)?;
         let f = py.import("dlpart._core")?.getattr("_tensor_from_bytes")?;
         let args = (
-            PyBytes::new(py, bytes),
+            bytes,
             PyTuple::new(py, t.shape())?,
             t.dtype().name(),
             // The bytes come back in plain host memory, whatever host memory they left.
@@ -478,48 +472,9 @@ pub fn _tensor_from_bytes(
             "a tensor rebuilt from bytes lives in host memory: device {device} is refused"
         )));
     }
-    let nbytes = crate::tensor::checked_numel(&shape)
-        .ok()
-        .and_then(|n| n.checked_mul(dtype.itemsize()));
-    if nbytes != Some(data.len()) {
-        return Err(PyValueError::new_err(format!(
-            "{} bytes do not fill a {dtype} tensor of shape {}",
-            data.len(),
-            tuple_string(&shape)
-        )));
-    }
-    // 16-byte words: aligned for every dtype, complex128 included.
-    let mut words: Vec<u128> = Vec::new();
-    words
-        .try_reserve_exact(data.len().div_ceil(16))
-        .map_err(|_| {
-            PyMemoryError::new_err(format!(
-                "cannot allocate {} bytes for an unpickled tensor",
-                data.len()
-            ))
-        })?;
-    // SAFETY: `words` has room for at least `data.len()` bytes (reserved just above), and a
-    // fresh Vec does not overlap `data`.
-    unsafe {
-        std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_mut_ptr().cast(), data.len());
-    }
-    let ptr = words.as_mut_ptr().cast::<u8>();
-    let strides = crate::tensor::contiguous_strides(&shape);
-    // SAFETY: the allocation holds `data.len() == numel * itemsize` initialised bytes at
-    // `ptr` (copied above; the Vec's length stays 0, so nothing reads it as u128s), C-order
-    // strides keep every element inside it, and moving the Vec into the owner leaves its heap
-    // buffer in place; nothing else can reach it.
-    let t = unsafe {
-        Tensor::from_raw_parts(
-            ptr,
-            shape,
-            strides,
-            dtype,
-            Device::CPU,
-            readonly,
-            std::sync::Arc::new(words),
-        )
-    };
+    let t = Tensor::from_bytes(data, &shape, dtype)
+        .and_then(|t| t.with_readonly(readonly))
+        .map_err(to_py)?;
     Ok(PyTensor::new(t))
 }
 
