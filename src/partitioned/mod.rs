@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub use location::Location;
 pub(crate) use location::LocationTable;
-pub(crate) use ops::moved_to_device;
+pub(crate) use ops::{host_indices, moved_to_device};
 
 use crate::device::Device;
 use crate::dtype::DType;

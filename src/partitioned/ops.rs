@@ -194,9 +194,10 @@ impl PartitionedArray {
         if away.is_empty() {
             return Ok(None);
         }
-        // A move no transfer could make is not one to suggest transfer for.
-        crate::backend::check_kernels(away.iter().copied().chain([target]))?;
         if !transfer {
+            // A move no transfer could make is not one to suggest transfer for (with
+            // transfer, `moved_to_device` checks the same moves).
+            crate::backend::check_kernels(away.iter().copied().chain([target]))?;
             return Err(Error::DeviceMismatch {
                 op: op.into(),
                 devices: Devices::Moves(away.iter().map(|&d| (d, target)).collect()),
@@ -403,8 +404,8 @@ impl PartitionedArray {
             if crossing {
                 check_crossing("scatter", values.device(), t.device(), transfer)?;
             }
-            // Every error a write below can raise before its kernel runs, raised here: a
-            // device with no backend, or a move between devices dlpart cannot make.
+            // A device with no backend, or a move between devices dlpart cannot make, said
+            // here, before the checks of all the partitions below and any copy of values.
             backend_for(t.device())?;
             if crossing {
                 ops::transfer_runner(values.device(), t.device())?;
@@ -570,9 +571,13 @@ impl Groups {
 
 /// The indices of `indices` (any integer dtype, host memory), each read once into memory of
 /// our own, normalised to `[0, len)`; an index outside `[-len, len)` is an error.
-fn host_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Vec<i64>> {
-    let owned = ops::to_device(indices, Device::CPU)?;
-    let normalised = ops::normalise_indices(&owned, axis, len)?;
+pub(crate) fn host_indices(indices: &Tensor, axis: usize, len: usize) -> Result<Vec<i64>> {
+    // Normalising reads each index once, into a tensor of our own; indices in other host
+    // memory (pinned, managed) are copied to kDLCPU for the CPU backend first.
+    let normalised = match indices.device() {
+        Device::CPU => ops::normalise_indices(indices, axis, len)?,
+        _ => ops::normalise_indices(ops::to_device(indices, Device::CPU)?, axis, len)?,
+    };
     Ok(normalised.as_array::<i64>()?.iter().copied().collect())
 }
 

@@ -148,8 +148,8 @@ pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
 /// A scatter's `values` as a tensor: a dlpart tensor or any DLPack array as [`read_arg`] reads
 /// it; anything else through `dlpart._functions._values`, which reads a numpy scalar as the
 /// 0-d array of its dtype and a Python scalar as a 0-d array of `dtype` (the target's, where
-/// known), as numpy's assignment reads them. Arrays, the common case, cost no more than
-/// before: the conversion is asked for only for what is no array.
+/// known), as numpy's assignment reads them. Arrays, the common case, go straight to the
+/// import: the Python conversion is called only for what is no array.
 pub(super) fn values_arg(
     values: &Bound<'_, PyAny>,
     dtype: Option<crate::DType>,

@@ -30,8 +30,7 @@ use super::device::{device_arg, import_device_arg, target_device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
-    axis_arg, import as import_array, import_producer, is_numpy_array, is_producer, non_negative,
-    source_device, PyTensor,
+    axis_arg, import_producer, is_numpy_array, is_producer, non_negative, source_device, PyTensor,
 };
 
 /// A partitioned array held in Rust; see the Python class `dlpart.PartitionedArray`.
@@ -574,13 +573,8 @@ fn read_dict<'py>(
                 .map_err(|e| in_entry(py, e, "location", position))?;
         }
         if let Some(on) = imported_on.filter(|_| !moved) {
-            if contradicts(locations.get(flat), me, on, None) {
-                match source_device(obj) {
-                    Ok(Some(r)) if r != on => reported.push((flat, r)),
-                    Ok(_) => {}
-                    Err(e) if fatal(py, &e) => return Err(e),
-                    Err(_) => {} // no other device to accept: the contradiction is reported
-                }
+            if let Some(r) = reported_device(obj, locations.get(flat), me, on)? {
+                reported.push((flat, r));
             }
         }
         if let Some(on) = unimported_on {
@@ -994,10 +988,7 @@ impl PyPartitioned {
         tiling: Option<Vec<usize>>,
         splits: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Self> {
-        let t = match x.cast::<PyTensor>() {
-            Ok(t) => t.get().inner.clone(),
-            Err(_) => import_array(x, None, None)?.inner,
-        };
+        let t = super::ops::tensor_arg(x)?.inner;
         let layout = match (tiling, splits) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err("pass tiling or splits, not both"))
@@ -1163,13 +1154,11 @@ impl PyPartitioned {
             let me = Some(i64::from(std::process::id()));
             for ((&f, t), obj) in flats.iter().zip(&tensors).zip(sources) {
                 let on = t.inner.device();
-                if f < current.len() && contradicts(current.locations(f), me, on, None) {
-                    match source_device(obj) {
-                        Ok(Some(r)) if r != on => reported.push((f, r)),
-                        Ok(_) => {}
-                        Err(e) if fatal(obj.py(), &e) => return Err(e),
-                        Err(_) => {} // no other device to accept: the contradiction is reported
-                    }
+                if f >= current.len() {
+                    continue;
+                }
+                if let Some(r) = reported_device(obj, current.locations(f), me, on)? {
+                    reported.push((f, r));
                 }
             }
             reported.sort_unstable_by_key(|&(f, _)| f);
@@ -1308,7 +1297,7 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
-        let (pa, idx) = (self.inner(), read_arg(indices)?);
+        let (pa, idx) = (self.inner(), super::ops::read_arg(indices)?.inner);
         let axis = axis_arg("gather", axis, pa.ndim(), "array")?;
         py.detach(|| pa.gather(&idx, axis, transfer))
             .map(wrap)
@@ -1325,7 +1314,7 @@ impl PyPartitioned {
         axis: i64,
         op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
-        let (pa, idx) = (self.inner(), read_arg(indices)?);
+        let (pa, idx) = (self.inner(), super::ops::read_arg(indices)?.inner);
         let axis = axis_arg(op, axis, pa.ndim(), "array")?;
         py.detach(|| pa.serving(&idx, axis)).map_err(to_py)
     }
@@ -1342,7 +1331,7 @@ impl PyPartitioned {
     ) -> PyResult<()> {
         let pa = self.inner();
         let v = super::ops::values_arg(values, pa.dtype())?.inner;
-        let idx = read_arg(indices)?;
+        let idx = super::ops::read_arg(indices)?.inner;
         let axis = axis_arg("scatter", axis, pa.ndim(), "array")?;
         py.detach(|| pa.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)
@@ -1531,21 +1520,26 @@ impl LocationForm {
     }
 }
 
-fn tensor_arg(x: &Bound<'_, PyAny>) -> PyResult<crate::tensor::Tensor> {
-    match x.cast::<PyTensor>() {
-        Ok(t) => Ok(t.get().inner.clone()),
-        Err(_) => Ok(import_array(x, None, None)?.inner),
+/// The device the producer `obj` of data on `on` reports through `__dlpack_device__`, where
+/// `locations` contradict `on` (see `contradicts`; `me`: this process's pid) and the producer
+/// names another device, which invariant 9 then accepts (JAX's CPU arrays report kDLCPU:0
+/// while their capsules name kDLCPU:k). `None` otherwise; a producer that cannot answer
+/// leaves the contradiction to be reported, unless its error is fatal.
+fn reported_device(
+    obj: &Bound<'_, PyAny>,
+    locations: &[Location],
+    me: Option<i64>,
+    on: Device,
+) -> PyResult<Option<Device>> {
+    if !contradicts(locations, me, on, None) {
+        return Ok(None);
     }
-}
-
-/// [`tensor_arg`] for an argument the call reads once (indices, a scatter's values): an array
-/// whose bytes are not in native order is read through a copy in native order (see
-/// `ops::read_arg`).
-fn read_arg(x: &Bound<'_, PyAny>) -> PyResult<crate::tensor::Tensor> {
-    tensor_arg(x).or_else(|e| match super::ops::native_copy(x)? {
-        Some(copy) => tensor_arg(&copy),
-        None => Err(e),
-    })
+    match source_device(obj) {
+        Ok(Some(r)) if r != on => Ok(Some(r)),
+        Ok(_) => Ok(None),
+        Err(e) if fatal(obj.py(), &e) => Err(e),
+        Err(_) => Ok(None),
+    }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

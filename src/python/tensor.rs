@@ -668,27 +668,51 @@ pub(crate) fn source_device(x: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
         .map_err(|e| PyBufferError::new_err(format!("{}: an unknown device: {e}", of())))
 }
 
-/// The producer's answer `e` to an import that asked it (`asked_move`, copies allowed) to move
-/// its data from `source` to `target` through `dl_device`. A `BufferError` is its refusal of
-/// the move: where dlpart could not make that move either, as one side is a device without
-/// dlpart kernels (kDLOneAPI), a `BufferError` that says both, as a move dlpart refuses says
-/// it ([`place`]: the `BackendUnavailableError` as its cause, the producer's refusal as that
-/// one's). Anything else is returned as it is.
-fn refused_move(
-    x: &Bound<'_, PyAny>,
+/// The producer's answer `e` to an import that asked it, through `dl_device`, to move its
+/// data from `source` to `target`. A `BufferError` is its refusal of the move (numpy refuses
+/// every device but its own), which dlpart then answers as it answers the same request of its
+/// own tensors ([`place`]):
+/// - with `copy=False`, where dlpart would take the data without a copy (host memory of any
+///   kind read as `kDLCPU`), the data where it is, asked for again without `dl_device`, for
+///   [`finish`] to relabel; otherwise the `BufferError` that names both devices;
+/// - where dlpart can make the move, the data where it is, asked for again without
+///   `dl_device`, for [`finish`] to move (the refusal stands if that call fails too);
+/// - where it cannot, as one side is a device without dlpart kernels (kDLOneAPI), a
+///   `BufferError` that says both, the `BackendUnavailableError` as its cause.
+///
+/// The producer's refusal is chained as the cause of dlpart's error. Anything else is
+/// returned as it is.
+fn after_refusal<'py>(
+    x: &Bound<'py, PyAny>,
     e: PyErr,
-    (source, target): (Option<Device>, Option<Device>),
-    asked_move: bool,
-) -> PyErr {
+    stream: Option<i64>,
+    (source, target): (Device, Device),
+    copy: Option<bool>,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
-    let (Some(source), Some(target)) = (source, target) else {
-        return e;
-    };
-    if !asked_move || !e.is_instance_of::<PyBufferError>(py) {
-        return e;
+    if !e.is_instance_of::<PyBufferError>(py) {
+        return Err(e);
     }
-    let Err(unavailable) = crate::backend::check_kernels([source, target]) else {
-        return e;
+    let here = |copy| {
+        let kw = Keywords {
+            dl_device: None,
+            copy,
+        };
+        call_versioned(x, stream, kw)
+    };
+    if copy == Some(false) {
+        if source.is_host_accessible() && target == Device::CPU {
+            if let Ok(cap) = here(Some(false)) {
+                return Ok(cap);
+            }
+        }
+        let refused = copy_forbidden(source, target);
+        refused.set_cause(py, Some(e));
+        return Err(refused);
+    }
+    let unavailable = match crate::backend::check_kernels([source, target]) {
+        Ok(()) => return here(None).map_err(|_| e),
+        Err(unavailable) => unavailable,
     };
     let refused = PyBufferError::new_err(format!(
         "cannot place a tensor on {source} onto {target}: {}.__dlpack__ refused the move ({}), \
@@ -699,68 +723,6 @@ fn refused_move(
     let cause = to_py(unavailable);
     cause.set_cause(py, Some(e));
     refused.set_cause(py, Some(cause));
-    refused
-}
-
-/// The producer's data where it is, when it refused (`e`, a `BufferError`) to move it from
-/// `source` to `target` itself (numpy refuses every device but its own) and dlpart can make
-/// that move (`asked_move`: copies allowed): asked again without `dl_device`, for
-/// [`finish`] to move. `None` when dlpart cannot make the move either, or the second call
-/// fails too; the first refusal then stands.
-fn retry_here<'py>(
-    x: &Bound<'py, PyAny>,
-    e: &PyErr,
-    stream: Option<i64>,
-    (source, target): (Option<Device>, Option<Device>),
-    asked_move: bool,
-) -> Option<Bound<'py, PyAny>> {
-    let (Some(source), Some(target)) = (source, target) else {
-        return None;
-    };
-    if !asked_move
-        || !e.is_instance_of::<PyBufferError>(x.py())
-        || crate::backend::check_kernels([source, target]).is_err()
-    {
-        return None;
-    }
-    let here = Keywords {
-        dl_device: None,
-        copy: None,
-    };
-    call_versioned(x, stream, here).ok()
-}
-
-/// The producer's answer `e` to an import that asked it to move its data from `source` to
-/// `target` through `dl_device` with `copy=False`. A `BufferError` is its refusal (numpy
-/// refuses every device but its own): where dlpart would take the data without a copy
-/// ([`place`]: host memory of any kind read as `kDLCPU`), the data where it is, asked for
-/// again without `dl_device`, for [`finish`] to relabel; otherwise the `BufferError` dlpart
-/// gives for the same request of its own tensors, which names both devices, the producer's
-/// refusal chained as its cause. Anything else is returned as it is.
-fn uncopied_move<'py>(
-    x: &Bound<'py, PyAny>,
-    e: PyErr,
-    stream: Option<i64>,
-    (source, target): (Option<Device>, Option<Device>),
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = x.py();
-    let (Some(source), Some(target)) = (source, target) else {
-        return Err(e);
-    };
-    if !e.is_instance_of::<PyBufferError>(py) {
-        return Err(e);
-    }
-    if source.is_host_accessible() && target == Device::CPU {
-        let here = Keywords {
-            dl_device: None,
-            copy: Some(false),
-        };
-        if let Ok(cap) = call_versioned(x, stream, here) {
-            return Ok(cap);
-        }
-    }
-    let refused = copy_forbidden(source, target);
-    refused.set_cause(py, Some(e));
     Err(refused)
 }
 
@@ -817,9 +779,14 @@ fn import_as_asked(
         source_device(x)?
     };
     let (stream, host_wait) = import_stream(x, source)?;
-    let dl_device = match (target, source) {
-        (Some(t), Some(s)) if t != s => Some(t.to_dlpack().into_pyobject(py)?.into_any()),
+    // The move asked of the producer, if any.
+    let moving = match (source, target) {
+        (Some(s), Some(t)) if t != s => Some((s, t)),
         _ => None,
+    };
+    let dl_device = match moving {
+        Some((_, t)) => Some(t.to_dlpack().into_pyobject(py)?.into_any()),
+        None => None,
     };
     let kw = Keywords {
         dl_device: dl_device.as_ref(),
@@ -842,16 +809,10 @@ fn import_as_asked(
             }
             Err(e2) => return Err(e2),
         },
-        Err(e) if dl_device.is_some() && copy == Some(false) => {
-            (uncopied_move(x, e, stream, (source, target))?, true, true)
-        }
-        Err(e) => {
-            let asked_move = dl_device.is_some() && copy != Some(false);
-            match retry_here(x, &e, stream, (source, target), asked_move) {
-                Some(cap) => (cap, true, true),
-                None => return Err(refused_move(x, e, (source, target), asked_move)),
-            }
-        }
+        Err(e) => match moving {
+            Some(moving) => (after_refusal(x, e, stream, moving, copy)?, true, true),
+            None => return Err(e),
+        },
     };
     let (t, flags) = consume_capsule(&cap)?;
     if !ordered {

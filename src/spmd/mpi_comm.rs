@@ -91,6 +91,9 @@ pub struct MpiComm {
     any_thread: bool,
     /// Held during each call into MPI: one at a time.
     calls: Mutex<()>,
+    /// Not `Send` whatever MPI's handle type (a pointer in Open MPI, an `int` in MPICH): the
+    /// communicator is freed on the thread that made it.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 // SAFETY: `MpiComm` is not `Send` (its communicator handle stays on the thread that made it),
@@ -184,6 +187,7 @@ impl MpiComm {
             host: this_host(),
             any_thread,
             calls: Mutex::new(()),
+            _not_send: std::marker::PhantomData,
         })
     }
 

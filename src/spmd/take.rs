@@ -58,10 +58,8 @@ fn read_indices(indices: &Tensor, axis: usize, pa: &PartitionedArray) -> Result<
         ));
     }
     let (list, one) = ops::index_list(indices)?;
-    let owned = ops::to_device(&list, Device::CPU)?;
-    let idx = ops::normalise_indices(&owned, axis, pa.shape()[axis])?;
     Ok(Index {
-        list: idx.as_array::<i64>()?.iter().copied().collect(),
+        list: crate::partitioned::host_indices(&list, axis, pa.shape()[axis])?,
         one,
     })
 }
@@ -402,14 +400,11 @@ pub fn scatter(
                     reason: "values must be on each rank's device".into(),
                 });
             }
-            writes.push((f, s));
+            writes.push((f, s, t));
         }
         // Partitions sharing memory would be written one after the other, each from its own
         // values (see `PartitionedArray::scatter`).
-        let held: Vec<&Tensor> = writes
-            .iter()
-            .map(|&(f, _)| pa.data()[f].tensor().expect("checked"))
-            .collect();
+        let held: Vec<&Tensor> = writes.iter().map(|&(_, _, t)| t).collect();
         if let Some(s) = crate::overlap::shared_targets(&held) {
             let position = |j: usize| tuple_string(&pa.grid().position(writes[j].0));
             return Err(s.targets_error(position, &format!(" of rank {me}")));
@@ -445,18 +440,14 @@ pub fn scatter(
     // partitions then hold what they wrote).
     let written = (|| {
         // Values that view this rank's partitions are read before any of them is written.
-        let held = writes
-            .iter()
-            .map(|&(f, _)| pa.data()[f].tensor().expect("checked"));
-        let values = &ops::apart_from(&values, held)?;
+        let values = &ops::apart_from(&values, writes.iter().map(|&(_, _, t)| t))?;
         // One index writes a slab of one.
         let values = &match one {
             true => values.with_unit_axis(axis),
             false => values.clone(),
         };
         let mut ready = Vec::with_capacity(writes.len());
-        for (f, s) in writes {
-            let t = pa.data()[f].tensor().expect("checked");
+        for (f, s, t) in writes {
             let r = pa.grid().region_at(f);
             let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
             start[axis] = 0;

@@ -520,7 +520,7 @@ fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
         let (grid, src_owners) = random_source(&mut rng, &shape, RANKS);
         let axis = rng.below(2);
         let picks = random_picks(&mut rng, shape[axis]);
-        let (want, assigned) = take_and_assign(&a, &picks, axis);
+        let (want, values, assigned) = take_and_assign(&a, &picks, axis);
         ThreadComm::run(RANKS, |comm| {
             let me = comm.rank();
             let pa = from_local(
@@ -541,8 +541,7 @@ fn random_gathers_and_scatters_across_ranks_equal_the_reference() {
                 Some(&shape),
             )
             .unwrap();
-            let values = Tensor::from(want.clone());
-            scatter(comm, &target, &values, &idx, axis).unwrap();
+            scatter(comm, &target, &Tensor::from(values.clone()), &idx, axis).unwrap();
             let whole = assemble(comm, &target, None, None, false).unwrap().unwrap();
             assert_eq!(whole.to_array::<f32>().unwrap(), assigned, "case {case}");
         });

@@ -54,16 +54,13 @@ impl ThreadComm {
 
     /// Runs `f` on `size` threads, one rank each, and returns their results by rank.
     pub fn run<T: Send>(size: usize, f: impl Fn(&ThreadComm) -> T + Sync) -> Vec<T> {
-        let comms = ThreadComm::group(size);
+        let f = &f;
         std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .map(|c| {
-                    s.spawn(|| {
-                        let _breaks = Breaks(c);
-                        f(c)
-                    })
-                })
+            // Each thread owns its rank, which breaks the barrier when dropped while the
+            // thread unwinds from a panic (see `Drop`).
+            let handles: Vec<_> = ThreadComm::group(size)
+                .into_iter()
+                .map(|c| s.spawn(move || f(&c)))
                 .collect();
             handles
                 .into_iter()
@@ -136,17 +133,6 @@ impl Drop for ThreadComm {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.shared.barrier.break_by(self.rank);
-        }
-    }
-}
-
-/// Breaks the barrier of its rank's group when dropped while its thread panics.
-struct Breaks<'a>(&'a ThreadComm);
-
-impl Drop for Breaks<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.shared.barrier.break_by(self.0.rank);
         }
     }
 }

@@ -171,18 +171,27 @@ pub fn random_picks(rng: &mut Rng, len: usize) -> Vec<i64> {
         .collect()
 }
 
-/// `numpy.take(a, picks, axis)`, and `a`'s zeros with the taken slabs assigned back at
-/// `picks` (`z[.., picks, ..] = taken`: the last of repeated indices wins), written out with
-/// ndarray.
-pub fn take_and_assign(a: &ArrayD<f32>, picks: &[i64], axis: usize) -> (ArrayD<f32>, ArrayD<f32>) {
+/// `numpy.take(a, picks, axis)`; values to scatter back, the taken slabs each raised by
+/// 10,000 times its position plus one (so that every value differs from the others written
+/// at the same index); and `a`'s zeros with those values assigned at `picks`
+/// (`z[.., picks, ..] = values`: the last of repeated indices wins), written out with ndarray.
+pub fn take_and_assign(
+    a: &ArrayD<f32>,
+    picks: &[i64],
+    axis: usize,
+) -> (ArrayD<f32>, ArrayD<f32>, ArrayD<f32>) {
     let len = a.shape()[axis] as i64;
     let positive: Vec<usize> = picks.iter().map(|&i| ((i + len) % len) as usize).collect();
     let taken = a.select(Axis(axis), &positive);
+    let mut values = taken.clone();
+    for (k, mut slab) in values.axis_iter_mut(Axis(axis)).enumerate() {
+        slab += 10_000.0 * (k + 1) as f32;
+    }
     let mut assigned = ArrayD::<f32>::zeros(a.raw_dim());
     for (k, &i) in positive.iter().enumerate() {
         assigned
             .index_axis_mut(Axis(axis), i)
-            .assign(&taken.index_axis(Axis(axis), k));
+            .assign(&values.index_axis(Axis(axis), k));
     }
-    (taken, assigned)
+    (taken, values, assigned)
 }

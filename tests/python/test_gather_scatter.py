@@ -297,6 +297,22 @@ def test_device_memory_against_host_memory_is_a_device_error():
     assert same(x, np.arange(12.0).reshape(4, 3))
 
 
+WRITES = ("scatter", "prepared", "partitioned")
+
+
+def scatter_by(write, values, indices, out, axis=0, tiling=None):
+    """Scatters through one of the three entry points of `WRITES`: `dlpart.scatter`, a
+    prepared scatter, or the scatter of a partition of `out` (cut by `tiling`, at most two
+    blocks along each axis by default)."""
+    if write == "scatter":
+        dlpart.scatter(values, indices, out, axis=axis)
+    elif write == "prepared":
+        dlpart.prepare_scatter(values, indices, out, axis=axis)()
+    else:
+        tiling = tiling or tuple(min(2, max(n, 1)) for n in out.shape)
+        dlpart.partition(out, tiling).scatter(values, indices, axis)
+
+
 @settings(max_examples=150, **SETTINGS)
 @given(case=cases(names=NATIVE), data=st.data())
 def test_one_index_drops_the_axis_as_numpy_does(case, data):
@@ -323,14 +339,9 @@ def test_one_index_drops_the_axis_as_numpy_does(case, data):
     values = random_array(np.random.default_rng(i % 7), expect.shape, name)
     assigned = ref.copy()
     assigned[along(axis, i)] = values
-    for write in ["scatter", "prepared", "partitioned"]:
+    for write in WRITES:
         target = ref.copy()
-        if write == "scatter":
-            dlpart.scatter(values, index, target, axis=axis)
-        elif write == "prepared":
-            dlpart.prepare_scatter(values, index, target, axis=axis)()
-        else:
-            dlpart.partition(target, (2,) + (1,) * (ref.ndim - 1)).scatter(values, index, axis)
+        scatter_by(write, values, index, target, axis, tiling=(2,) + (1,) * (ref.ndim - 1))
         assert same(target, assigned), write
     # Values with the axis kept broadcast where numpy's assignment to the slice broadcasts
     # them (a leading axis of extent 1 is dropped), and are refused where it refuses them.
@@ -563,20 +574,14 @@ def test_scatter_values_broadcast_and_scalars_assign_as_numpy_does(case, data):
         expect[along(axis, idx)] = values
     except ValueError:
         expect = None
-    writes = {
-        "scatter": lambda t: dlpart.scatter(values, idx, t, axis=axis),
-        "prepared": lambda t: dlpart.prepare_scatter(values, idx, t, axis=axis)(),
-        "partitioned": lambda t: dlpart.partition(t, tuple(min(2, max(n, 1)) for n in t.shape))
-        .scatter(values, idx, axis),
-    }
-    for write, run in writes.items():
+    for write in WRITES:
         target = ref.copy()
         if expect is None:
             with pytest.raises(ValueError, match="values must have shape"):
-                run(target)
+                scatter_by(write, values, idx, target, axis)
             assert same(target, ref), write
         else:
-            run(target)
+            scatter_by(write, values, idx, target, axis)
             assert same(target, expect), (write, form)
 
 
@@ -588,14 +593,9 @@ def test_a_scalar_takes_the_targets_dtype_as_numpy_assigns_it():
                          ("uint8", True), ("int64", 2**40)):
         expect = np.zeros((4, 3), dtype)
         expect[[2, 0]] = value
-        for write in ("scatter", "prepared", "partitioned"):
+        for write in WRITES:
             out = np.zeros((4, 3), dtype)
-            if write == "scatter":
-                dlpart.scatter(value, [2, 0], out)
-            elif write == "prepared":
-                dlpart.prepare_scatter(value, [2, 0], out)()
-            else:
-                dlpart.partition(out, (2, 1)).scatter(value, [2, 0])
+            scatter_by(write, value, [2, 0], out, tiling=(2, 1))
             assert same(out, expect), (dtype, value, write)
     out = np.zeros(3, np.uint8)
     with pytest.raises(OverflowError):
@@ -623,14 +623,9 @@ def test_a_scalar_into_a_dtype_numpy_knows_through_ml_dtypes_is_converted_as_it_
     for value in (2.0, 1.1, -3, True, 1e40):
         expect = np.zeros((4, 3), np_dtype)
         expect[[2, 0]] = value
-        for write in ("scatter", "prepared", "partitioned"):
+        for write in WRITES:
             out = torch.zeros((4, 3), dtype=getattr(torch, dtype))
-            if write == "scatter":
-                dlpart.scatter(value, [2, 0], out)
-            elif write == "prepared":
-                dlpart.prepare_scatter(value, [2, 0], out)()
-            else:
-                dlpart.partition(out, (2, 1)).scatter(value, [2, 0])
+            scatter_by(write, value, [2, 0], out, tiling=(2, 1))
             got = out.view(torch.uint8).numpy().view(bits)
             np.testing.assert_array_equal(got, expect.view(bits), err_msg=f"{value} {write}")
     # torch's own assignment writes the same bfloat16.
@@ -652,6 +647,8 @@ def test_a_scalar_into_bfloat16_without_ml_dtypes_is_a_type_error():
     TypeError says what to pass instead."""
     import subprocess
     import sys
+
+    pytest.importorskip("torch")  # the bfloat16 target
 
     code = """if True:
         import sys, torch, dlpart

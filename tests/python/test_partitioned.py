@@ -583,6 +583,8 @@ def test_validate_releases_the_data_it_imports():
             dlpart.validate(d)
         except dlpart.ProtocolError as e:
             assert bad and "(3, 0)" in str(e)
+        else:
+            assert not bad, "the partition of the wrong shape is reported"
         gc.collect()
         assert _testing.deleter_calls() - before == 4  # each taken once, and given back
 

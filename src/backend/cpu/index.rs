@@ -4,8 +4,9 @@
 //! list. Each unit copies one inner box (the dims after the axis) between position `i` on
 //! the value side and position `indices[i]` on the indexed side. Inner boxes that are one
 //! machine word or one contiguous block get tight loops; runs of consecutive indices become
-//! one copy when the axis itself is contiguous. Indices are checked as they are used, so a
-//! bad one is reported without a separate pass.
+//! one copy when the axis itself is contiguous. The kernels check each index as they use
+//! it; the backend's `gather` and `scatter` also check every index in one pass first
+//! ([`check_indices`]), so that a bad one leaves the output as it was.
 //!
 //! Scatter writes the same place twice when indices repeat and the later write must win, so
 //! it splits work among threads by index ranges only when the indices never decrease (cut
