@@ -70,7 +70,13 @@ def test_jax_cuda_round_trip():
     x = jax.device_put(jax.numpy.arange(64, dtype=jax.numpy.float32), gpu)
     t = dlpart.from_dlpack(x)
     assert t.data_ptr == x.unsafe_buffer_pointer()
-    y = jax.numpy.from_dlpack(t)
+    # JAX's legacy capsule carries no read-only flag, so the import is read-only, and JAX asks
+    # for a legacy capsule back, which cannot say so: refused, and a copy goes instead.
+    assert t.readonly
+    with pytest.raises(BufferError, match="max_version"):
+        jax.numpy.from_dlpack(t)
+    y = jax.numpy.from_dlpack(t.copy())
+    assert y.devices() == {gpu}
     np.testing.assert_array_equal(np.asarray(y), np.arange(64, dtype=np.float32))
 
 

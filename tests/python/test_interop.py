@@ -74,6 +74,19 @@ class TestJax:
         assert t.device == "kDLCPU"
         np.testing.assert_array_equal(np.from_dlpack(t), np.asarray(x))
 
+    def test_jax_data_goes_back_to_jax_as_a_copy(self):
+        # JAX's legacy capsule carries no read-only flag: the import is read-only, and JAX's
+        # request for a legacy capsule back (which cannot carry the flag) is refused, naming the
+        # fix; a copy is writable and goes.
+        x = self.jnp.arange(12, dtype=self.jnp.int32).reshape(3, 4)
+        t = dlpart.from_dlpack(x)
+        assert t.readonly
+        with pytest.raises(BufferError, match=r"max_version >= \(1, 0\)"):
+            self.jnp.from_dlpack(t)
+        y = self.jnp.from_dlpack(t.copy())
+        assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+        np.testing.assert_array_equal(np.asarray(y), np.arange(12).reshape(3, 4))
+
     def test_dlpart_to_jax_is_zero_copy_for_aligned_data(self):
         # JAX imports CPU buffers without a copy only when they are 64-byte aligned.
         a = aligned_empty((8, 8), np.float32)
