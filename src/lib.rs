@@ -69,6 +69,8 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod grid;
+#[cfg(any(feature = "mpi", feature = "python", test))]
+mod host;
 pub mod indices;
 pub mod layout;
 pub mod ops;

@@ -3,11 +3,11 @@
 address."""
 
 import os
-import socket
 import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
 
+from . import _core
 from ._core import Device
 
 if TYPE_CHECKING:  # _types imports nothing from here; the guard only keeps imports light
@@ -67,35 +67,9 @@ def this_host() -> str:
 
 @lru_cache(maxsize=1)
 def _interface_address() -> str:
-    candidates = []
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            candidates.append(info[4][0])
-    except OSError:
-        pass
-    candidates += _linux_interface_addresses()
-    for ip in candidates:
-        if not ip.startswith("127."):
-            return ip
-    return "127.0.0.1"
-
-
-def _linux_interface_addresses() -> list:
-    """The IPv4 address of every interface, read with ``SIOCGIFADDR`` (no traffic is sent)."""
-    try:
-        import fcntl
-        import struct
-    except ImportError:
-        return []
-    out = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-                out.append(socket.inet_ntoa(packed[20:24]))
-            except OSError:
-                continue
-    return out
+    """The first IPv4 address of the host name or of a network interface that is not loopback,
+    else ``127.0.0.1``: the address Rust's ``MpiComm`` names too."""
+    return _core._this_host()
 
 
 def here(device: "DeviceLike") -> Location:

@@ -40,6 +40,13 @@ fn install_logger(py: Python<'_>) {
 
 /// Re-reads the levels of the `dlpart` loggers; call it after changing them while the
 /// program runs (the Rust side caches each logger's level when it first logs).
+/// This node's address as other nodes reach it (see `crate::host::this_host`), for
+/// `dlpart._location`.
+#[pyfunction]
+fn _this_host() -> String {
+    crate::host::this_host()
+}
+
 #[pyfunction]
 fn reload_log_levels() {
     if let Some(h) = LOG_RESET.get() {
@@ -67,6 +74,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     prepared::register(m)?;
     m.add_function(wrap_pyfunction!(reload_log_levels, m)?)?;
+    m.add_function(wrap_pyfunction!(_this_host, m)?)?;
     install_logger(py);
     let testing = PyModule::new(py, "_testing")?;
     testing::register(&testing)?;

@@ -8,7 +8,6 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::sync::Mutex;
 
 use mpi::datatype::Equivalence;
@@ -184,7 +183,7 @@ impl MpiComm {
             rank: own.rank() as usize,
             size: own.size() as usize,
             comm: ManuallyDrop::new(own),
-            host: this_host(),
+            host: crate::host::this_host(),
             any_thread,
             calls: Mutex::new(()),
             _not_send: std::marker::PhantomData,
@@ -428,64 +427,4 @@ impl Communicator for MpiComm {
         }
         check(rc, || format!("MPI_Waitall of {} messages", requests.len()))
     }
-}
-
-/// This node's address as other nodes reach it, as `dlpart.mpi` finds it: the first IPv4
-/// address of the host name or of a network interface that is not loopback, else
-/// `127.0.0.1`.
-fn this_host() -> String {
-    let named = host_name()
-        .and_then(|name| (name.as_str(), 0).to_socket_addrs().ok())
-        .into_iter()
-        .flatten()
-        .filter_map(|a| match a.ip() {
-            IpAddr::V4(ip) => Some(ip),
-            IpAddr::V6(_) => None,
-        });
-    named
-        .chain(interface_addresses())
-        .find(|ip| !ip.is_loopback())
-        .unwrap_or(Ipv4Addr::LOCALHOST)
-        .to_string()
-}
-
-fn host_name() -> Option<String> {
-    let mut buf = [0 as c_char; 256];
-    // SAFETY: `buf` holds `buf.len()` bytes for gethostname to write; its last byte stays NUL
-    // (only `len - 1` are offered), so the name read below is terminated.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr(), buf.len() - 1) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: NUL-terminated within `buf` (see above).
-    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned()).filter(|n| !n.is_empty())
-}
-
-/// The IPv4 address of every network interface (`getifaddrs`), in the system's order.
-fn interface_addresses() -> Vec<Ipv4Addr> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: `head` is a valid pointer to write the list's head to.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let mut at = head;
-    while !at.is_null() {
-        // SAFETY: `at` is a node of the list getifaddrs made, alive until freeifaddrs below.
-        let ifa = unsafe { &*at };
-        let addr = ifa.ifa_addr;
-        // SAFETY: a non-null `ifa_addr` points to a socket address whose `sa_family` says its
-        // type; an AF_INET one is a `sockaddr_in`.
-        unsafe {
-            if !addr.is_null() && c_int::from((*addr).sa_family) == libc::AF_INET {
-                let sin = &*addr.cast::<libc::sockaddr_in>();
-                out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            }
-        }
-        at = ifa.ifa_next;
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once; nothing of it is used after.
-    unsafe { libc::freeifaddrs(head) };
-    out
 }
