@@ -10,6 +10,38 @@
 //! global start. Communication padding (the indices a block shares with its neighbour) is left
 //! out; boundary padding is part of the array, as the protocol counts them.
 //!
+//! # The optional keys
+//!
+//! **`periodic`** (blocks). The protocol defines `start` and `stop` as the global indices of
+//! the buffer, `0 <= start < stop <= size`, and `size` as the sum of each process's
+//! `num_owned_indices` (its appendix), which counts the padding at the two ends of the process
+//! grid whatever `periodic` says; its prose (and version 0.9's) calls that padding, on a
+//! periodic axis, communication padding: the wrap-around neighbour's indices, not counted in
+//! `size`. dlpart reads both, each end on its own, by what the numbers say:
+//! - an end whose padding lies inside `[0, size)` (the first process's `start >= 0`, the
+//!   last's `stop <= size`) is counted in `size`, and read as part of the array, like boundary
+//!   padding (the values the buffer holds there, whatever they mirror);
+//! - an end whose padding holds the wrap-around neighbour's indices, written as the periodic
+//!   continuation of the axis (the first process's `start = -padding[0]`, standing for
+//!   `size - padding[0]..size`; the last's `stop = size + padding[1]`, for
+//!   `0..padding[1]`), is not counted in `size`: communication padding, left out.
+//!
+//! Anything else below 0 or beyond `size` (or such an end on an axis that is not periodic, or
+//! at a process inside the grid) is an error naming the axis and the values. On one process
+//! (`proc_grid_size` 1, which the protocol allows periodic and padded) both ends are the same
+//! block's.
+//!
+//! **`one_to_one`** (unstructured axes, absent meaning `false`). When `false`, a global index
+//! may be in the `indices` of several processes along the axis: dlpart reads it from the
+//! process with the lowest `proc_grid_rank` along the axis that holds it, and leaves the
+//! others' copies out (their runs shrink; nothing is copied). The process grid being a product
+//! of the axes, an element is thus read from the lowest rank of all that hold it, the same
+//! choice on every rank. Where the copies differ, that process's value is the one read. When
+//! `true`, an index held by two processes is an error naming it and them. Either way, an index
+//! twice in one process's `indices` (the protocol has them locally unique), and an index no
+//! process holds, are errors. Only [`import_spmd`] sees other processes' indices: [`pieces`]
+//! and [`local_parts`] read one process's buffer as it stands.
+//!
 //! ```
 //! use dlpart::distarray::{self, DimData, Distribution};
 //! use dlpart::{Layout, PartitionedArray, Tensor};
@@ -17,7 +49,7 @@
 //!
 //! // One process holding a 1-d array of 6 in the order 3, 4, 5, 0, 1, 2.
 //! let buffer = Tensor::from(Array1::from(vec![30.0f64, 40.0, 50.0, 0.0, 10.0, 20.0]));
-//! let dims = [DimData::new(6, Distribution::Unstructured(vec![3, 4, 5, 0, 1, 2]))];
+//! let dims = [DimData::new(6, Distribution::unstructured(vec![3, 4, 5, 0, 1, 2]))];
 //! let pa = distarray::import(&buffer, &dims)?;
 //! assert_eq!(pa.grid().splits(), &[vec![0, 3, 6]]); // two runs, two partitions
 //! let whole = pa.assemble(None, false)?;
@@ -27,14 +59,14 @@
 //! let one = PartitionedArray::partition(&whole, &Layout::tiling(&[1]))?;
 //! let (held, dims) = distarray::describe(&one, 0, 1)?;
 //! assert_eq!(held.data_ptr(), whole.data_ptr());
-//! assert_eq!(dims[0].distribution, Distribution::Block { start: 0, stop: 6, padding: [0, 0] });
+//! assert_eq!(dims[0].distribution, Distribution::block(0, 6));
 //! # Ok::<(), dlpart::Error>(())
 //! ```
 
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::Grid;
 use crate::partitioned::PartitionedArray;
-use crate::spmd::{self, Communicator, LocalParts};
+use crate::spmd::{self, Communicator, LocalParts, Reader, Writer};
 use crate::tensor::Tensor;
 use crate::DeviceType;
 
@@ -48,14 +80,19 @@ pub enum Distribution {
     /// `'b'`: the global indices `start..stop` (padding included), of which the first
     /// `padding[0]` and the last `padding[1]` are padding: communication padding (a
     /// neighbour's indices, left out) between processes, boundary padding (kept) at the ends
-    /// of the process grid.
+    /// of the process grid; on a periodic axis, the ends are either (see the module docs).
     Block {
-        /// The first global index of the buffer.
-        start: usize,
-        /// One past the last.
+        /// The global index of the buffer's first element: negative only at the low end of a
+        /// periodic axis whose padding holds the wrap-around neighbour's indices
+        /// (`-padding[0]`).
+        start: isize,
+        /// One past the last (`size + padding[1]` at most, at the high end of a periodic
+        /// axis).
         stop: usize,
         /// Padding at the low and the high end.
         padding: [usize; 2],
+        /// Whether the axis is periodic (`periodic`; absent is `false`).
+        periodic: bool,
     },
     /// `'c'`: blocks of `block_size` indices from `start` on, every
     /// `proc_grid_size * block_size` indices (block size 1 is the plain cyclic distribution).
@@ -66,7 +103,14 @@ pub enum Distribution {
         block_size: usize,
     },
     /// `'u'`: the global index of each of the buffer's indices along the axis.
-    Unstructured(Vec<usize>),
+    Unstructured {
+        /// The global indices (`indices`), locally unique.
+        indices: Vec<usize>,
+        /// Whether every global index is held by one process alone (`one_to_one`; absent is
+        /// `false`: an index several processes hold is read from one of them, see the module
+        /// docs).
+        one_to_one: bool,
+    },
 }
 
 impl Distribution {
@@ -75,7 +119,27 @@ impl Distribution {
         match self {
             Distribution::Block { .. } => 'b',
             Distribution::Cyclic { .. } => 'c',
-            Distribution::Unstructured(_) => 'u',
+            Distribution::Unstructured { .. } => 'u',
+        }
+    }
+
+    /// A block of the global indices `start..stop`, without padding, not periodic (a `start`
+    /// beyond `isize::MAX`, which no buffer has, becomes `isize::MAX`: a block that
+    /// [`DimData::runs`] refuses).
+    pub fn block(start: usize, stop: usize) -> Self {
+        Distribution::Block {
+            start: isize::try_from(start).unwrap_or(isize::MAX),
+            stop,
+            padding: [0, 0],
+            periodic: false,
+        }
+    }
+
+    /// An index list, `one_to_one` false (the protocol's default).
+    pub fn unstructured(indices: Vec<usize>) -> Self {
+        Distribution::Unstructured {
+            indices,
+            one_to_one: false,
         }
     }
 }
@@ -144,14 +208,7 @@ impl DimData {
     /// An undistributed axis of length `len`: one block over all of it, on a process grid of
     /// one (what the protocol's empty dimension dictionary, `{}`, stands for).
     pub fn undistributed(len: usize) -> Self {
-        DimData::new(
-            len,
-            Distribution::Block {
-                start: 0,
-                stop: len,
-                padding: [0, 0],
-            },
-        )
+        DimData::new(len, Distribution::block(0, len))
     }
 
     /// The same on a process grid of `procs` processes along the axis, at coordinate `coord`.
@@ -178,37 +235,11 @@ impl DimData {
                 start,
                 stop,
                 padding,
-            } => {
-                if start > stop || stop > size || stop - start != extent {
-                    return Err(error(
-                        where_,
-                        format!(
-                            "start {start}, stop {stop} for size {size} and a buffer of \
-                             {extent} along the axis"
-                        ),
-                    ));
-                }
-                // Boundary padding (at the ends of the grid) is part of the array;
-                // communication padding is a neighbour's indices.
-                let left = if coord > 0 { padding[0] } else { 0 };
-                let right = if coord + 1 < procs { padding[1] } else { 0 };
-                if left.checked_add(right).is_none_or(|p| p > extent) {
-                    return Err(error(
-                        where_,
-                        format!("padding {} on a block of {extent}", tuple_string(&padding)),
-                    ));
-                }
-                let n = extent - left - right;
-                if n > 0 {
-                    vec![Run {
-                        global: start + left,
-                        local: left,
-                        len: n,
-                    }]
-                } else {
-                    vec![]
-                }
-            }
+                periodic,
+            } => self
+                .block_run(where_, extent, start, stop, padding, periodic)?
+                .into_iter()
+                .collect(),
             &Distribution::Cyclic { start, block_size } => {
                 if block_size < 1 {
                     return Err(error(where_, format!("block_size {block_size}")));
@@ -247,7 +278,7 @@ impl DimData {
                 }
                 runs
             }
-            Distribution::Unstructured(indices) => {
+            Distribution::Unstructured { indices, .. } => {
                 if indices.len() != extent {
                     return Err(error(
                         where_,
@@ -263,19 +294,21 @@ impl DimData {
                         ),
                     ));
                 }
-                // A run ends wherever the next index is not one more than this one.
-                let mut runs: Vec<Run> = Vec::new();
-                for (local, &global) in indices.iter().enumerate() {
-                    match runs.last_mut() {
-                        Some(r) if r.global + r.len == global => r.len += 1,
-                        _ => runs.push(Run {
-                            global,
-                            local,
-                            len: 1,
-                        }),
-                    }
+                // Locally unique, as the protocol has them: the smallest repeated index, with
+                // the buffer positions that hold it.
+                let mut order: Vec<usize> = (0..extent).collect();
+                order.sort_by_key(|&k| (indices[k], k));
+                if let Some(w) = order.windows(2).find(|w| indices[w[0]] == indices[w[1]]) {
+                    return Err(error(
+                        where_,
+                        format!(
+                            "global index {} is at positions {} and {} of this process's \
+                             'indices' (the protocol has them locally unique)",
+                            indices[w[0]], w[0], w[1]
+                        ),
+                    ));
                 }
-                runs
+                index_runs(indices, |_| true)
             }
         };
         if size == 0 && coord == 0 {
@@ -287,6 +320,121 @@ impl DimData {
         }
         Ok(runs)
     }
+
+    /// The run of a block (none when it holds only padding), after checking its dictionary
+    /// against the buffer's `extent` along the axis (see the module docs on `periodic`).
+    fn block_run(
+        &self,
+        where_: Option<(usize, char)>,
+        extent: usize,
+        start: isize,
+        stop: usize,
+        padding: [usize; 2],
+        periodic: bool,
+    ) -> Result<Option<Run>> {
+        let (size, procs, coord) = (self.size, self.proc_grid_size, self.proc_grid_rank);
+        let pad = tuple_string(&padding);
+        // Every value fits in an i128, so no sum or difference below overflows.
+        let (lo, hi, n) = (start as i128, stop as i128, size as i128);
+        if hi - lo != extent as i128 {
+            return Err(error(
+                where_,
+                format!(
+                    "start {start}, stop {stop} for size {size} and a buffer of {extent} along the \
+                     axis"
+                ),
+            ));
+        }
+        let last = coord + 1 == procs;
+        // An end below 0 or beyond `size`: the wrap-around neighbour's indices, at that end of a
+        // periodic axis alone, and exactly its padding wide.
+        let low_wraps = lo < 0;
+        if low_wraps && !(periodic && coord == 0 && lo == -(padding[0] as i128)) {
+            let why = if !periodic {
+                "the axis is not periodic".to_string()
+            } else if coord > 0 {
+                format!(
+                    "proc_grid_rank {coord} is not the first of {}",
+                    processes(procs)
+                )
+            } else {
+                format!(
+                    "the low end of a periodic axis begins at 0 (its padding counted in size) or at \
+                     -padding[0] = -{} (its padding the wrap-around neighbour's indices)",
+                    padding[0]
+                )
+            };
+            return Err(error(
+                where_,
+                format!("start {start} (padding {pad}) is below 0: {why}"),
+            ));
+        }
+        let high_wraps = hi > n;
+        if high_wraps && !(periodic && last && hi == n + padding[1] as i128) {
+            let why = if !periodic {
+                "the axis is not periodic".to_string()
+            } else if !last {
+                format!(
+                    "proc_grid_rank {coord} is not the last of {}",
+                    processes(procs)
+                )
+            } else {
+                format!(
+                    "the high end of a periodic axis ends at size {size} (its padding counted in \
+                     size) or at size + padding[1] = {} (its padding the wrap-around neighbour's \
+                     indices)",
+                    n + padding[1] as i128
+                )
+            };
+            return Err(error(
+                where_,
+                format!("stop {stop} (padding {pad}) is beyond size {size}: {why}"),
+            ));
+        }
+        // Communication padding (a neighbour's indices, the wrap-around one's included) is left
+        // out; boundary padding (at the ends of the grid, inside the array) is part of it.
+        let left = if coord > 0 || low_wraps {
+            padding[0]
+        } else {
+            0
+        };
+        let right = if !last || high_wraps { padding[1] } else { 0 };
+        if left as i128 + right as i128 > extent as i128 {
+            return Err(error(
+                where_,
+                format!("padding {pad} on a block of {extent}"),
+            ));
+        }
+        let len = extent - left - right;
+        // At least 0: `start` is, or it is `-padding[0]` and `left` is `padding[0]`.
+        let global = usize::try_from(lo + left as i128).expect("checked above");
+        Ok((len > 0).then_some(Run {
+            global,
+            local: left,
+            len,
+        }))
+    }
+}
+
+/// The runs of an index list, in buffer order, of the positions `keep` takes: a run ends
+/// wherever the next position kept is not the next one in the buffer, or its index is not one
+/// more than this one's.
+fn index_runs(indices: &[usize], keep: impl Fn(usize) -> bool) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (local, &global) in indices.iter().enumerate() {
+        if !keep(local) {
+            continue;
+        }
+        match runs.last_mut() {
+            Some(r) if r.local + r.len == local && r.global + r.len == global => r.len += 1,
+            _ => runs.push(Run {
+                global,
+                local,
+                len: 1,
+            }),
+        }
+    }
+    runs
 }
 
 /// Each axis's runs, after checking the dimension dictionaries against the buffer's shape
@@ -364,6 +512,9 @@ fn combinations(axes: &[Vec<Run>]) -> Vec<Piece> {
 /// This process's pieces of a DAP array whose buffer has shape `extents`, and the global
 /// shape. `rank` and `nprocs`: this process's rank and the number of processes, which the
 /// dimension dictionaries' process grid must match (its coordinates are the rank in C order).
+/// The pieces are the buffer's as this process alone sees it: an index of an unstructured
+/// axis that other processes hold too (`one_to_one` false) is among them, where
+/// [`import_spmd`] reads it from one process only.
 pub fn pieces(
     dims: &[DimData],
     extents: &[usize],
@@ -375,7 +526,7 @@ pub fn pieces(
 }
 
 /// This process's partitions of a DAP array, `(global start, view of buffer)` pairs, and the
-/// global shape (see [`pieces`]).
+/// global shape (see [`pieces`]: this process's alone, whatever the others hold).
 pub fn local_parts(
     buffer: &Tensor,
     dims: &[DimData],
@@ -440,27 +591,269 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// The SPMD array of a DAP array spread over the ranks of `comm`, a collective call: each
 /// rank's pieces of its `buffer` (views, no copy) become its partitions through
 /// [`spmd::from_local`], so a rank whose buffer or dimension dictionaries are wrong makes
-/// every rank return the same error.
+/// every rank return the same error. An all-gather of the ranks' dictionaries comes first:
+/// along an unstructured axis, an index several processes hold is read from the one of lowest
+/// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs).
 pub fn import_spmd(
     comm: &dyn Communicator,
     buffer: &Tensor,
     dims: &[DimData],
 ) -> Result<PartitionedArray> {
-    spmd_from_parts(comm, local_parts(buffer, dims, comm.rank(), comm.size()))
+    spmd_import(comm, Ok((buffer, dims)))
 }
 
-/// [`import_spmd`] from this rank's [`local_parts`], or the error that stopped it here.
-pub(crate) fn spmd_from_parts(
+/// The collective [`import_spmd`] makes, as the ranks name it to each other.
+const CALL: &str = "from_distarray";
+
+/// [`import_spmd`] of this rank's buffer and dimension dictionaries, or of the error that
+/// stopped it before (which every rank then returns).
+pub(crate) fn spmd_import(
     comm: &dyn Communicator,
-    parts: Result<(Placed, Vec<usize>)>,
+    input: Result<(&Tensor, &[DimData])>,
 ) -> Result<PartitionedArray> {
-    let shape = parts.as_ref().ok().map(|(_, s)| s.clone());
-    spmd::from_local_in(
-        comm,
-        "from_distarray",
-        parts.map(|(p, _)| LocalParts::Placed(p)),
-        shape.as_deref(),
-    )
+    let checked = input.and_then(|(buffer, dims)| {
+        let axes = checked_runs(dims, buffer.shape(), comm.rank(), comm.size())?;
+        Ok((buffer, dims, axes))
+    });
+    let mine = checked.as_ref().map(|(_, dims, _)| encode_axes(dims));
+    let all = spmd::share(comm, CALL, mine.as_ref().map(Vec::as_slice).map_err(|e| *e))?;
+    let (buffer, dims, mut axes) = checked.expect("a failed rank returned above");
+    let shares = all
+        .iter()
+        .enumerate()
+        .map(|(rank, bytes)| decode_axes(Reader::new(bytes, rank)))
+        .collect::<Result<Vec<_>>>()?;
+    // Decided from the same bytes on every rank: the same verdict everywhere.
+    read_from_lowest(&shares, comm.rank(), &mut axes)?;
+    let shape: Vec<usize> = dims.iter().map(|d| d.size).collect();
+    let parts = combinations(&axes)
+        .into_iter()
+        .map(|p| Ok((p.start, buffer.view(&p.local, &p.shape)?)))
+        .collect::<Result<Placed>>();
+    spmd::from_local_in(comm, CALL, parts.map(LocalParts::Placed), Some(&shape))
+}
+
+/// What a rank tells the others of one of its axes before it cuts its pieces.
+struct AxisShare {
+    size: usize,
+    procs: usize,
+    coord: usize,
+    /// An unstructured axis's `indices` and `one_to_one`.
+    indices: Option<(Vec<usize>, bool)>,
+}
+
+fn encode_axes(dims: &[DimData]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.usize(dims.len());
+    for d in dims {
+        w.usize(d.size)
+            .usize(d.proc_grid_size)
+            .usize(d.proc_grid_rank);
+        match &d.distribution {
+            Distribution::Unstructured {
+                indices,
+                one_to_one,
+            } => w.u8(1).u8(u8::from(*one_to_one)).usizes(indices),
+            _ => w.u8(0),
+        };
+    }
+    w.0
+}
+
+fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
+    let n = r.usize()?;
+    let mut axes = Vec::new();
+    for _ in 0..n {
+        let (size, procs, coord) = (r.usize()?, r.usize()?, r.usize()?);
+        let indices = match r.u8()? {
+            1 => {
+                let one_to_one = r.u8()? == 1;
+                Some((r.usizes()?, one_to_one))
+            }
+            _ => None,
+        };
+        axes.push(AxisShare {
+            size,
+            procs,
+            coord,
+            indices,
+        });
+    }
+    Ok(axes)
+}
+
+/// `"0"`, `"0 and 2"`, `"0, 1 and 3"`.
+fn and_list(items: &[usize]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [head @ .., last] => {
+            let head: Vec<String> = head.iter().map(ToString::to_string).collect();
+            format!("{} and {last}", head.join(", "))
+        }
+    }
+}
+
+/// Along each unstructured axis, from every rank's [`AxisShare`]s: checks that the ranks
+/// agree on it and that every global index is held, then cuts this rank's (`me`) runs there
+/// down to the indices it is the lowest coordinate to hold (see the module docs on
+/// `one_to_one`).
+fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>]) -> Result<()> {
+    // One process grid on every rank, or the coordinates below are not of one grid.
+    let grid = |s: &[AxisShare]| s.iter().map(|a| a.procs).collect::<Vec<_>>();
+    let grid0 = grid(&shares[0]);
+    if let Some((r, g)) = shares
+        .iter()
+        .map(|s| grid(s))
+        .enumerate()
+        .find(|(_, g)| *g != grid0)
+    {
+        return Err(error(
+            None,
+            format!(
+                "rank 0 reads a process grid of {}, rank {r} {}: every process reads the same",
+                tuple_string(&grid0),
+                tuple_string(&g)
+            ),
+        ));
+    }
+    for (a, &procs) in grid0.iter().enumerate() {
+        let axis: Vec<&AxisShare> = shares.iter().map(|s| &s[a]).collect();
+        let at = Some((a, 'u'));
+        let (listed, other): (Vec<usize>, Vec<usize>) =
+            (0..axis.len()).partition(|&r| axis[r].indices.is_some());
+        match (listed.first(), other.first()) {
+            (None, _) => {}
+            (Some(&r0), Some(&r1)) => {
+                return Err(error(
+                    at,
+                    format!("rank {r0} reads the axis as unstructured, rank {r1} does not"),
+                ))
+            }
+            (Some(_), None) => read_listed(&axis, procs, me, at, &mut axes[a])?,
+        }
+    }
+    Ok(())
+}
+
+/// [`read_from_lowest`] along one unstructured axis over `procs` coordinates (every rank's
+/// share of it in `axis`, `at` for messages): this rank's (`me`) runs in `runs`.
+fn read_listed(
+    axis: &[&AxisShare],
+    procs: usize,
+    me: usize,
+    at: Option<(usize, char)>,
+    runs: &mut Vec<Run>,
+) -> Result<()> {
+    let size = axis[0].size;
+    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
+        return Err(error(
+            at,
+            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
+        ));
+    }
+    // Each coordinate's indices, as the first rank there gives them: the others there (the
+    // processes along the other axes) give the same, as the protocol has it.
+    let mut first: Vec<Option<usize>> = vec![None; procs];
+    for (r, share) in axis.iter().enumerate() {
+        match first[share.coord] {
+            None => first[share.coord] = Some(r),
+            Some(r0) if axis[r0].indices != share.indices => {
+                return Err(error(
+                    at,
+                    format!(
+                        "ranks {r0} and {r}, both at proc_grid_rank {} along it, give different \
+                         'indices' or 'one_to_one'",
+                        share.coord
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    let mut held: Vec<(&[usize], bool)> = Vec::with_capacity(procs);
+    for (c, r) in first.iter().enumerate() {
+        let listed = r.and_then(|r| axis[r].indices.as_ref());
+        let Some((indices, one_to_one)) = listed else {
+            return Err(error(
+                at,
+                format!("no rank is at proc_grid_rank {c} along it"),
+            ));
+        };
+        held.push((indices, *one_to_one));
+    }
+    let one_to_one = held[0].1;
+    if let Some(c) = held.iter().position(|h| h.1 != one_to_one) {
+        return Err(error(
+            at,
+            format!(
+                "one_to_one is {} at proc_grid_rank 0 but {} at proc_grid_rank {c}: it speaks \
+                 for the whole axis",
+                py_bool(one_to_one),
+                py_bool(!one_to_one)
+            ),
+        ));
+    }
+    // Every (index, coordinate) pair, by index and then coordinate: each index's first pair
+    // names the lowest coordinate holding it, which it is read from.
+    let mut pairs: Vec<(usize, usize)> = held
+        .iter()
+        .enumerate()
+        .flat_map(|(c, (indices, _))| indices.iter().map(move |&g| (g, c)))
+        .collect();
+    pairs.sort_unstable();
+    let mut lowest = Vec::with_capacity(pairs.len());
+    let mut k = 0;
+    while k < pairs.len() {
+        let g = pairs[k].0;
+        let n = pairs[k..].iter().take_while(|p| p.0 == g).count();
+        if g > lowest.len() {
+            return Err(error(
+                at,
+                format!(
+                    "global indices {}..{g} are held by no process",
+                    lowest.len()
+                ),
+            ));
+        }
+        if one_to_one && n > 1 {
+            let coords: Vec<usize> = pairs[k..k + n].iter().map(|p| p.1).collect();
+            return Err(error(
+                at,
+                format!(
+                    "global index {g} is held by the processes at proc_grid_rank {} along it, \
+                     and one_to_one is True",
+                    and_list(&coords)
+                ),
+            ));
+        }
+        lowest.push(pairs[k].1);
+        k += n;
+    }
+    if lowest.len() < size {
+        return Err(error(
+            at,
+            format!(
+                "global indices {}..{size} are held by no process",
+                lowest.len()
+            ),
+        ));
+    }
+    let coord = axis[me].coord;
+    if size > 0 {
+        let (indices, _) = held[coord];
+        *runs = index_runs(indices, |at| lowest[indices[at]] == coord);
+    }
+    Ok(())
+}
+
+/// `True` or `False`, as the protocol's Python dicts write them.
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
 }
 
 /// This process's share of `array` in the protocol: the buffer (the memory of its one
@@ -532,17 +925,22 @@ pub fn describe(
         ));
     }
     let dims = (0..array.ndim())
-        .map(|a| DimData {
-            size: array.shape()[a],
-            proc_grid_size: tiling[a],
-            proc_grid_rank: held.position[a],
-            distribution: Distribution::Block {
-                start: held.start[a],
-                stop: held.start[a] + held.shape[a],
-                padding: [0, 0],
-            },
+        .map(|a| {
+            let start = held.start[a];
+            if isize::try_from(start).is_err() {
+                return Err(error(
+                    None,
+                    format!("partition start {start} along axis {a} is beyond isize::MAX"),
+                ));
+            }
+            Ok(DimData {
+                size: array.shape()[a],
+                proc_grid_size: tiling[a],
+                proc_grid_rank: held.position[a],
+                distribution: Distribution::block(start, start + held.shape[a]),
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     Ok((t.clone(), dims))
 }
 

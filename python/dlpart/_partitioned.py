@@ -696,7 +696,10 @@ def from_distarray(obj: Any) -> PartitionedArray:
     """Imports an array of the Distributed Array Protocol (an object with ``__distarray__``, or
     its dict) held by this one process (every ``proc_grid_size`` 1; `dlpart.mpi.from_distarray`
     reads one spread over MPI ranks): one partition per run of contiguous indices, each a view
-    of the buffer (no copy). Communication padding is left out, boundary padding kept."""
+    of the buffer (no copy). Communication padding is left out, boundary padding kept; on a
+    ``periodic`` axis, end padding counted in ``size`` is kept, end padding written as the
+    wrap-around neighbour's indices (``start = -padding[0]``, ``stop = size + padding[1]``)
+    left out (docs/guide.md)."""
     from . import _distarray
 
     buffer, dims = _distarray.read(obj)

@@ -268,7 +268,10 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     rank's buffer becomes one of its partitions, a view (no copy), placed at its global start
     (see `from_local`). The dimension dictionaries' process grid must be the communicator's,
     its coordinates the ranks' in C order. Communication padding is left out, boundary
-    padding kept."""
+    padding kept (on a ``periodic`` axis, as `dlpart.from_distarray` says). An index of an
+    unstructured axis that several ranks hold (``one_to_one`` absent or False) is read from the
+    lowest rank holding it (its value, where the copies differ), the others' copies left out;
+    with ``one_to_one=True`` it is a `dlpart.ProtocolError` on every rank."""
     from . import _distarray
 
     c = _comm(comm)

@@ -40,6 +40,7 @@ fn a_block_leaves_out_communication_padding_and_keeps_boundary_padding() {
             start: 2,
             stop: 7,
             padding: [1, 1],
+            periodic: false,
         },
     )
     .on_grid(3, 1);
@@ -90,7 +91,7 @@ fn one_process_reads_unstructured_and_cyclic_axes_as_views() {
     let cols = vec![0, 1, 2, 3];
     let buffer = buffer_of(&a, &[rows.clone(), cols]);
     let dims = [
-        DimData::new(5, Distribution::Unstructured(rows)),
+        DimData::new(5, Distribution::unstructured(rows)),
         DimData::new(
             4,
             Distribution::Cyclic {
@@ -117,36 +118,39 @@ fn one_process_reads_unstructured_and_cyclic_axes_as_views() {
 #[test]
 fn one_process_must_hold_every_index_once() {
     let b = Tensor::from(ndarray::Array1::from(vec![1.0f64, 2.0, 3.0]));
-    let twice = [DimData::new(3, Distribution::Unstructured(vec![0, 0, 1]))];
-    let e = import(&b, &twice).unwrap_err();
-    assert_eq!(e.kind(), "ProtocolError");
-    assert_eq!(
-        e.to_string(),
-        "__distarray__ dim_data[0] ('u'): global index 0 is held twice"
-    );
-    let gap = [DimData::new(5, Distribution::Unstructured(vec![0, 1, 4]))];
+    // Locally unique, as the protocol has them, whatever `one_to_one` says.
+    for one_to_one in [false, true] {
+        let twice = [DimData::new(
+            3,
+            Distribution::Unstructured {
+                indices: vec![1, 0, 1],
+                one_to_one,
+            },
+        )];
+        let e = import(&b, &twice).unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            "__distarray__ dim_data[0] ('u'): global index 1 is at positions 0 and 2 of this \
+             process's 'indices' (the protocol has them locally unique)"
+        );
+    }
+    let gap = [DimData::new(5, Distribution::unstructured(vec![0, 1, 4]))];
     let e = import(&b, &gap).unwrap_err().to_string();
     assert!(
         e.contains("global indices 2..4 are held by no process"),
         "{e}"
     );
-    let short = [DimData::new(
-        4,
-        Distribution::Block {
-            start: 0,
-            stop: 3,
-            padding: [0, 0],
-        },
-    )];
+    let short = [DimData::new(4, Distribution::block(0, 3))];
     let e = import(&b, &short).unwrap_err().to_string();
     assert!(
         e.contains("global indices 3..4 are held by no process"),
         "{e}"
     );
-    let outside = [DimData::new(3, Distribution::Unstructured(vec![0, 1, 3]))];
+    let outside = [DimData::new(3, Distribution::unstructured(vec![0, 1, 3]))];
     let e = import(&b, &outside).unwrap_err().to_string();
     assert!(e.contains("index 3 outside [0, 3)"), "{e}");
-    let grid = [DimData::new(3, Distribution::Unstructured(vec![0, 1, 2])).on_grid(2, 0)];
+    let grid = [DimData::new(3, Distribution::unstructured(vec![0, 1, 2])).on_grid(2, 0)];
     let e = import(&b, &grid).unwrap_err().to_string();
     assert_eq!(e, "__distarray__: a process grid of (2,) for 1 process");
 }
@@ -155,27 +159,21 @@ fn one_process_must_hold_every_index_once() {
 fn an_empty_axis_is_one_empty_partition() {
     let b = Tensor::zeros(&[0, 3], crate::DType::Float64).unwrap();
     let dims = [
-        DimData::new(0, Distribution::Unstructured(vec![])),
-        DimData::new(
-            3,
-            Distribution::Block {
-                start: 0,
-                stop: 3,
-                padding: [0, 0],
-            },
-        ),
+        DimData::new(0, Distribution::unstructured(vec![])),
+        DimData::new(3, Distribution::block(0, 3)),
     ];
     let pa = import(&b, &dims).unwrap();
     assert_eq!(pa.shape(), &[0, 3]);
     assert_eq!(pa.len(), 1);
 }
 
-/// Random global layouts over 4 ranks on threads: each axis blocks (with padding), cyclic
-/// blocks or a dealt permutation, over a random process grid; every rank's buffer is built
-/// from the global array, and the array read from all of them assembles to it.
+/// Random global layouts over 4 ranks on threads: each axis blocks (with padding, or periodic
+/// with a halo that wraps around), cyclic blocks or a dealt permutation (with indices held
+/// more than once, or not), over a random process grid; every rank's buffer is built from the
+/// global array, and the array read from all of them assembles to it.
 #[test]
 fn ranks_read_their_shares_into_one_array() {
-    for seed in 1..40u64 {
+    for seed in 1..60u64 {
         let mut rng = Rng(seed * 0x9e37_79b9);
         let ndim = 1 + rng.below(2);
         let shape: Vec<usize> = (0..ndim).map(|_| rng.below(9)).collect();
@@ -213,7 +211,7 @@ fn ranks_read_their_shares_into_one_array() {
 /// One axis of length `n` dealt over `procs` processes in one of the protocol's ways: each
 /// coordinate's dictionary and the global indices its buffer holds, in buffer order.
 fn deal(rng: &mut Rng, n: usize, procs: usize) -> Vec<(DimData, Vec<usize>)> {
-    match rng.below(3) {
+    match rng.below(5) {
         0 => {
             let mut cuts: Vec<usize> = (0..procs - 1).map(|_| rng.below(n + 1)).collect();
             cuts.sort_unstable();
@@ -229,9 +227,10 @@ fn deal(rng: &mut Rng, n: usize, procs: usize) -> Vec<(DimData, Vec<usize>)> {
                     let d = DimData::new(
                         n,
                         Distribution::Block {
-                            start: lo,
+                            start: lo as isize,
                             stop: hi,
                             padding: [left, right],
+                            periodic: false,
                         },
                     );
                     (d.on_grid(procs, c), (lo..hi).collect())
@@ -257,7 +256,38 @@ fn deal(rng: &mut Rng, n: usize, procs: usize) -> Vec<(DimData, Vec<usize>)> {
                 })
                 .collect()
         }
-        _ => {
+        2 => {
+            // Periodic blocks: boundary k lies before coordinate k, boundary 0 also after the
+            // last (wrapping around); its halo is at most as wide as either block beside it.
+            let mut cuts: Vec<usize> = (0..procs - 1).map(|_| rng.below(n + 1)).collect();
+            cuts.sort_unstable();
+            let points: Vec<usize> = [vec![0], cuts, vec![n]].concat();
+            let len = |c: usize| points[c + 1] - points[c];
+            let widths: Vec<usize> = (0..procs)
+                .map(|k| rng.below(1 + len(k).min(len((k + procs - 1) % procs)).min(2)))
+                .collect();
+            (0..procs)
+                .map(|c| {
+                    let (left, right) = (widths[c], widths[(c + 1) % procs]);
+                    let lo = points[c] as isize - left as isize;
+                    let hi = points[c + 1] + right;
+                    let d = DimData::new(
+                        n,
+                        Distribution::Block {
+                            start: lo,
+                            stop: hi,
+                            padding: [left, right],
+                            periodic: true,
+                        },
+                    );
+                    let held = (lo..hi as isize)
+                        .map(|g| g.rem_euclid(n.max(1) as isize) as usize)
+                        .collect();
+                    (d.on_grid(procs, c), held)
+                })
+                .collect()
+        }
+        k => {
             let mut order: Vec<usize> = (0..n).collect();
             for i in (1..n).rev() {
                 order.swap(i, rng.below(i + 1));
@@ -267,8 +297,18 @@ fn deal(rng: &mut Rng, n: usize, procs: usize) -> Vec<(DimData, Vec<usize>)> {
             let points: Vec<usize> = [vec![0], cuts, vec![n]].concat();
             (0..procs)
                 .map(|c| {
-                    let held = order[points[c]..points[c + 1]].to_vec();
-                    let d = DimData::new(n, Distribution::Unstructured(held.clone()));
+                    let mut held = order[points[c]..points[c + 1]].to_vec();
+                    if k == 4 && n > 0 {
+                        // Copies of indices other coordinates hold too, anywhere in the buffer.
+                        for _ in 0..rng.below(4) {
+                            let g = rng.below(n);
+                            if !held.contains(&g) {
+                                let at = rng.below(held.len() + 1);
+                                held.insert(at, g);
+                            }
+                        }
+                    }
+                    let d = DimData::new(n, Distribution::unstructured(held.clone()));
                     (d.on_grid(procs, c), held)
                 })
                 .collect()
@@ -283,15 +323,8 @@ fn a_rank_with_a_wrong_dictionary_fails_every_rank() {
         let r = comm.rank();
         // Rank 2 claims coordinate 1: its dictionary does not match its rank.
         let coord = if r == 2 { 1 } else { r };
-        let dims = [DimData::new(
-            8,
-            Distribution::Block {
-                start: 2 * coord,
-                stop: 2 * coord + 2,
-                padding: [0, 0],
-            },
-        )
-        .on_grid(4, coord)];
+        let dims =
+            [DimData::new(8, Distribution::block(2 * coord, 2 * coord + 2)).on_grid(4, coord)];
         import_spmd(comm, &buffer, &dims).map(|_| ())
     });
     for r in results {
@@ -334,14 +367,7 @@ fn blocks_one_per_rank_describe_themselves_and_read_back() {
         assert_eq!(back, a);
         let (i, j) = (rank / 2, rank % 2);
         assert_eq!(dims[0].proc_grid_rank, i);
-        assert_eq!(
-            dims[1].distribution,
-            Distribution::Block {
-                start: 2 * j,
-                stop: 2 * j + 2,
-                padding: [0, 0]
-            }
-        );
+        assert_eq!(dims[1].distribution, Distribution::block(2 * j, 2 * j + 2));
     }
 }
 
@@ -393,4 +419,311 @@ fn a_cyclic_axis_is_counted_before_it_is_read() {
     );
     let e = huge.runs(0, 3).unwrap_err().to_string();
     assert!(e.contains(&format!("give {} of", usize::MAX / 2)), "{e}");
+}
+
+/// A periodic block: its end padding either inside `[0, size)` (counted, kept) or the
+/// wrap-around neighbour's indices (start below 0, stop beyond size: not counted, left out).
+fn periodic(size: usize, start: isize, stop: usize, padding: [usize; 2]) -> DimData {
+    DimData::new(
+        size,
+        Distribution::Block {
+            start,
+            stop,
+            padding,
+            periodic: true,
+        },
+    )
+}
+
+#[test]
+fn periodic_end_padding_is_read_as_the_sizes_count_it() {
+    // One process, 10 indices with one ghost at each end: the ghosts hold indices 9 and 0 again.
+    let a = global(&[10]);
+    let ring: Vec<usize> = [9].into_iter().chain(0..10).chain([0]).collect();
+    let b = buffer_of(&a, &[ring]);
+    let wrapped = [periodic(10, -1, 11, [1, 1])];
+    let run = Run {
+        global: 0,
+        local: 1,
+        len: 10,
+    };
+    assert_eq!(wrapped[0].runs(0, 12).unwrap(), [run]);
+    let pa = import(&b, &wrapped).unwrap();
+    assert_eq!(pa.shape(), &[10]);
+    assert_eq!(whole(&pa), a);
+    // The ghosts counted in size: they are part of the array, read as the buffer holds them.
+    let counted = [periodic(12, 0, 12, [1, 1])];
+    let pa = import(&b, &counted).unwrap();
+    assert_eq!(whole(&pa), b.to_array::<f64>().unwrap());
+    // Each end on its own: the low one wraps, the high one is counted.
+    let mixed = periodic(11, -1, 11, [1, 1]);
+    let run = Run {
+        global: 0,
+        local: 1,
+        len: 11,
+    };
+    assert_eq!(mixed.runs(0, 12).unwrap(), [run]);
+    // Ends that neither count nor wrap, or wrap where nothing does.
+    let bad = [
+        (
+            periodic(10, 0, 12, [1, 1]),
+            "stop 12 (padding (1, 1)) is beyond size 10: the high end of a periodic axis ends \
+             at size 10 (its padding counted in size) or at size + padding[1] = 11 (its padding \
+             the wrap-around neighbour's indices)",
+        ),
+        (
+            periodic(10, -2, 10, [1, 1]),
+            "start -2 (padding (1, 1)) is below 0: the low end of a periodic axis begins at 0 \
+             (its padding counted in size) or at -padding[0] = -1 (its padding the wrap-around \
+             neighbour's indices)",
+        ),
+        (
+            DimData::new(
+                10,
+                Distribution::Block {
+                    start: -1,
+                    stop: 11,
+                    padding: [1, 1],
+                    periodic: false,
+                },
+            ),
+            "start -1 (padding (1, 1)) is below 0: the axis is not periodic",
+        ),
+        (
+            periodic(10, -1, 11, [1, 1]).on_grid(2, 1),
+            "start -1 (padding (1, 1)) is below 0: proc_grid_rank 1 is not the first of 2 \
+             processes",
+        ),
+        (
+            periodic(10, 0, 12, [0, 2]).on_grid(2, 0),
+            "stop 12 (padding (0, 2)) is beyond size 10: proc_grid_rank 0 is not the last of 2 \
+             processes",
+        ),
+    ];
+    for (d, found) in bad {
+        let e = d.runs(0, 12).unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            format!("__distarray__ dim_data[0] ('b'): {found}")
+        );
+    }
+}
+
+/// `f(comm)` on 4 ranks over threads, every rank's result.
+fn on_four<T: Send>(f: impl Fn(&dyn Communicator) -> Result<T> + Sync) -> Vec<Result<T>> {
+    ThreadComm::run(4, |comm| f(comm))
+}
+
+#[test]
+fn a_periodic_axis_over_ranks_leaves_out_its_wrap_around_halo() {
+    // 8 indices over 4 ranks, two each, with a halo of one each side that wraps around at the
+    // ends: rank r's buffer is global indices 2r-1 .. 2r+3, taken modulo 8. The halo is filled
+    // with -1, which no element of the array may show.
+    let a = global(&[8]);
+    let results = on_four(|comm| {
+        let r = comm.rank();
+        let mut values = vec![-1.0];
+        values.extend((2 * r..2 * r + 2).map(|g| a[[g]]));
+        values.push(-1.0);
+        let buffer = Tensor::from(ndarray::Array1::from(values));
+        let d = periodic(8, 2 * r as isize - 1, 2 * r + 3, [1, 1]).on_grid(4, r);
+        let pa = import_spmd(comm, &buffer, &[d])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+    });
+    for r in results {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+    }
+}
+
+/// 8 indices over 4 ranks along an unstructured axis, several held more than once: rank `r`'s
+/// buffer holds `100 * r + g` at index `g`, so the array read says which rank each came from.
+const SHARED: [&[usize]; 4] = [&[0, 1, 2, 3], &[2, 3, 4, 5], &[7, 5, 6], &[6, 7, 1]];
+
+fn shared_axis(comm: &dyn Communicator, one_to_one: bool) -> Result<(Tensor, PartitionedArray)> {
+    let r = comm.rank();
+    let indices = SHARED[r].to_vec();
+    let values: Vec<f64> = indices.iter().map(|&g| (100 * r + g) as f64).collect();
+    let buffer = Tensor::from(ndarray::Array1::from(values));
+    let d = DimData::new(
+        8,
+        Distribution::Unstructured {
+            indices,
+            one_to_one,
+        },
+    )
+    .on_grid(4, r);
+    let pa = import_spmd(comm, &buffer, &[d])?;
+    Ok((buffer, pa))
+}
+
+#[test]
+fn an_index_several_ranks_hold_is_read_from_the_lowest() {
+    let results = on_four(|comm| {
+        let (buffer, pa) = shared_axis(comm, false)?;
+        let memory = buffer.data_ptr() as usize..buffer.data_ptr() as usize + buffer.nbytes();
+        let mut mine = Vec::new();
+        for p in pa.locals().unwrap() {
+            let part = pa.at(p)?;
+            let at = part.tensor().unwrap().data_ptr() as usize;
+            assert!(memory.contains(&at), "partition {p:?} is not a view");
+            mine.push((part.start.clone(), part.shape.clone()));
+        }
+        let t = crate::spmd::assemble(comm, &pa, None, None, false)?;
+        Ok((mine, t.unwrap().to_array::<f64>()?))
+    });
+    // Indices 0-3 from rank 0, 4 and 5 from rank 1 (which also holds 2 and 3), 6 and 7 from
+    // rank 2; rank 3 holds only indices lower ranks hold too, and reads none.
+    let expected = ndarray::arr1(&[0.0, 1.0, 2.0, 3.0, 104.0, 105.0, 206.0, 207.0]).into_dyn();
+    let boxes: [&[(usize, usize)]; 4] = [&[(0, 4)], &[(4, 2)], &[(6, 1), (7, 1)], &[]];
+    for (rank, r) in results.into_iter().enumerate() {
+        let (mine, t) = r.unwrap();
+        assert_eq!(t, expected, "rank {rank}");
+        let got: Vec<(usize, usize)> = mine.iter().map(|(s, n)| (s[0], n[0])).collect();
+        let mut want = boxes[rank].to_vec();
+        let mut got_sorted = got.clone();
+        want.sort_unstable();
+        got_sorted.sort_unstable();
+        assert_eq!(got_sorted, want, "rank {rank}");
+    }
+}
+
+#[test]
+fn a_shared_index_is_read_from_the_lowest_rank_across_axes() {
+    // 4x4 over a 2x2 grid: rows unstructured (coordinate 0 holds rows 0, 1, 2; coordinate 1
+    // rows 2, 3, 1), columns in two blocks. Rank (i, j) = 2i + j holds 100 * rank + 10 * row +
+    // column, so each element read names its rank: rows 1 and 2 come from coordinate 0.
+    let rows: [Vec<usize>; 2] = [vec![0, 1, 2], vec![2, 3, 1]];
+    let results = on_four(|comm| {
+        let r = comm.rank();
+        let (i, j) = (r / 2, r % 2);
+        let cols: Vec<usize> = (2 * j..2 * j + 2).collect();
+        let values = ndarray::Array2::from_shape_fn((3, 2), |(k, l)| {
+            (100 * r + 10 * rows[i][k] + cols[l]) as f64
+        });
+        let dims = [
+            DimData::new(4, Distribution::unstructured(rows[i].clone())).on_grid(2, i),
+            DimData::new(4, Distribution::block(2 * j, 2 * j + 2)).on_grid(2, j),
+        ];
+        let pa = import_spmd(comm, &Tensor::from(values), &dims)?;
+        let t = crate::spmd::assemble(comm, &pa, None, None, false)?;
+        t.unwrap().to_array::<f64>()
+    });
+    let expected = ndarray::Array2::from_shape_fn((4, 4), |(row, col)| {
+        let i = usize::from(row == 3);
+        (100 * (2 * i + col / 2) + 10 * row + col) as f64
+    })
+    .into_dyn();
+    for r in results {
+        assert_eq!(r.unwrap(), expected);
+    }
+}
+
+#[test]
+fn shared_indices_that_break_the_protocol_fail_every_rank() {
+    let expect_all = |results: Vec<Result<PartitionedArray>>, found: &str| {
+        for r in results {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), "ProtocolError");
+            assert_eq!(
+                e.to_string(),
+                format!("__distarray__ dim_data[0] ('u'): {found}")
+            );
+        }
+    };
+    // one_to_one true: an index two processes hold names both.
+    expect_all(
+        on_four(|comm| shared_axis(comm, true).map(|(_, pa)| pa)),
+        "global index 1 is held by the processes at proc_grid_rank 0 and 3 along it, and \
+         one_to_one is True",
+    );
+    // An index no process holds.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let held: Vec<usize> = if r == 1 { vec![] } else { vec![r] };
+            let buffer = Tensor::from(ndarray::Array1::from(vec![1.0f64; held.len()]));
+            let d = DimData::new(5, Distribution::unstructured(held)).on_grid(4, r);
+            import_spmd(comm, &buffer, &[d])
+        }),
+        "global indices 1..2 are held by no process",
+    );
+    // one_to_one speaks for the whole axis.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let buffer = Tensor::from(ndarray::Array1::from(vec![1.0f64]));
+            let d = DimData::new(
+                4,
+                Distribution::Unstructured {
+                    indices: vec![r],
+                    one_to_one: r != 2,
+                },
+            )
+            .on_grid(4, r);
+            import_spmd(comm, &buffer, &[d])
+        }),
+        "one_to_one is True at proc_grid_rank 0 but False at proc_grid_rank 2: it speaks for \
+         the whole axis",
+    );
+    // The processes at one coordinate (along the other axis) must give the same indices.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let (i, j) = (r / 2, r % 2);
+            let rows = if r == 1 {
+                vec![1, 0]
+            } else {
+                vec![2 * i, 2 * i + 1]
+            };
+            let buffer = Tensor::from(ndarray::Array2::from_elem((2, 1), 1.0f64));
+            let dims = [
+                DimData::new(4, Distribution::unstructured(rows)).on_grid(2, i),
+                DimData::new(2, Distribution::block(j, j + 1)).on_grid(2, j),
+            ];
+            import_spmd(comm, &buffer, &dims)
+        }),
+        "ranks 0 and 1, both at proc_grid_rank 0 along it, give different 'indices' or \
+         'one_to_one'",
+    );
+    // Every rank reads the axis as unstructured, or none does.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let buffer = Tensor::from(ndarray::Array1::from(vec![1.0f64]));
+            let d = match r {
+                2 => DimData::new(4, Distribution::block(2, 3)),
+                _ => DimData::new(4, Distribution::unstructured(vec![r])),
+            };
+            import_spmd(comm, &buffer, &[d.on_grid(4, r)])
+        }),
+        "rank 0 reads the axis as unstructured, rank 2 does not",
+    );
+}
+
+#[test]
+fn ranks_reading_different_process_grids_fail_together() {
+    // Rank 3 reads a grid of (4, 1), the others (2, 2): each is consistent with its own rank.
+    let results = on_four(|comm| {
+        let r = comm.rank();
+        let (grid, coords) = if r == 3 {
+            ([4, 1], [3, 0])
+        } else {
+            ([2, 2], [r / 2, r % 2])
+        };
+        let dims: Vec<DimData> = (0..2)
+            .map(|a| DimData::undistributed(1).on_grid(grid[a], coords[a]))
+            .collect();
+        let buffer = Tensor::from(ndarray::Array2::from_elem((1, 1), 1.0f64));
+        import_spmd(comm, &buffer, &dims)
+    });
+    for r in results {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            "__distarray__: rank 0 reads a process grid of (2, 2), rank 3 (4, 1): every \
+             process reads the same"
+        );
+    }
 }

@@ -9,7 +9,6 @@ use crate::device::Device;
 use crate::distarray::{self, DimData, Distribution};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::spmd::Communicator;
 
 use super::errors::to_py;
 use super::partitioned::{described, type_name, wrap, PyPartitioned};
@@ -32,6 +31,28 @@ fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
     usize::try_from(n).map_err(|_| Error::dist_array(at, format!("{what} = {n} is negative")))
 }
 
+/// An integer (Python's or numpy's, never a bool) that may be negative, from `value`.
+fn signed(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<isize> {
+    let n = if value.is_instance_of::<PyBool>() {
+        None
+    } else {
+        value.extract::<isize>().ok()
+    };
+    n.ok_or_else(|| {
+        Error::dist_array(
+            at,
+            format!("{what} = {} is not an integer", described(value)),
+        )
+    })
+}
+
+/// A bool (Python's or numpy's) from `value`, named `what`.
+fn flag(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<bool> {
+    value
+        .extract::<bool>()
+        .map_err(|_| Error::dist_array(at, format!("{what} = {} is not a bool", described(value))))
+}
+
 /// One dimension dictionary, of an axis along which the buffer holds `extent` (the empty
 /// dictionary's length); `axis` for messages.
 fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimData> {
@@ -52,6 +73,11 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
         Some(v) => count(&v, &format!("'{key}'"), &at),
         None => default.ok_or_else(|| Error::dist_array(at.as_str(), format!("no '{key}'"))),
     };
+    // The optional bools: absent (or None) is false.
+    let bool_key = |key: &str| match get(key) {
+        Some(v) => flag(&v, &format!("'{key}'"), &at),
+        None => Ok(false),
+    };
     let kind: Option<String> = kind.as_ref().and_then(|k| k.extract().ok());
     let distribution = match kind.as_deref() {
         Some("b") => {
@@ -70,10 +96,17 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
                     }
                 }
             };
+            // `start` may be negative at the low end of a periodic axis (the wrap-around
+            // neighbour's indices); `DimData::runs` checks where.
+            let start = match get("start") {
+                Some(v) => signed(&v, "'start'", &at)?,
+                None => return Err(Error::dist_array(at, "no 'start'")),
+            };
             Distribution::Block {
-                start: int("start", None)?,
+                start,
                 stop: int("stop", None)?,
                 padding,
+                periodic: bool_key("periodic")?,
             }
         }
         Some("c") => Distribution::Cyclic {
@@ -85,7 +118,10 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
                 None => Vec::new(),
                 Some(v) => indices(&v, &at)?,
             };
-            Distribution::Unstructured(indices)
+            Distribution::Unstructured {
+                indices,
+                one_to_one: bool_key("one_to_one")?,
+            }
         }
         _ => {
             return Err(Error::dist_array(
@@ -156,16 +192,29 @@ fn dim_dict<'py>(py: Python<'py>, d: &DimData) -> PyResult<Bound<'py, PyDict>> {
             start,
             stop,
             padding,
+            periodic,
         } => {
             out.set_item("start", start)?;
             out.set_item("stop", stop)?;
             out.set_item("padding", (padding[0], padding[1]))?;
+            // Optional, absent meaning false: written when true.
+            if *periodic {
+                out.set_item("periodic", true)?;
+            }
         }
         Distribution::Cyclic { start, block_size } => {
             out.set_item("start", start)?;
             out.set_item("block_size", block_size)?;
         }
-        Distribution::Unstructured(indices) => out.set_item("indices", indices.clone())?,
+        Distribution::Unstructured {
+            indices,
+            one_to_one,
+        } => {
+            out.set_item("indices", indices.clone())?;
+            if *one_to_one {
+                out.set_item("one_to_one", true)?;
+            }
+        }
     }
     Ok(out)
 }
@@ -195,23 +244,22 @@ fn _spmd_from_distarray(
     dims: Option<&Bound<'_, PyAny>>,
     error: Option<(String, String)>,
 ) -> PyResult<PyPartitioned> {
-    let local = match (failure(error), buffer, dims) {
+    let input = match (failure(error), buffer, dims) {
         (Some(e), _, _) => Err(e),
-        (None, Some(b), Some(d)) => dims_arg(d, b.inner.shape()).and_then(|d| {
-            distarray::local_parts(
-                &b.inner,
-                &d,
-                Communicator::rank(comm),
-                Communicator::size(comm),
-            )
-        }),
+        (None, Some(b), Some(d)) => {
+            let buffer = b.inner.clone();
+            dims_arg(d, buffer.shape()).map(|d| (buffer, d))
+        }
         _ => Err(Error::buffer(
             "no buffer, dimension dictionaries or error given",
         )),
     };
-    py.detach(|| distarray::spmd_from_parts(comm, local))
-        .map(wrap)
-        .map_err(to_py)
+    py.detach(|| match input {
+        Ok((buffer, dims)) => distarray::spmd_import(comm, Ok((&buffer, &dims))),
+        Err(e) => distarray::spmd_import(comm, Err(e)),
+    })
+    .map(wrap)
+    .map_err(to_py)
 }
 
 /// See `__distarray__`: this process's buffer (the memory of its partition) and dimension

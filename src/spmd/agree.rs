@@ -114,6 +114,34 @@ pub(crate) fn read_headers(all: &[Vec<u8>]) -> Result<Vec<Reader<'_>>> {
     Ok(readers)
 }
 
+/// One all-gather, for the collective `call`, of every rank's `payload` or the error that
+/// stopped it before: every rank's payload by rank when every rank had one, else the same
+/// error on every rank (the lowest failing rank's).
+pub(crate) fn share(
+    comm: &dyn Communicator,
+    call: &str,
+    payload: std::result::Result<&[u8], &Error>,
+) -> Result<Vec<Vec<u8>>> {
+    let mut w = header(call);
+    write_outcome(&mut w, payload.map(|_| 0));
+    if let Ok(bytes) = payload {
+        w.0.extend_from_slice(bytes);
+    }
+    let all = gathered(comm, &w.0)?;
+    let mut payloads = Vec::with_capacity(all.len());
+    let mut failed = Vec::new();
+    for (rank, mut r) in read_headers(&all)?.into_iter().enumerate() {
+        match read_outcome(&mut r)? {
+            Ok(_) => payloads.push(r.rest().to_vec()),
+            Err((kind, message)) => failed.push((rank, kind, message)),
+        }
+    }
+    match collective_error(&failed) {
+        Some(e) => Err(e),
+        None => Ok(payloads),
+    }
+}
+
 /// One all-gather of every rank's outcome so far (`Ok` with a fingerprint of what it planned,
 /// or its error), host and pid. Every rank returns the same: the peers when all succeeded with
 /// the same fingerprint; else the lowest failing rank's error, or a `ProtocolError` naming

@@ -48,6 +48,7 @@ mod wire;
 
 #[cfg(feature = "python")]
 pub(crate) use agree::check_called;
+pub(crate) use agree::share;
 pub use agree::{check_together, fail_together};
 #[cfg_attr(not(feature = "python"), allow(unused_imports))] // for the Python bindings
 pub(crate) use exchange::repartition_target;
@@ -61,6 +62,7 @@ pub(crate) use moved::to_in;
 pub use mpi_comm::MpiComm;
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;
+pub(crate) use wire::{Reader, Writer};
 
 use std::ops::Range;
 

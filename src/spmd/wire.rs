@@ -116,6 +116,11 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         Ok(String::from_utf8_lossy(b).into_owned())
     }
+
+    /// The bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.bytes
+    }
 }
 
 /// FNV-1a over `bytes`: a fingerprint the ranks compare to agree they planned the same thing.

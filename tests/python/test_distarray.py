@@ -26,6 +26,47 @@ def test_one_process_blocks_keep_their_boundary_padding_and_are_views():
     np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
 
 
+@pytest.mark.parametrize("flag", [True, np.True_])
+def test_a_periodic_axis_leaves_out_end_padding_that_wraps_around(flag):
+    # 10 values with one ghost at each end holding the far end's values (indices 9 and 0):
+    # start -1 and stop 11 say so, and size 10 does not count them.
+    g = np.arange(10.0) * 3
+    buf = np.concatenate([g[-1:], g, g[:1]])
+    pa = dlpart.from_distarray(dap(buf, dim("b", 10, start=-1, stop=11, padding=(1, 1),
+                                            periodic=flag)))
+    assert pa.shape == (10,) and pa.tiling == (1,)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), g)
+    assert np.shares_memory(np.from_dlpack(pa.partitions[(0,)].tensor), buf)
+
+
+def test_a_periodic_axis_keeps_end_padding_its_size_counts():
+    # The same buffer, its ghosts counted in size (start 0, stop 12 = size): part of the array.
+    # One end of each kind: the low ghost wraps (start -1), the high one is counted.
+    g = np.arange(10.0) * 3
+    buf = np.concatenate([g[-1:], g, g[:1]])
+    counted = dlpart.from_distarray(dap(buf, dim("b", 12, start=0, stop=12, padding=(1, 1),
+                                                 periodic=True)))
+    np.testing.assert_array_equal(np.from_dlpack(counted.assemble()), buf)
+    mixed = dlpart.from_distarray(dap(buf, dim("b", 11, start=-1, stop=11, padding=(1, 1),
+                                               periodic=True)))
+    np.testing.assert_array_equal(np.from_dlpack(mixed.assemble()), buf[1:])
+    # periodic False (or None) with the same numbers as counted: the same array.
+    for flag in (False, None):
+        plain = dlpart.from_distarray(dap(buf, dim("b", 12, start=0, stop=12, padding=(1, 1),
+                                                   periodic=flag)))
+        np.testing.assert_array_equal(np.from_dlpack(plain.assemble()), buf)
+
+
+def test_one_to_one_changes_nothing_on_one_process():
+    buf = np.arange(5.0) * 10
+    perm = np.array([4, 2, 0, 1, 3])
+    ref = np.empty(5)
+    ref[perm] = buf
+    for flag in (True, False, np.False_, None):
+        pa = dlpart.from_distarray(dap(buf, dim("u", 5, indices=perm, one_to_one=flag)))
+        np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), ref)
+
+
 def test_unstructured_indices_become_runs_of_views():
     buf = np.arange(9.0) * 10
     perm = np.array([3, 4, 5, 0, 1, 2, 8, 6, 7])
@@ -83,7 +124,19 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
     (dap(np.zeros((2, 2)), dim("b", 2, start=0, stop=2)), "1 entries for a 2-d buffer"),
     (dap(np.zeros(4), {**dim("b", 4, start=0, stop=4), "proc_grid_size": 2}),
      r"process grid of \(2,\) for 1 process"),
-    (dap(np.zeros(3), dim("u", 3, indices=[0, 0, 1])), "global index 0 is held twice"),
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 0, 1])),
+     "global index 0 is at positions 0 and 1 of this process's 'indices'"),
+    (dap(np.zeros(3), dim("u", 3, indices=[2, 0, 2], one_to_one=False)),
+     r"global index 2 is at positions 0 and 2 .*locally unique"),
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 1, 2], one_to_one=1)), "'one_to_one' = 1 is not a bool"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, periodic="yes")), "'periodic' = 'yes' is not a bool"),
+    (dap(np.zeros(4), dim("b", 4, start=0.0, stop=4)), "'start' = 0.0 is not an integer"),
+    (dap(np.zeros(4), dim("b", 3, start=-1, stop=3, padding=(1, 0))),
+     r"start -1 \(padding \(1, 0\)\) is below 0: the axis is not periodic"),
+    (dap(np.zeros(4), dim("b", 3, start=-2, stop=2, padding=(1, 0), periodic=True)),
+     r"start -2 .* periodic axis begins at 0 .* or at -padding\[0\] = -1"),
+    (dap(np.zeros(6), dim("b", 4, start=0, stop=6, padding=(1, 1), periodic=True)),
+     r"stop 6 \(padding \(1, 1\)\) is beyond size 4: .* or at size \+ padding\[1\] = 5"),
     (dap(np.zeros(3), dim("u", 4, indices=[0, 1, 3])), r"global indices 2\.\.3 are held by no"),
     (dap(np.zeros(3), dim("u", 3, indices=np.array([0, -1, 2]))), "holds -1, a negative index"),
     (dap(np.zeros(3), dim("u", 3, indices=np.array([0.0, 1.0, 2.0]))), "not a sequence of int"),

@@ -3,14 +3,17 @@ read by `dlpart.mpi.from_distarray` and described by `SpmdArray.__distarray__`.
 
 Each case draws a global numpy array (1-d or 2-d), a process grid of the four ranks, and for
 each axis a distribution the protocol names: irregular blocks (with communication padding
-that repeats the neighbours' values, and boundary padding), cyclic blocks of a random block
-size, or unstructured index lists (a random permutation dealt to the grid's coordinates, empty
-shares included). Every rank builds its buffer from the global array as the protocol lays it
+that repeats the neighbours' values, and boundary padding), periodic blocks (whose end
+padding holds the wrap-around neighbour's values, start below 0 and stop beyond size), cyclic
+blocks of a random block size, or unstructured index lists (a random permutation dealt to the
+grid's coordinates, empty shares included, and with one_to_one absent, copies of indices other
+coordinates hold). Every rank builds its buffer from the global array as the protocol lays it
 out, and checks against numpy: the array read from it (shape, partitions that are views of the
 buffer), assembled on rank 0 and repartitioned; then the array put in one block per rank over
 the same process grid, whose ``__distarray__`` must describe exactly that block and read back
-the same. Afterwards, a rank whose process-grid coordinates disagree with its rank makes every
-rank raise `dlpart.ProtocolError`.
+the same. Afterwards: an index several ranks hold, with different values, is read from the
+lowest rank, and is an error on every rank when one_to_one is True; a rank whose process-grid
+coordinates disagree with its rank makes every rank raise `dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -61,6 +64,21 @@ def block(rng, n, procs, coord):
     return dim, list(range(lo, hi))
 
 
+def periodic_block(rng, n, procs, coord):
+    """Irregular blocks of `n` on a periodic axis with a halo at every boundary, the one
+    before coordinate 0 shared with the last coordinate (wrapping around): at most as wide as
+    either block beside it. This coordinate's dim dict and its buffer's global indices."""
+    cuts = np.sort(rng.integers(0, n + 1, size=procs - 1))
+    points = [0, *cuts.tolist(), n]
+    lens = np.diff(points)
+    widths = [int(rng.integers(0, min(lens[k], lens[k - 1], 2) + 1)) for k in range(procs)]
+    left, right = widths[coord], widths[(coord + 1) % procs]
+    lo, hi = points[coord] - left, points[coord + 1] + right
+    dim = {"dist_type": "b", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
+           "start": lo, "stop": hi, "padding": (left, right), "periodic": True}
+    return dim, [g % n for g in range(lo, hi)]
+
+
 def cyclic(rng, n, procs, coord):
     b = int(rng.integers(1, 4))
     dim = {"dist_type": "c", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
@@ -75,9 +93,17 @@ def unstructured(rng, n, procs, coord):
     order = rng.permutation(n)
     cuts = np.sort(rng.integers(0, n + 1, size=procs - 1))
     mine = np.split(order, cuts)[coord]
+    # Copies of indices the other coordinates hold (one_to_one absent, so allowed), drawn the
+    # same by every coordinate, each keeping its own row.
+    extra = rng.integers(0, max(n, 1), size=(procs, 3))[coord] if n else []
+    copies, one_to_one = rng.random(2) < 0.5  # drawn before the draws that depend on coord
+    if copies:
+        mine = np.concatenate([mine, np.setdiff1d(np.unique(extra), mine)]).astype(np.int64)
     mine = mine[rng.permutation(len(mine))]
     dim = {"dist_type": "u", "size": n, "proc_grid_size": procs, "proc_grid_rank": coord,
            "indices": mine.astype(np.int64)}
+    if not copies and one_to_one:
+        dim["one_to_one"] = True
     return dim, mine.tolist()
 
 
@@ -89,7 +115,8 @@ def check_case(case, seed):
     dtype = [np.float64, np.int32, np.float32][case % 3]
     g = (rng.standard_normal(shape) * 100).astype(dtype)
     coords = np.unravel_index(rank, grid)
-    kinds = [[block, cyclic, unstructured][int(rng.integers(0, 3))] for _ in range(ndim)]
+    kinds = [[block, periodic_block, cyclic, unstructured][int(rng.integers(0, 4))]
+             for _ in range(ndim)]
     dims, local = [], []
     for axis in range(ndim):
         # Every rank draws every coordinate's share, so that all agree on the distribution.
@@ -127,6 +154,30 @@ def check_case(case, seed):
     np.testing.assert_array_equal(np.from_dlpack(again), g)
 
 
+def shared_indices_are_read_from_the_lowest_rank():
+    # 8 indices over the 4 ranks, several held twice; rank r holds 100 * r + g at index g, so
+    # the array read names the rank each index came from.
+    shared = [[0, 1, 2, 3], [2, 3, 4, 5], [7, 5, 6], [6, 7, 1]][rank]
+    buffer = 100.0 * rank + np.array(shared, dtype=np.float64)
+
+    def d(**keys):
+        return {"__version__": "0.10.0", "buffer": buffer,
+                "dim_data": ({"dist_type": "u", "size": 8, "proc_grid_size": size,
+                              "proc_grid_rank": rank, "indices": np.array(shared), **keys},)}
+
+    a = dlpart.mpi.from_distarray(d(), comm)
+    np.testing.assert_array_equal(np.from_dlpack(a.assemble(root=None)),
+                                  [0, 1, 2, 3, 104, 105, 206, 207])
+    if rank == 3:
+        assert a.locals == [], a.locals  # every index it holds, a lower rank holds too
+    try:
+        dlpart.mpi.from_distarray(d(one_to_one=True), comm)
+    except dlpart.ProtocolError as e:
+        assert "global index 1 is held by the processes at proc_grid_rank 0 and 3" in str(e), e
+    else:
+        raise AssertionError("an index held twice was accepted with one_to_one True")
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -152,5 +203,6 @@ def layouts_without_one_block_per_rank_are_refused():
         raise AssertionError("a layout of two partitions per rank was described")
 
 
-run(check_case, disagreeing_grid_rank_fails_every_rank,
+run(check_case, shared_indices_are_read_from_the_lowest_rank,
+    disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
