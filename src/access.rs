@@ -97,7 +97,9 @@ impl Drop for Claim {
 /// agree to the last copy after: other threads are refused as by any claim, while the steps
 /// of the operation on this thread (its own claims of the same memory) go on. A claim that
 /// lapsed between the check and the steps would let another thread claim the memory in
-/// between, and this rank fail alone after the others had agreed to go on.
+/// between, and this rank fail alone after the others had agreed to go on. Code the
+/// operation calls out to on this thread without controlling it (a communicator's methods)
+/// runs with the scope set aside ([`suspend`]), as code of any other thread.
 ///
 /// Dropped on the thread that made it (it is not `Send`).
 #[must_use = "the memory is claimed only while the scope lives"]
@@ -128,6 +130,39 @@ pub(crate) fn scope<'a>(
         claim,
         _here: std::marker::PhantomData,
     })
+}
+
+/// This thread's [`Scope`]s set aside until the guard is dropped: around code a collective
+/// operation calls but does not control (a [`crate::spmd::Communicator`]'s methods, which may
+/// run a program's own code on this thread), whose claims then meet the scopes' memory as any
+/// other code's do. A view such code took of that memory, and kept, would otherwise refuse
+/// the operation's own later claims on this rank alone, after the ranks agreed to go on.
+///
+/// Dropped on the thread that made it (it is not `Send`).
+#[must_use = "the scopes are set aside only while the guard lives"]
+pub(crate) struct Suspended {
+    scopes: Vec<u64>,
+    _here: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Suspended {
+    fn drop(&mut self) {
+        SCOPES.with(|s| {
+            let mut s = s.borrow_mut();
+            // Scopes made while suspended and still held stay this thread's too.
+            let later = std::mem::take(&mut *s);
+            *s = std::mem::take(&mut self.scopes);
+            s.extend(later);
+        });
+    }
+}
+
+/// Sets this thread's scopes aside until the guard returned is dropped (see [`Suspended`]).
+pub(crate) fn suspend() -> Suspended {
+    Suspended {
+        scopes: SCOPES.with(|s| std::mem::take(&mut *s.borrow_mut())),
+        _here: std::marker::PhantomData,
+    }
 }
 
 /// The host bytes `t` spans, or `None` when it holds no elements or lives in device memory.
@@ -478,6 +513,29 @@ mod tests {
         let e = tensors([&t], []).unwrap_err().to_string();
         assert!(e.contains("being written"), "{e}");
         drop(w);
+    }
+
+    #[test]
+    fn code_called_with_the_scope_suspended_is_refused_as_another_thread_is() {
+        let t = Tensor::from_slice(&[1.0f32; 16], &[4, 4]).unwrap();
+        let block = t.view(&[0, 0], &[2, 4]).unwrap();
+        let u = Tensor::from_slice(&[2.0f32; 4], &[4]).unwrap();
+        let scope = scope([], [&t]).unwrap();
+        let inner = {
+            let _aside = suspend();
+            let e = tensors([&block], []).unwrap_err().to_string();
+            assert!(
+                e.contains("cannot read") && e.contains("being written"),
+                "{e}"
+            );
+            // A scope made while suspended, and still held once the guard is gone.
+            super::scope([], [&u]).unwrap()
+        };
+        // Restored: the operation's own steps go on, on both scopes' memory.
+        drop(tensors([&block], []).unwrap());
+        drop(tensors([&u], []).unwrap());
+        drop((scope, inner));
+        drop(tensors([], [&t, &u]).unwrap());
     }
 
     #[test]

@@ -69,9 +69,13 @@ pub(crate) fn header(call: &str) -> Writer {
 
 /// Every rank's `bytes` (the [`Communicator::all_gather`] of a collective), checked to hold
 /// one part per rank: a communicator that returns another count is an error, not a panic
-/// or a misread.
+/// or a misread. The call runs with this thread's claims scopes set aside
+/// ([`crate::access::suspend`]), as every call into a communicator does.
 pub(crate) fn gathered(comm: &dyn Communicator, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let all = comm.all_gather(bytes)?;
+    let all = {
+        let _aside = crate::access::suspend();
+        comm.all_gather(bytes)?
+    };
     if all.len() != comm.size() || all.is_empty() {
         return Err(Error::shape(
             format!(
@@ -156,9 +160,11 @@ pub(crate) fn agree(
 ) -> Result<Peers> {
     let mut w = header(call);
     write_outcome(&mut w, outcome);
-    w.str(&comm.host())
-        .u64(u64::from(std::process::id()))
-        .str(note);
+    let host = {
+        let _aside = crate::access::suspend();
+        comm.host()
+    };
+    w.str(&host).u64(u64::from(std::process::id())).str(note);
     let all = gathered(comm, &w.0)?;
     let mut failed = Vec::new();
     let mut prints = Vec::new();

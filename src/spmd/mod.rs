@@ -73,6 +73,11 @@ use crate::tensor::Tensor;
 /// What the ranks of an SPMD program need from their transport: collective calls that every
 /// rank makes in the same order. Implementations move bytes only; dlpart plans, packs and
 /// checks.
+///
+/// dlpart calls these methods while its collective holds the memory it reads and writes:
+/// code of the implementation's own that reads or writes that memory through dlpart
+/// ([`Tensor::as_array`], another dlpart operation) is refused with [`Error::Buffer`], as it
+/// would be on another thread.
 pub trait Communicator: Sync {
     /// This rank, in `0..size()`.
     fn rank(&self) -> usize;

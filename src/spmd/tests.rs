@@ -997,6 +997,120 @@ fn another_thread_cannot_claim_a_target_between_the_agreement_and_the_writes() {
     }
 }
 
+/// A rank's communicator whose first all-gather (the agreement of the collective it is lent
+/// to) takes a view of `tensor` where one is given, as a program's own code that its
+/// communicator runs on the collective's thread might, and keeps it until asked whether it
+/// was refused.
+struct ViewsInCall<'a> {
+    inner: &'a ThreadComm,
+    tensor: Option<&'a Tensor>,
+    view: std::sync::Mutex<Option<crate::tensor::HostView<'a, f32>>>,
+    refused: std::sync::Mutex<Option<bool>>,
+}
+
+impl<'a> ViewsInCall<'a> {
+    fn new(inner: &'a ThreadComm, tensor: Option<&'a Tensor>) -> Self {
+        ViewsInCall {
+            inner,
+            tensor,
+            view: std::sync::Mutex::new(None),
+            refused: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether the view was refused (`None` where no tensor was given); drops a view taken.
+    fn refused(self) -> Option<bool> {
+        drop(self.view.into_inner().unwrap());
+        self.refused.into_inner().unwrap()
+    }
+}
+
+impl Communicator for ViewsInCall<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn all_gather(&self, bytes: &[u8]) -> crate::Result<Vec<Vec<u8>>> {
+        let mut refused = self.refused.lock().unwrap();
+        if let (Some(t), None) = (self.tensor, *refused) {
+            match t.as_array::<f32>() {
+                Ok(v) => {
+                    *self.view.lock().unwrap() = Some(v);
+                    *refused = Some(false);
+                }
+                Err(_) => *refused = Some(true),
+            }
+        }
+        drop(refused);
+        self.inner.all_gather(bytes)
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        segments: &Segments<'_>,
+    ) -> crate::Result<()> {
+        self.inner.all_to_all_v(send, recv, segments)
+    }
+}
+
+#[test]
+fn a_communicators_own_code_cannot_view_memory_the_exchange_holds() {
+    // Rows to columns, rank 1's columns received in place: its communicator's view of them,
+    // taken on the collective's own thread during the agreement, would refuse the exchange's
+    // write on rank 1 alone, after the others went on into the all-to-all.
+    let out = within_a_minute(4, |comm| {
+        let (a, src, cols, dst) = rows_to_columns(comm, false);
+        let pest = ViewsInCall::new(comm, (comm.rank() == 1).then_some(&cols));
+        let done = repartition_into(&pest, &src, &dst, false).map(|_| ());
+        let refused = pest.refused();
+        let want = block(&a, &[0, 2 * comm.rank()], &[8, 2]);
+        let right = cols.to_array::<f32>().unwrap() == want;
+        (done.map_err(|e| e.to_string()), refused, right)
+    });
+    for (rank, (done, refused, right)) in out.into_iter().enumerate() {
+        done.unwrap();
+        assert_eq!(refused, (rank == 1).then_some(true), "rank {rank}");
+        assert!(right, "rank {rank}'s columns");
+    }
+}
+
+#[test]
+fn a_communicators_own_code_cannot_view_a_partition_a_scatter_writes() {
+    // Rank r holds rows 4r..4r + 4 of an 8x2 array; rank 0's communicator views its block
+    // while the ranks agree, which would refuse rank 0's write after the agreement.
+    let out = within_a_minute(2, |comm| {
+        let me = comm.rank();
+        let rows = Tensor::from(ndarray::Array2::<f32>::zeros((4, 2)));
+        let pa = from_stacked(comm, vec![rows.clone()], 0).unwrap();
+        let values = Tensor::from(ndarray::array![[1.0f32, 1.0], [2.0, 2.0]]);
+        let idx = Tensor::from_slice(&[1i64, 6], &[2]).unwrap();
+        let pest = ViewsInCall::new(comm, (me == 0).then_some(&rows));
+        let done = scatter(&pest, &pa, &values, &idx, 0);
+        let refused = pest.refused();
+        (
+            done.map_err(|e| e.to_string()),
+            refused,
+            rows.to_array::<f32>().unwrap(),
+        )
+    });
+    // numpy: a[[1, 6]] = values.
+    let mut want = ndarray::Array2::<f32>::zeros((8, 2));
+    want.row_mut(1).fill(1.0);
+    want.row_mut(6).fill(2.0);
+    for (rank, (done, refused, rows)) in out.into_iter().enumerate() {
+        done.unwrap();
+        assert_eq!(refused, (rank == 0).then_some(true), "rank {rank}");
+        let w = want.slice(ndarray::s![4 * rank..4 * rank + 4, ..]);
+        assert_eq!(rows, w.to_owned().into_dyn(), "rank {rank}");
+    }
+}
+
 /// `to` puts each rank's partitions on the device that rank names (the ranks naming different
 /// ones: kDLCPU:1 is a framework's emulated host device), keeping the grid, owners and
 /// `locals`; every rank's locations name each partition's new device, partitions already there

@@ -140,14 +140,21 @@ impl Segments<'_> {
             empty,
         } = buffers;
         match &empty {
-            Some(empty) => comm.all_to_all_v_device(
-                send.as_ref().unwrap_or(empty),
-                recv.as_ref().unwrap_or(empty),
-                self,
-            )?,
+            Some(empty) => {
+                let _aside = crate::access::suspend();
+                comm.all_to_all_v_device(
+                    send.as_ref().unwrap_or(empty),
+                    recv.as_ref().unwrap_or(empty),
+                    self,
+                )?
+            }
             None => {
                 // What MPI reads and writes, claimed while it does (see `crate::access`).
                 let _claim = crate::access::tensors(&send, &recv)?;
+                // The communicator's code (a program's own, on this thread) meets the memory
+                // the operation's scope holds as any other code does: a view it kept would
+                // refuse this rank's later claims alone, after the ranks agreed.
+                let _aside = crate::access::suspend();
                 let recv_bytes: &mut [u8] = match &recv {
                     // SAFETY: `recv` is a contiguous host tensor of `nbytes()` bytes: a buffer
                     // allocated by `prepare`, or this rank's own target (writable, checked
