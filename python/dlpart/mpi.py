@@ -416,7 +416,9 @@ class SpmdArray(PartitionedArray):
                  transfer: bool = False) -> Optional[Tensor]:
         """The whole array as one tensor on rank ``root`` (None on the other ranks), or on every
         rank with ``root=None`` (collective). ``device`` defaults to the device of the receiving
-        rank's first partition."""
+        rank's first partition; with a ``root`` it is a global argument, the same on every rank,
+        and with ``root=None`` each rank names the device of its own copy (or none), whatever
+        the others name."""
         def args():
             at = None if root is None else _index(root, "root")
             if at is not None and not 0 <= at < self.comm.size:

@@ -150,7 +150,8 @@ pub(crate) fn share(
 /// or its error), host and pid. Every rank returns the same: the peers when all succeeded with
 /// the same fingerprint; else the lowest failing rank's error, or a `ProtocolError` naming
 /// two ranks that planned different `what`s. A `note` travels along, for what ranks may
-/// legitimately know differently (a dtype that only the ranks holding data know).
+/// legitimately know or choose differently (a dtype that only the ranks holding data know,
+/// an exchange's round size and the device of each rank's side).
 pub(crate) fn agree(
     comm: &dyn Communicator,
     call: &str,

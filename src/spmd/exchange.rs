@@ -31,7 +31,6 @@ mod segments;
 pub(super) use rounds::{Rounds, ROUNDS};
 pub(super) use segments::confirmed;
 pub(super) use segments::Buffers;
-use segments::{any_device, DEVICE_NOTE};
 
 const REPARTITIONS: &str = "repartitions (source or target grids, owners, devices or dtypes)";
 
@@ -215,7 +214,7 @@ pub(super) fn repartition_target_with(
         Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
     });
     let stage = stage.map_err(|e| e.advise(REPARTITION_ELSEWHERE));
-    let ((stage, target), peers) = agreed(
+    let ((mut stage, target), peers) = agreed(
         comm,
         "repartition",
         stage,
@@ -223,7 +222,8 @@ pub(super) fn repartition_target_with(
         |(s, _)| s.note(),
         REPARTITIONS,
     )?;
-    let (targets, traffic) = stage.run(comm, any_device(&peers))?;
+    let confirm = stage.settle(comm, &peers)?;
+    let (targets, traffic) = stage.run(comm, confirm)?;
     let out = spmd_array(
         target.grid,
         targets,
@@ -368,7 +368,7 @@ pub(super) fn repartition_into_with(
         }
         Stage::new(comm, pa, &target, targets, false, transfer, rounds)
     })();
-    let (stage, peers) = agreed(
+    let (mut stage, peers) = agreed(
         comm,
         "repartition_into",
         stage,
@@ -376,13 +376,16 @@ pub(super) fn repartition_into_with(
         Stage::note,
         REPARTITIONS,
     )?;
-    Ok(stage.run(comm, any_device(&peers))?.1)
+    let confirm = stage.settle(comm, &peers)?;
+    Ok(stage.run(comm, confirm)?.1)
 }
 
 /// The whole array as one tensor on rank `root` (`Some` there, `None` elsewhere), or on every
 /// rank when `root` is `None` (a collective call). The tensor goes to `device`, by default the
 /// device of the receiving rank's first partition (host memory for a rank without one), in
-/// memory of the kind that device names, as [`repartition`] allocates it.
+/// memory of the kind that device names, as [`repartition`] allocates it. With a `root`,
+/// `device` is a global argument, the same on every rank; with `root` `None` each rank names
+/// the device of its own copy, or none, whatever the others name.
 pub fn assemble(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -403,14 +406,6 @@ pub(super) fn assemble_with(
     rounds: &Rounds,
 ) -> Result<Option<Tensor>> {
     let me = comm.rank();
-    // Ranks assembling everywhere may each name a device of their own, which the others do
-    // not know; rounds need every rank's side in host memory, so they are left out then, and
-    // every rank makes the same calls. (Without a named device, each rank's is that of its
-    // first partition, from the global metadata.)
-    let rounds = match (root, device) {
-        (None, Some(_)) => &Rounds::ONE,
-        _ => rounds,
-    };
     let stage = (|| {
         let whole = Grid::even(pa.shape(), &vec![1; pa.ndim()])?;
         let src_owners = owners(pa)?;
@@ -451,7 +446,7 @@ pub(super) fn assemble_with(
         )
     })()
     .map_err(|e| e.advise(ASSEMBLE_ELSEWHERE));
-    let (stage, peers) = agreed(
+    let (mut stage, peers) = agreed(
         comm,
         "assemble",
         stage,
@@ -459,7 +454,8 @@ pub(super) fn assemble_with(
         Stage::note,
         REPARTITIONS,
     )?;
-    let (mut targets, _) = stage.run(comm, any_device(&peers))?;
+    let confirm = stage.settle(comm, &peers)?;
+    let (mut targets, _) = stage.run(comm, confirm)?;
     Ok(targets.pop().flatten())
 }
 
@@ -471,12 +467,12 @@ pub(super) fn agreed<T>(
     call: &str,
     stage: Result<T>,
     print: impl Fn(&T) -> u64,
-    note: impl Fn(&T) -> &'static str,
+    note: impl Fn(&T) -> String,
     what: &str,
 ) -> Result<(T, Peers)> {
     let outcome = stage.as_ref().map(print);
-    let note = stage.as_ref().map_or("", note);
-    let peers = agree(comm, call, outcome, what, note)?;
+    let note = stage.as_ref().map_or(String::new(), note);
+    let peers = agree(comm, call, outcome, what, &note)?;
     Ok((stage.expect("every rank succeeded"), peers))
 }
 
@@ -552,10 +548,54 @@ pub(super) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
     }
 }
 
+/// What a rank notes about its side of an exchange in the agreement (see [`Stage::note`]):
+/// what the others cannot know, and must agree on from every rank's note.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Note {
+    device: bool,
+    host: bool,
+    rounds: usize,
+    tuning: Rounds,
+}
+
+impl Note {
+    /// As the agreement carries it: five numbers.
+    fn write(&self) -> String {
+        let Rounds { bytes, min_bytes } = self.tuning;
+        let (d, h) = (u8::from(self.device), u8::from(self.host));
+        format!("{d} {h} {} {bytes} {min_bytes}", self.rounds)
+    }
+
+    /// Rank `rank`'s note, written by [`Note::write`]; an error naming it otherwise (the
+    /// same on every rank, which all read the same notes).
+    fn read(note: &str, rank: usize) -> Result<Note> {
+        let numbers: Option<Vec<usize>> = note.split(' ').map(|n| n.parse().ok()).collect();
+        match numbers.as_deref() {
+            Some(&[d @ 0..=1, h @ 0..=1, rounds, bytes, min_bytes]) if rounds > 0 => Ok(Note {
+                device: d == 1,
+                host: h == 1,
+                rounds,
+                tuning: Rounds { bytes, min_bytes },
+            }),
+            _ => Err(Error::protocol(
+                "spmd",
+                None,
+                format!(
+                    "rank {rank}'s note on its side of the exchange, {note:?}, is not one \
+                     dlpart {} writes",
+                    env!("CARGO_PKG_VERSION")
+                ),
+                None,
+            )),
+        }
+    }
+}
+
 /// One rank's part of a collective exchange, prepared (planned, packed, allocated) before
 /// the ranks agree to go on.
 struct Stage {
     device: Option<Device>,
+    dtype: DType,
     itemsize: usize,
     sources: Vec<Option<Tensor>>,
     targets: Vec<Option<Tensor>>,
@@ -577,9 +617,17 @@ struct Stage {
     send_in_place: bool,
     /// Whether the peers' boxes are received straight into this rank's one target.
     recv_in_place: bool,
-    /// The number of rounds (the same on every rank): 1 packs everything before the ranks
-    /// agree, more (host memory only) pack round by round after.
+    /// The number of rounds the buffers are made for (the same on every rank once settled,
+    /// see [`Stage::settle`]): 1 packs everything before the ranks agree, more (host memory
+    /// only) pack round by round after.
     rounds: usize,
+    /// Whether this rank sees every rank's side of the exchange in host memory: the global
+    /// metadata's devices, and its own targets'.
+    host: bool,
+    /// This rank's round size (`DLPART_MPI_ROUND_BYTES`, or a test's).
+    tuning: Rounds,
+    /// The most bytes one rank sends another, from the global plan: the same on every rank.
+    largest: usize,
     /// The buffer each round is received into when not in place.
     recv_buf: Option<Tensor>,
     /// In one round, the exchange's buffers, made (and the send buffer staged) before the
@@ -718,30 +766,17 @@ impl Stage {
                 }
             })
             .is_some();
-        // Rounds only where every rank's exchange is in host memory, which every rank knows
-        // from the global metadata, so that all make the same number of calls.
-        let host = |d: Option<Device>| d.is_none_or(|d| d.is_host_accessible());
-        let rounds = match (0..pa.len()).all(|i| host(pa.device_of(i)))
-            && target.devices.iter().all(|&d| host(Some(d)))
-        {
-            true => tuning.count(pairs.into_values().max().unwrap_or(0)),
+        // Rounds only where every rank's side of the exchange is in host memory. This rank
+        // sees the global metadata and its own targets (a replicated target is each rank's
+        // own, on a device of its own), and the round size it was given: its guess at the
+        // number of rounds, settled with the others' after the agreement (`Stage::settle`).
+        let on_host = |d: Option<Device>| d.is_none_or(|d| d.is_host_accessible());
+        let host = (0..pa.len()).all(|i| on_host(pa.device_of(i)))
+            && target.devices.iter().all(|&d| on_host(Some(d)));
+        let largest = pairs.into_values().max().unwrap_or(0);
+        let rounds = match host {
+            true => tuning.count(largest),
             false => 1,
-        };
-        let elements = |lists: &[Vec<BoxCopy>]| {
-            let totals: Vec<usize> = lists
-                .iter()
-                .map(|l| l.iter().map(BoxCopy::numel).sum())
-                .collect();
-            rounds::largest_round(&totals, rounds) * itemsize
-        };
-        let recv_total: usize = recv_counts.iter().sum();
-        let recv_buf = match (rounds, recv_in_place, device) {
-            (1, _, _) | (_, true, _) | (_, _, None) => None,
-            _ if recv_total == 0 => None,
-            (_, false, Some(dev)) => {
-                let scratch = crate::backend::scratch_backend(dev)?;
-                Some(scratch.empty(&[elements(&recvs) / itemsize], dtype)?)
-            }
         };
         let send_in_place = send_place.is_some();
         let total: usize = seg_bytes.iter().sum();
@@ -753,32 +788,7 @@ impl Stage {
                 }
                 Some(t)
             }
-            (_, Some(dev), None) if rounds > 1 => {
-                let scratch = crate::backend::scratch_backend(dev)?;
-                Some(scratch.empty(&[elements(&segments) / itemsize], dtype)?)
-            }
-            (_, Some(dev), None) => {
-                let backend = crate::backend::scratch_backend(dev)?;
-                let buf = backend.empty(&[total / itemsize], dtype)?;
-                pack(&*backend, &buf, &segments, &sources, itemsize)?;
-                Some(buf)
-            }
-        };
-        let buffers = match rounds {
-            1 => {
-                let segments = Segments {
-                    send_counts: &send_counts,
-                    send_displs: &send_displs,
-                    recv_counts: &recv_counts,
-                    recv_displs: &recv_displs,
-                };
-                let into = match recv_in_place {
-                    true => targets.iter().flatten().next().cloned(),
-                    false => None,
-                };
-                let dev = device.unwrap_or(Device::CPU);
-                Some(segments.prepare(comm, send.as_ref(), dev, dtype, itemsize, into)?)
-            }
+            // Packed by `prepare`, as the rounds ask.
             _ => None,
         };
         let mut w = Writer::default();
@@ -797,14 +807,14 @@ impl Stage {
                 w.device(d);
             }
         }
-        w.usize(rounds);
         let local_bytes = bytes(&local) as u64;
         let mut sent: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
         if replicated && size == 1 {
             sent = vec![0];
         }
-        Ok(Stage {
+        let mut stage = Stage {
             device,
+            dtype,
             itemsize,
             sources,
             targets,
@@ -820,8 +830,11 @@ impl Stage {
             send_in_place,
             recv_in_place,
             rounds,
-            recv_buf,
-            buffers,
+            host,
+            tuning: *tuning,
+            largest,
+            recv_buf: None,
+            buffers: None,
             fingerprint: fingerprint(&w.0),
             _scope: scope,
             traffic: Traffic {
@@ -829,16 +842,119 @@ impl Stage {
                 received: recv_counts.iter().map(|&c| c as u64).collect(),
                 local: local_bytes,
             },
-        })
+        };
+        stage.prepare(comm, rounds)?;
+        Ok(stage)
     }
 
-    /// The note this rank gives in the agreement: whether its side of the exchange is in
-    /// device memory, where its work after the exchange can fail on its own.
-    fn note(&self) -> &'static str {
-        match self.device {
-            Some(d) if !d.is_host_accessible() => DEVICE_NOTE,
-            _ => "",
+    /// Makes the buffers of an exchange in `rounds` rounds, dropping those made for another
+    /// number first: in one round, what this rank sends packed and every buffer of the
+    /// exchange made (staged in host memory where the communicator takes no device memory);
+    /// in several (host memory only), the buffers of one round.
+    fn prepare(&mut self, comm: &dyn Communicator, rounds: usize) -> Result<()> {
+        self.buffers = None;
+        self.recv_buf = None;
+        if !self.send_in_place {
+            self.send = None;
         }
+        self.rounds = rounds;
+        let (itemsize, dtype) = (self.itemsize, self.dtype);
+        let elements = |lists: &[Vec<BoxCopy>]| {
+            let totals: Vec<usize> = lists
+                .iter()
+                .map(|l| l.iter().map(BoxCopy::numel).sum())
+                .collect();
+            rounds::largest_round(&totals, rounds)
+        };
+        let Some(dev) = self.device else {
+            // No sources and no targets here: nothing to send or receive.
+            return self.prepare_one(comm, rounds);
+        };
+        let recv_total: usize = self.recv_counts.iter().sum();
+        if rounds > 1 && !self.recv_in_place && recv_total > 0 {
+            let scratch = crate::backend::scratch_backend(dev)?;
+            self.recv_buf = Some(scratch.empty(&[elements(&self.recvs)], dtype)?);
+        }
+        let total: usize = self.segments.iter().flatten().map(BoxCopy::numel).sum();
+        if !self.send_in_place && total > 0 {
+            let backend = crate::backend::scratch_backend(dev)?;
+            self.send = Some(match rounds {
+                1 => {
+                    let buf = backend.empty(&[total], dtype)?;
+                    pack(&*backend, &buf, &self.segments, &self.sources, itemsize)?;
+                    buf
+                }
+                _ => backend.empty(&[elements(&self.segments)], dtype)?,
+            });
+        }
+        self.prepare_one(comm, rounds)
+    }
+
+    /// In one round, the exchange's buffers ([`Segments::prepare`]).
+    fn prepare_one(&mut self, comm: &dyn Communicator, rounds: usize) -> Result<()> {
+        if rounds != 1 {
+            return Ok(());
+        }
+        let segments = Segments {
+            send_counts: &self.send_counts,
+            send_displs: &self.send_displs,
+            recv_counts: &self.recv_counts,
+            recv_displs: &self.recv_displs,
+        };
+        let into = match self.recv_in_place {
+            true => self.targets.iter().flatten().next().cloned(),
+            false => None,
+        };
+        let dev = self.device.unwrap_or(Device::CPU);
+        let buffers = segments.prepare(
+            comm,
+            self.send.as_ref(),
+            dev,
+            self.dtype,
+            self.itemsize,
+            into,
+        )?;
+        self.buffers = Some(buffers);
+        Ok(())
+    }
+
+    /// What this rank tells the others in the agreement and they cannot know themselves:
+    /// whether its side of the exchange is in device memory (where its work after the
+    /// exchange can fail on its own), whether it sees the whole exchange in host memory, its
+    /// round size and the number of rounds it guessed from them (see [`Stage::settle`]).
+    fn note(&self) -> String {
+        Note {
+            device: self.device.is_some_and(|d| !d.is_host_accessible()),
+            host: self.host,
+            rounds: self.rounds,
+            tuning: self.tuning,
+        }
+        .write()
+    }
+
+    /// After the agreement (`peers`, with every rank's [`Stage::note`]), the number of rounds
+    /// every rank takes: several only when every rank's side is in host memory, as many as
+    /// rank 0's round size asks (the ranks' `DLPART_MPI_ROUND_BYTES` may differ). A rank
+    /// whose guess was another makes its buffers again, and then, since that can fail on it
+    /// alone, the ranks confirm (all of them, as every rank knows every guess) before any
+    /// bytes move. Returns whether the ranks confirm the exchange's outcome after it: when
+    /// some rank's side is in device memory.
+    fn settle(&mut self, comm: &dyn Communicator, peers: &Peers) -> Result<bool> {
+        let notes = (peers.notes.iter().enumerate())
+            .map(|(rank, n)| Note::read(n, rank))
+            .collect::<Result<Vec<Note>>>()?;
+        let rounds = match notes.iter().all(|n| n.host) {
+            true => notes[0].tuning.count(self.largest),
+            false => 1,
+        };
+        if notes.iter().any(|n| n.rounds != rounds) {
+            let made = match self.rounds == rounds {
+                true => Ok(()),
+                false => self.prepare(comm, rounds),
+            };
+            confirmed(comm, made, "exchanges")?;
+        }
+        Ok(notes.iter().any(|n| n.device))
     }
 
     /// Exchanges the packed boxes (every rank calls this, with or without bytes to move) and

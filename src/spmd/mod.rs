@@ -31,7 +31,14 @@
 //! copy of what it sends) happens before that agreement; what can fail after the bytes moved
 //! (device work: the copy of what arrived back to the device, the unpack kernels) is agreed
 //! on once more when any rank's side is in device memory, and gathers and scatters always
-//! confirm (their local picks allocate, on the host too).
+//! confirm (a gather's local picks allocate, on the host too; a scatter's writes are device
+//! work on a GPU). What a rank may choose on its own (the device of its copy in
+//! `assemble(root=None)`, its `DLPART_MPI_ROUND_BYTES`) travels in the agreement, and every
+//! decision all ranks must make alike (the number of rounds of an exchange, whether to
+//! confirm) is taken from what every rank sent there, never from one rank's own arguments.
+//! While a collective holds the memory it reads and writes (see `crate::access`), code the
+//! communicator runs on the collective's thread is refused that memory as another thread's
+//! code is, so that it cannot make this rank's own claims fail after the ranks agreed.
 
 mod agree;
 mod exchange;
@@ -101,7 +108,10 @@ pub trait Communicator: Sync {
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware
-    /// MPI); otherwise device buffers are staged through host memory (pinned on CUDA).
+    /// MPI); otherwise device buffers are staged through host memory (pinned on CUDA). Each
+    /// rank asks about its own side's device, so in one exchange some ranks may call
+    /// [`Communicator::all_to_all_v_device`] while others call
+    /// [`Communicator::all_to_all_v`]: the two must make one collective call together.
     fn accepts_device(&self, device: Device) -> bool {
         let _ = device;
         false

@@ -240,7 +240,7 @@ pub fn gather(
         "gather",
         stage,
         |p| p.fp,
-        |_| "",
+        |_| String::new(),
         "gathers (indices, axes or grids)",
     )?;
     let source = |j: usize, s: usize| {
@@ -430,7 +430,7 @@ pub fn scatter(
         "scatter",
         stage,
         |s| s.2,
-        |_| "",
+        |_| String::new(),
         "scatters (indices, values' shapes or dtypes, or grids)",
     )?;
     // Picking the rows allocates, on the host too, and device work can fail on one rank:

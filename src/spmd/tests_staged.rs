@@ -204,35 +204,56 @@ fn pinned_memory_that_cannot_be_had_is_out_of_memory_and_the_exchange_stages_any
 
 #[test]
 fn ranks_assembling_everywhere_onto_devices_of_their_own_agree_on_the_rounds() {
-    // Host sources cut into rounds of two elements; rank 1 names its CUDA device, the others
-    // host memory. Each rank alone would pick rounds for a host target and one round for a
-    // device target, and the ranks would refuse each other's plans.
+    // Sources cut into rounds of two elements where every rank's side is in host memory.
+    // Case 0: rank 1 names its CUDA device, the others the host. Case 1: rank 1 its CUDA
+    // device, rank 3 the host, ranks 0 and 2 none (their first partition's, the host). Case
+    // 2: none names one, and rank 2's sources are on its CUDA device (so is its target). A
+    // rank whose own target is in host memory guesses rounds, one whose target is on a
+    // device one round: the ranks settle on one round, and those that guessed rounds make
+    // their buffers again.
     let a = reference([7, 5]);
     let devs = devices(40, 4);
     let rounds = Rounds {
         bytes: 8,
         min_bytes: 0,
     };
-    ThreadComm::run(4, |comm| {
-        let mine = (SOURCE.iter().filter(|b| b.0 == comm.rank()))
-            .map(|(_, s, n)| (s.to_vec(), Tensor::from(block(&a, s, n))))
-            .collect();
-        let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
-        let be = &devs[comm.rank()];
-        let device = match comm.rank() {
-            1 => be.device(),
-            _ => Device::CPU,
-        };
-        let whole = assemble_with(comm, &pa, None, Some(device), true, &rounds)
-            .unwrap()
-            .expect("every rank assembles");
-        assert_eq!(whole.device(), device);
-        let got = match comm.rank() {
-            1 => download(be, &whole),
-            _ => whole.to_array::<f32>().unwrap(),
-        };
-        assert_eq!(got, a, "rank {}", comm.rank());
-    });
+    for case in 0..3 {
+        let (a, devs) = (a.clone(), devs.clone());
+        super::tests::within_a_minute(4, move |comm| {
+            let me = comm.rank();
+            let be = &devs[me];
+            let on_device = case == 2 && me == 2;
+            let mine = (SOURCE.iter().filter(|b| b.0 == me))
+                .map(|(_, s, n)| {
+                    let b = block(&a, s, n);
+                    let t = match on_device {
+                        true => upload(be, &b),
+                        false => Tensor::from(b),
+                    };
+                    (s.to_vec(), t)
+                })
+                .collect();
+            let pa = from_local(comm, Ok(LocalParts::Placed(mine)), None).unwrap();
+            let device = match (case, me) {
+                (0 | 1, 1) => Some(be.device()),
+                (0, _) | (1, 3) => Some(Device::CPU),
+                _ => None,
+            };
+            let whole = assemble_with(comm, &pa, None, device, true, &rounds)
+                .unwrap()
+                .expect("every rank assembles");
+            let here = match on_device {
+                true => be.device(),
+                false => Device::CPU,
+            };
+            assert_eq!(whole.device(), device.unwrap_or(here), "case {case}");
+            let got = match whole.device() == be.device() {
+                true => download(be, &whole),
+                false => whole.to_array::<f32>().unwrap(),
+            };
+            assert_eq!(got, a, "case {case}: rank {me}");
+        });
+    }
 }
 
 /// New `kDLCUDAHost` partitions across ranks are page-locked memory from CUDA, as in one

@@ -4,7 +4,9 @@
 //! stores, one copy call per peer, being read again at once), then exchanges that slice with
 //! one all-to-all-v, straight into the targets where they take the bytes in place. Each round
 //! costs a collective call in which every rank waits for the others, so rounds only pay where
-//! those calls are cheap against the bytes they move (see [`ROUNDS`]).
+//! those calls are cheap against the bytes they move (see [`ROUNDS`]). Every rank takes the
+//! same number of rounds, settled after the ranks agree from what each noted there (rank 0's
+//! round size, and whether every rank's side is in host memory: see `Stage::settle`).
 //!
 //! A peer's list of boxes is cut the same way on the rank that sends it and the rank that
 //! receives it, from the plan alone: round `k` of `n` takes the elements
@@ -25,7 +27,7 @@ use super::{box_view, pack, prefix, Segments, Stage};
 
 /// How host exchanges are cut into rounds. The defaults suit real use; tests shrink them so
 /// that small arrays take many rounds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rounds {
     /// The most bytes one rank sends another per round (about: rounds cut at elements); 0
     /// keeps every exchange in one round.
@@ -35,7 +37,9 @@ pub(crate) struct Rounds {
 }
 
 /// The rounds of real exchanges: `DLPART_MPI_ROUND_BYTES` bytes per peer and round when set
-/// (0 for one round, as by default), read once.
+/// (0 for one round, as by default), read once. The ranks of an exchange take rank 0's
+/// (each rank's travels in the agreement), so that a variable set differently on some ranks
+/// cannot make them disagree on the number of collective calls.
 ///
 /// One round by default, from `bench --mpi` (rows -> columns, float32, 4 ranks on the 2-vCPU
 /// machine while other work loaded it, load average 4-9), median ratios to MPI's `Alltoall`:
@@ -56,12 +60,6 @@ pub(crate) static ROUNDS: std::sync::LazyLock<Rounds> = std::sync::LazyLock::new
 });
 
 impl Rounds {
-    /// Every exchange in one round.
-    pub const ONE: Rounds = Rounds {
-        bytes: 0,
-        min_bytes: 0,
-    };
-
     /// The number of rounds of an exchange in which the busiest pair of ranks moves `largest`
     /// bytes.
     pub fn count(&self, largest: usize) -> usize {

@@ -23,17 +23,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-use super::super::agree::{agree, Peers};
+use super::super::agree::agree;
 use super::super::{Communicator, Segments};
-
-/// The note a rank gives in the agreement when its side of an exchange is in device memory:
-/// then every rank confirms the exchange's outcome afterwards ([`confirmed`]).
-pub(in crate::spmd) const DEVICE_NOTE: &str = "device";
-
-/// Whether any rank noted [`DEVICE_NOTE`] in the agreement `peers` came from.
-pub(in crate::spmd) fn any_device(peers: &Peers) -> bool {
-    peers.notes.iter().any(|n| n == DEVICE_NOTE)
-}
 
 /// `outcome` (this rank's, after an exchange) if every rank succeeded, else the same error on
 /// every rank: one all-gather of each rank's outcome. Every rank must call it, or none.

@@ -250,3 +250,97 @@ fn a_rank_failing_before_an_exchange_in_rounds_leaves_every_target_untouched() {
     assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
     assert!(errors[0].1.starts_with("rank 2: "), "{}", errors[0].1);
 }
+
+#[test]
+fn ranks_naming_a_device_or_not_assemble_everywhere_in_the_same_rounds() {
+    // Rows of an 8x12 array assembled on every rank in rounds of 8 bytes: ranks 0 and 2 name
+    // the host as their device, ranks 1 and 3 leave it to their first partition's (the host
+    // too). Each rank sends the others its 96 bytes: 12 rounds everywhere, settled without a
+    // second collective call.
+    let a = reference(&[8, 12]);
+    let tuning = Rounds {
+        bytes: 8,
+        min_bytes: 0,
+    };
+    let out = within_a_minute(4, move |comm| {
+        let comm = Counting::new(comm);
+        let me = comm.rank();
+        let mine = Tensor::from(block(&a, &[2 * me, 0], &[2, 12]));
+        let rows = from_stacked(&comm, vec![mine], 0).unwrap();
+        comm.take_gathers();
+        let device = (me % 2 == 0).then_some(Device::CPU);
+        let whole = assemble_with(&comm, &rows, None, device, false, &tuning)
+            .map(|t| t.expect("every rank assembles").to_array::<f32>().unwrap());
+        let calls = (comm.take(), comm.take_gathers());
+        (whole.map_err(|e| e.to_string()), calls, a.clone())
+    });
+    for (rank, (whole, calls, a)) in out.into_iter().enumerate() {
+        assert_eq!(whole.unwrap(), a, "rank {rank}");
+        assert_eq!(calls, (12, 1), "rank {rank}: all-to-alls and all-gathers");
+    }
+}
+
+#[test]
+fn ranks_given_different_round_sizes_take_rank_0s() {
+    // Rows to columns of an 8x12 array over 4 ranks (each rank sends each other a 2x3 box of
+    // float32, 24 bytes), each rank given a round size of its own, as DLPART_MPI_ROUND_BYTES
+    // set differently on the ranks: every rank takes rank 0's, and the ranks whose guess was
+    // another make their buffers again and confirm that, one all-gather more.
+    let a = reference(&[8, 12]);
+    for sizes in [[8, 0, 4, 1 << 20], [0, 8, 8, 4], [8, 8, 8, 8]] {
+        let a = a.clone();
+        let out = within_a_minute(4, move |comm| {
+            let comm = Counting::new(comm);
+            let me = comm.rank();
+            let tuning = Rounds {
+                bytes: sizes[me],
+                min_bytes: 0,
+            };
+            let mine = Tensor::from(block(&a, &[2 * me, 0], &[2, 12]));
+            let rows = from_stacked(&comm, vec![mine], 0).unwrap();
+            let layout = Layout::tiling(&[1, 4])
+                .dealt(vec![Device::CPU; 4])
+                .process_grid(&[1, 4]);
+            let target = SpmdTarget::resolve(&layout, &rows, 4);
+            comm.take_gathers();
+            let (cols, _) = repartition_target_with(&comm, &rows, target, false, &tuning).unwrap();
+            let there = (comm.take(), comm.take_gathers());
+            let got = cols
+                .at(&[0, me])
+                .unwrap()
+                .tensor()
+                .unwrap()
+                .to_array::<f32>();
+            assert_eq!(got.unwrap(), block(&a, &[0, 3 * me], &[8, 3]), "rank {me}");
+            // Back into zeros, and the whole onto rank 0 (each other rank sends it 96 bytes).
+            let zeros = Tensor::from(block(&a, &[2 * me, 0], &[2, 12]).mapv(|_| 0.0f32));
+            let back = from_stacked(&comm, vec![zeros.clone()], 0).unwrap();
+            comm.take_gathers();
+            repartition_into_with(&comm, &cols, &back, false, &tuning).unwrap();
+            let back_calls = (comm.take(), comm.take_gathers());
+            let want = block(&a, &[2 * me, 0], &[2, 12]);
+            assert_eq!(zeros.to_array::<f32>().unwrap(), want, "rank {me}");
+            let whole = assemble_with(&comm, &cols, Some(0), None, false, &tuning).unwrap();
+            if let Some(w) = whole {
+                assert_eq!(w.to_array::<f32>().unwrap(), a);
+            }
+            (there, back_calls, (comm.take(), comm.take_gathers()))
+        });
+        let agree = usize::from(sizes.iter().any(|&s| s != sizes[0]));
+        let rounds = |bytes: usize| {
+            Rounds {
+                bytes: sizes[0],
+                min_bytes: 0,
+            }
+            .count(bytes)
+        };
+        for (rank, calls) in out.into_iter().enumerate() {
+            let want = (
+                (rounds(24), 1 + agree),
+                (rounds(24), 1 + agree),
+                (rounds(96), 1 + agree),
+            );
+            assert_eq!(calls, want, "sizes {sizes:?}: rank {rank}");
+        }
+    }
+}
