@@ -447,8 +447,12 @@ class SpmdArray(PartitionedArray):
         """``self[.., indices, ..] = values`` along ``axis`` across the ranks (collective; every
         rank passes the same indices and the whole ``values``): each rank writes the indices
         in the partitions it holds (its copy too, in a replicated array such as heat's
-        ``split=None``), so nothing travels. Checked and agreed on every rank first: an
-        error anywhere writes nothing anywhere. The ranks compare the indices and the values'
+        ``split=None``), so nothing travels. Checked, and each partition's rows picked, on
+        every rank before the ranks agree: an error there, anywhere, writes nothing anywhere.
+        Only a GPU's failing write can fail after that: every rank then raises that rank's
+        error, its partitions before the failed one (C order) hold the new values, the
+        failed one may hold some, the later ones their old values, and the other ranks'
+        partitions the new values. The ranks compare the indices and the values'
         shape and dtype, not the values' contents (that would cost a pass over them): each
         rank writes from its own ``values``. ``values`` broadcast as `dlpart.scatter`
         broadcasts them, and scalars are read as it reads them; they are on each rank's

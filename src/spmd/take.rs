@@ -340,12 +340,22 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// `pa[.., indices[k], ..] = values[.., k, ..]` along `axis` across the ranks (a collective
 /// call; every rank passes the same indices and the same `values`, held whole on every rank):
 /// each rank writes the indices that fall in the partitions it holds (its own, and its copies
-/// of a replicated array's), so nothing travels. Checked
-/// on every rank, and agreed, before any rank writes: an error anywhere writes nothing
-/// anywhere. The ranks compare the indices and the values' shape and dtype, not the values'
-/// contents (that would cost a pass over them): each rank writes from its own `values`,
-/// broadcast to the shape written as [`ops::scatter`] broadcasts them. `indices` takes any
-/// of the forms of [`AsIndices`], as for [`gather`].
+/// of a replicated array's), so nothing travels. The ranks compare the indices and the
+/// values' shape and dtype, not the values' contents (that would cost a pass over them): each
+/// rank writes from its own `values`, broadcast to the shape written as [`ops::scatter`]
+/// broadcasts them. `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
+///
+/// Everything that can fail before the writes (the checks, a partition in use elsewhere,
+/// picking each partition's rows from `values` and moving its indices to its device, which
+/// allocates) is done on every rank before the ranks agree: an error there, on any rank, is
+/// every rank's, and nothing is written anywhere. Then each rank writes its partitions, one
+/// after the other in C order, and the ranks confirm how that went, so that every rank
+/// returns the same result. Only a device's failing write (a driver error, a failed kernel
+/// launch, on a GPU) can fail after the agreement: every rank then returns the failing
+/// rank's error, that rank's partitions before the failing one hold the new values, the
+/// failing one may hold some of them, the later ones their old values, and every other
+/// rank's partitions hold the new values (or, where a write failed there too, as on the
+/// failing rank).
 pub fn scatter(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
@@ -416,38 +426,17 @@ pub fn scatter(
         let scope = crate::access::scope([values], held.iter().copied())?;
         let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
-        Ok((
-            writes,
-            slabs,
-            fingerprint(&w.0),
-            index.one,
-            broadcast,
-            scope,
-        ))
-    })();
-    let ((writes, slabs, _, one, values, _scope), _) = agreed(
-        comm,
-        "scatter",
-        stage,
-        |s| s.2,
-        |_| String::new(),
-        "scatters (indices, values' shapes or dtypes, or grids)",
-    )?;
-    // Picking the rows allocates, on the host too, and device work can fail on one rank:
-    // every partition's rows are picked, and its indices made, before the first is written,
-    // so that a rank failing there writes nothing, and the ranks confirm the outcome, as
-    // gathers do, so that none returns success while another fails (the other ranks'
-    // partitions then hold what they wrote).
-    let written = (|| {
+        // Every partition's rows picked, and its indices made, before the ranks agree:
+        // picking allocates, on the host too, and device work can fail on one rank.
         // Values that view this rank's partitions are read before any of them is written.
-        let values = &ops::apart_from(&values, writes.iter().map(|&(_, _, t)| t))?;
+        let values = &ops::apart_from(&broadcast, held.iter().copied())?;
         // One index writes a slab of one.
-        let values = &match one {
+        let values = &match index.one {
             true => values.with_unit_axis(axis),
             false => values.clone(),
         };
         let mut ready = Vec::with_capacity(writes.len());
-        for (f, s, t) in writes {
+        for &(f, s, t) in &writes {
             let r = pa.grid().region_at(f);
             let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
             start[axis] = 0;
@@ -458,13 +447,71 @@ pub fn scatter(
             let local = index_tensor(&slabs.local[s])?;
             let (local, picked) =
                 ops::scatter_operands(backend.as_ref(), &picked, &local, t, axis)?;
-            ready.push((backend, picked, local, t));
+            ready.push(Write {
+                backend,
+                picked,
+                local,
+                target: t.clone(),
+            });
         }
-        for (backend, picked, local, t) in &ready {
-            backend.scatter(picked, local, axis, t)?;
-            backend.synchronize()?;
-        }
-        Ok(())
+        Ok((ready, fingerprint(&w.0), scope))
     })();
+    let ((ready, _, _scope), _) = agreed(
+        comm,
+        "scatter",
+        stage,
+        |s| s.1,
+        |_| String::new(),
+        "scatters (indices, values' shapes or dtypes, or grids)",
+    )?;
+    // Only the writes are left, which only a device can fail (see above): the ranks confirm
+    // their outcome, so that none returns success while another fails.
+    let written = ready.iter().try_for_each(|w| w.run(axis));
     confirmed(comm, written, "scatters")
+}
+
+/// One partition's write of a scatter, prepared before the ranks agree: its rows of the
+/// values and its indices, on its device.
+struct Write {
+    backend: std::sync::Arc<dyn crate::backend::Backend>,
+    picked: Tensor,
+    local: Tensor,
+    target: Tensor,
+}
+
+impl Write {
+    fn run(&self, axis: usize) -> Result<()> {
+        #[cfg(test)]
+        failing_write()?;
+        (self.backend).scatter(&self.picked, &self.local, axis, &self.target)?;
+        self.backend.synchronize()
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: how many more partition writes of this thread's scatters succeed before one
+    /// fails as a device's would (`None`: all succeed).
+    pub(super) static WRITES_BEFORE_FAILURE: std::cell::Cell<Option<usize>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Tests: the failure [`WRITES_BEFORE_FAILURE`] asks for, if this write is the one.
+#[cfg(test)]
+fn failing_write() -> Result<()> {
+    WRITES_BEFORE_FAILURE.with(|w| match w.get() {
+        Some(0) => {
+            w.set(None);
+            Err(Error::Backend {
+                backend: "test",
+                op: "scatter".into(),
+                message: "a write made to fail by the test".into(),
+            })
+        }
+        Some(n) => {
+            w.set(Some(n - 1));
+            Ok(())
+        }
+        None => Ok(()),
+    })
 }

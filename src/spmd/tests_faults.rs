@@ -101,7 +101,7 @@ fn a_staging_copy_failing_on_one_rank_fails_every_rank_and_writes_nothing() {
 }
 
 #[test]
-fn a_scatter_failing_on_one_rank_after_the_agreement_fails_every_rank() {
+fn a_scatter_failing_on_one_rank_while_it_prepares_fails_every_rank_and_writes_nothing() {
     let a = reference([7, 5]);
     let devs = devices(62, 4);
     let ranks = devs.clone();
@@ -113,12 +113,13 @@ fn a_scatter_failing_on_one_rank_after_the_agreement_fails_every_rank() {
         let new = ArrayD::from_shape_fn(IxDyn(&[7, 2]), |ix| (1000 + ix[0]) as f32);
         let values = upload(be, &new);
         // Rank 2 holds partitions of both slabs: its next device allocation is for the first
-        // rows it picks, after the ranks agreed.
+        // rows it picks, before the ranks agree.
         if comm.rank() == 2 {
             be.fail_emulated(EmulatedCall::Alloc, 0);
         }
         let e = scatter(comm, &pa, &values, &idx, 1).unwrap_err();
         assert!(be.emulated_faults_spent());
+        check_locals(be, &pa, &a);
         // No rank went on alone: the same scatter now goes through on every rank.
         scatter(comm, &pa, &values, &idx, 1).unwrap();
         let mut want = a.clone();

@@ -55,3 +55,54 @@ fn scatter_refused_by_a_partition_in_use_writes_nothing_on_any_rank() {
         }
     }
 }
+
+/// Each of 2 ranks holds rows `4r..4r + 4` of an 8x2 array as two row blocks; rank 0's second
+/// write fails as a device's would, after the ranks agreed. Every rank returns rank 0's
+/// error, and the blocks hold what `scatter`'s docs say: rank 0's first block the new
+/// values, its second the old ones, rank 1's both the new values.
+#[test]
+fn a_write_failing_after_the_agreement_fails_every_rank_as_documented() {
+    let out = super::tests::within_a_minute(2, |comm| {
+        let me = comm.rank();
+        let blocks: Vec<Tensor> = (0..2)
+            .map(|_| Tensor::from(Array2::<i32>::zeros((2, 2))))
+            .collect();
+        let pa = from_stacked(comm, blocks.clone(), 0).unwrap();
+        let values = Tensor::from(ndarray::array![[1, 1], [2, 2], [3, 3], [4, 4]]);
+        let rows = Tensor::from_slice(&[0i64, 3, 4, 7], &[4]).unwrap();
+        if me == 0 {
+            super::take::WRITES_BEFORE_FAILURE.with(|w| w.set(Some(1)));
+        }
+        let e = scatter(comm, &pa, &values, &rows, 0).unwrap_err();
+        let held: Vec<_> = blocks
+            .iter()
+            .map(|b| b.to_array::<i32>().unwrap())
+            .collect();
+        // The ranks are in step: the same scatter goes through now.
+        scatter(comm, &pa, &values, &rows, 0).unwrap();
+        (e.kind().to_string(), e.to_string(), held)
+    });
+    // numpy: a[[0, 3, 4, 7]] = values, rank r holding rows 4r..4r + 4.
+    let mut want = Array2::<i32>::zeros((8, 2));
+    for (k, row) in [0, 3, 4, 7].into_iter().enumerate() {
+        want.row_mut(row).fill(k as i32 + 1);
+    }
+    let zeros = Array2::<i32>::zeros((2, 2)).into_dyn();
+    for (rank, (kind, e, held)) in out.iter().enumerate() {
+        assert_eq!(kind, "RuntimeError", "rank {rank}");
+        assert_eq!(e, &out[0].1, "rank {rank}: the same error");
+        assert!(
+            e.starts_with("rank 0: ") && e.contains("made to fail by the test"),
+            "{e}"
+        );
+        for (j, b) in held.iter().enumerate() {
+            let r0 = 4 * rank + 2 * j;
+            let new = want
+                .slice(ndarray::s![r0..r0 + 2, ..])
+                .to_owned()
+                .into_dyn();
+            let w = if (rank, j) == (0, 1) { &zeros } else { &new };
+            assert_eq!(b, w, "rank {rank} block {j}");
+        }
+    }
+}
