@@ -12,6 +12,15 @@ from conftest import MPI_RANKS as RANKS, ok_ranks
 
 
 @pytest.mark.mpi
+def test_ranks_setting_their_own_round_size_or_device_agree(mpirun_cases):
+    """DLPART_MPI_ROUND_BYTES set differently on the ranks (unset on one), and assemble on
+    every rank with some ranks naming a device and others none: exchanges large enough for
+    rounds go through on every rank, equal to numpy, rather than failing as different
+    repartitions."""
+    mpirun_cases("rank_settings.py", cases=3, timeout=240)
+
+
+@pytest.mark.mpi
 def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(mpirun_cases):
     """300 random global layouts (uneven, several partitions per rank, a rank with none,
     split points, tilings, block-cyclic and process-grid targets) repartitioned across 4 ranks:
