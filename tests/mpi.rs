@@ -20,7 +20,8 @@
 //!
 //! A failed check aborts every rank (MPI_Abort), so none waits; each rank prints
 //! `ok <rank>: <checks> checks in <cases> cases` when all passed, and exits 1 when it made no
-//! check at all. `DLPART_MPI_MESSAGE_BYTES` cuts the messages (and all-gathers) smaller.
+//! check at all. `DLPART_MPI_MESSAGE_BYTES` cuts the messages (and all-gathers) smaller: the
+//! value given is rank 0's, and the other ranks set other values, which they must not use.
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::panic::{self, AssertUnwindSafe};
@@ -75,6 +76,14 @@ fn main() {
     let cases = args.next().unwrap_or(300);
     let seed = args.next().unwrap_or(20240611);
     let rank = world.rank();
+    // The ranks' DLPART_MPI_MESSAGE_BYTES may differ, and every rank must cut by rank 0's:
+    // the other ranks are given other values here, before dlpart reads it (once, when the
+    // first MpiComm is made).
+    let cut = std::env::var("DLPART_MPI_MESSAGE_BYTES").ok();
+    if let (Some(n), r @ 1..) = (cut.and_then(|v| v.trim().parse::<usize>().ok()), rank) {
+        let r = r as usize;
+        std::env::set_var("DLPART_MPI_MESSAGE_BYTES", (n * (r + 1) + r).to_string());
+    }
     let run = panic::catch_unwind(AssertUnwindSafe(|| {
         let comm = MpiComm::new(&world).unwrap();
         check_eq!(

@@ -1,10 +1,12 @@
 //! The SPMD functions of `dlpart.mpi`: the Rust [`crate::spmd`] collectives over an mpi4py
 //! communicator. [`MpiComm`] implements [`Communicator`] by calling the communicator's own
-//! `allgather`, and `Isend`, `Irecv` and `Request.Waitall` between the ranks that have bytes
-//! for each other, with the GIL held; the data buffers are dlpart's, lent to MPI as
+//! `allgather` (each rank's bytes with its `DLPART_MPI_MESSAGE_BYTES`: every rank cuts its
+//! messages by rank 0's), and `Isend`, `Irecv` and `Request.Waitall` between the ranks that
+//! have bytes for each other, with the GIL held; the data buffers are dlpart's, lent to MPI as
 //! memoryviews, so the bytes are copied only by packing and unpacking.
 
 use std::ffi::c_char;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -28,6 +30,10 @@ pub struct MpiComm {
     host: String,
     /// Whether MPI takes CUDA device pointers (`MPI.Query_cuda_support()`).
     cuda_aware: bool,
+    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES` ([`MESSAGE_BYTES`]),
+    /// as the last all-gather carried it (this rank's own before the first), so that every
+    /// rank cuts its segments alike though the variable may differ between the ranks.
+    cut: AtomicUsize,
 }
 
 #[pymethods]
@@ -42,6 +48,7 @@ impl MpiComm {
             comm: comm.clone().unbind(),
             host,
             cuda_aware,
+            cut: AtomicUsize::new(*MESSAGE_BYTES),
         })
     }
 
@@ -116,7 +123,8 @@ impl MpiComm {
             })
             .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
         // Every buffer object first (what can fail before anything is posted).
-        let plan = messages(self.rank, segments, lens.0, lens.1, *MESSAGE_BYTES)?;
+        let cut = self.cut.load(Ordering::Relaxed);
+        let plan = messages(self.rank, segments, lens.0, lens.1, cut)?;
         let mut posts = Vec::with_capacity(plan.len());
         for m in &plan {
             let buf = if m.send {
@@ -171,15 +179,22 @@ impl Communicator for MpiComm {
         self.host.clone()
     }
 
+    /// Every rank's bytes, each with the rank's cut of messages: rank 0's is the cut of the
+    /// all-to-all-v calls that follow, on every rank.
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        Python::attach(|py| {
+        let all = Python::attach(|py| {
             let all = self
                 .comm
                 .bind(py)
-                .call_method1("allgather", (PyBytes::new(py, bytes),))?;
-            all.extract::<Vec<Vec<u8>>>()
+                .call_method1("allgather", ((*MESSAGE_BYTES, PyBytes::new(py, bytes)),))?;
+            all.extract::<Vec<(usize, Vec<u8>)>>()
         })
-        .map_err(|e| mpi_error("allgather", e))
+        .map_err(|e| mpi_error("allgather", e))?;
+        if let Some(&(cut, _)) = all.first() {
+            self.cut
+                .store(cut.clamp(1, i32::MAX as usize), Ordering::Relaxed);
+        }
+        Ok(all.into_iter().map(|(_, b)| b).collect())
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {

@@ -8,6 +8,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mpi::datatype::Equivalence;
@@ -40,7 +41,9 @@ use super::{Communicator, Segments};
 /// as nonblocking point-to-point messages only between the ranks that have bytes for each
 /// other (a sparse plan touches only its peers), waited for together. A peer's bytes beyond 1
 /// GiB travel as several messages (MPI's counts are C ints), and an all-gather of more than
-/// that in several rounds; `DLPART_MPI_MESSAGE_BYTES` sets the cut, for tests. [`host`] is
+/// that in several rounds; `DLPART_MPI_MESSAGE_BYTES` sets the cut, for tests (rank 0's, which
+/// every all-gather carries to the other ranks, cuts that all-gather and the all-to-all-v
+/// calls after it on every rank). [`host`] is
 /// this node's address as other nodes reach it: the first address of the host name or of a
 /// network interface that is not loopback, else `127.0.0.1` (as in `dlpart.mpi`).
 ///
@@ -90,6 +93,9 @@ pub struct MpiComm {
     any_thread: bool,
     /// Held during each call into MPI: one at a time.
     calls: Mutex<()>,
+    /// The most bytes of one message: rank 0's `MESSAGE_BYTES`, as the last all-gather
+    /// carried it (this rank's own before the first), so that every rank cuts alike.
+    cut: AtomicUsize,
     /// Not `Send` whatever MPI's handle type (a pointer in Open MPI, an `int` in MPICH): the
     /// communicator is freed on the thread that made it.
     _not_send: std::marker::PhantomData<*const ()>,
@@ -186,6 +192,7 @@ impl MpiComm {
             host: crate::host::this_host(),
             any_thread,
             calls: Mutex::new(()),
+            cut: AtomicUsize::new(*MESSAGE_BYTES),
             _not_send: std::marker::PhantomData,
         })
     }
@@ -268,30 +275,36 @@ impl Communicator for MpiComm {
         let n = self.size;
         let byte = u8::equivalent_datatype().as_raw();
         let count = u64::equivalent_datatype().as_raw();
-        let mine = bytes.len() as u64;
-        let mut lens = vec![0u64; n];
-        // SAFETY: one u64 sent from `mine`, one received from each of the `n` ranks into
-        // `lens` (n elements), on a live communicator.
+        // Each rank's byte count and its cut of messages (its DLPART_MPI_MESSAGE_BYTES).
+        let mine = [bytes.len() as u64, *MESSAGE_BYTES as u64];
+        let mut heads = vec![0u64; 2 * n];
+        // SAFETY: two u64 sent from `mine`, two received from each of the `n` ranks into
+        // `heads` (2n elements), on a live communicator.
         let rc = unsafe {
             ffi::MPI_Allgather(
-                (&mine as *const u64).cast::<c_void>(),
-                1,
+                mine.as_ptr().cast::<c_void>(),
+                2,
                 count,
-                lens.as_mut_ptr().cast::<c_void>(),
-                1,
+                heads.as_mut_ptr().cast::<c_void>(),
+                2,
                 count,
                 self.raw(),
             )
         };
         check(rc, || "MPI_Allgather of the byte counts".into())?;
-        let lens = lens
+        let lens = heads
             .iter()
+            .step_by(2)
             .map(|&l| usize::try_from(l))
             .collect::<std::result::Result<Vec<usize>, _>>()
             .map_err(|_| Error::buffer("an all-gather of more bytes than this rank can address"))?;
+        // Rank 0's cut, on every rank: the variable may be set differently on the ranks.
+        let cut =
+            usize::try_from(heads[1]).map_or(i32::MAX as usize, |c| c.clamp(1, i32::MAX as usize));
+        self.cut.store(cut, Ordering::Relaxed);
         // Rounds of at most `max` bytes from each rank, so that every count and displacement of
         // a round fits MPI's C ints; every rank cuts the same way (the lengths are gathered).
-        let max = (*MESSAGE_BYTES).min(i32::MAX as usize / n).max(1);
+        let max = cut.min(i32::MAX as usize / n).max(1);
         let rounds = lens.iter().max().map_or(0, |&l| l.div_ceil(max));
         let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| Vec::with_capacity(l)).collect();
         let mut buf = Vec::new();
@@ -341,7 +354,8 @@ impl Communicator for MpiComm {
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
-        let plan = messages(self.rank, segments, send.len(), recv.len(), *MESSAGE_BYTES)?;
+        let cut = self.cut.load(Ordering::Relaxed);
+        let plan = messages(self.rank, segments, send.len(), recv.len(), cut)?;
         let _call = self.enter("MPI_Isend")?;
         let byte = u8::equivalent_datatype().as_raw();
         let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());

@@ -11,7 +11,10 @@ use super::Segments;
 
 /// The most bytes one message carries: MPI counts are C ints, so a peer's segment beyond this
 /// travels as several messages. `DLPART_MPI_MESSAGE_BYTES` (read once, at least 1) sets it for
-/// tests; 1 GiB by default, never more than `i32::MAX`.
+/// tests; 1 GiB by default, never more than `i32::MAX`. A rank's receives must be cut as its
+/// peers' sends are, and the variable may be set differently on the ranks: dlpart's
+/// communicators carry each rank's value in every all-gather and cut by rank 0's (every
+/// exchange of dlpart's starts with an all-gather, the ranks' agreement).
 pub(crate) static MESSAGE_BYTES: LazyLock<usize> = LazyLock::new(|| {
     let set = std::env::var("DLPART_MPI_MESSAGE_BYTES").ok();
     message_bytes(set.as_deref())

@@ -34,8 +34,9 @@ def test_random_layouts_across_ranks_equal_numpy_and_mismatches_fail_every_rank(
 def test_messages_go_only_to_plan_peers_in_pieces_and_never_meet_the_programs(mpirun_cases):
     """dlpart's exchanges post point-to-point messages only between ranks with bytes for each
     other (sparse shifts and dense block-cyclic targets), each peer's bytes cut into messages
-    of at most DLPART_MPI_MESSAGE_BYTES (203 here: cuts inside elements) the same way on both
-    sides; a wildcard receive the program leaves pending gets the program's message."""
+    of at most rank 0's DLPART_MPI_MESSAGE_BYTES (203 here: cuts inside elements; the script
+    gives the other ranks other values) the same way on both sides; a wildcard receive the
+    program leaves pending gets the program's message."""
     mpirun_cases("p2p_messages.py", cases=60, timeout=120,
                  env={"DLPART_MPI_MESSAGE_BYTES": "203"})
 

@@ -5,6 +5,8 @@
   counts (``traffic``) name, in as many messages as ``DLPART_MPI_MESSAGE_BYTES`` cuts each
   peer's bytes into (the script is run with a few hundred bytes per message, so that every
   segment travels as several messages, cut at odd offsets), and the data equals numpy's.
+  The caller's value is rank 0's; the script gives every other rank another before dlpart
+  reads it, and every rank cuts by rank 0's, as the receives must match the sends.
 - dlpart's messages never meet the program's own: a wildcard ``Irecv`` (any source, any tag)
   left pending on COMM_WORLD across dlpart's exchanges receives the program's message, not
   dlpart's, and dlpart's results are right.
@@ -25,6 +27,8 @@ import dlpart.mpi
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 MESSAGE = int(os.environ["DLPART_MPI_MESSAGE_BYTES"])
+# Read by dlpart once, when its first communicator is made: another cut on each other rank.
+os.environ["DLPART_MPI_MESSAGE_BYTES"] = str(MESSAGE * (rank + 1) + rank)
 
 
 class Counting(MPI.Intracomm):
