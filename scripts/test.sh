@@ -40,15 +40,18 @@ mpi_feature() { [[ -n $(mpi_missing) ]] || echo ",mpi"; }
 step_fmt() { cargo fmt --all --check; }
 # The kernel bench and example need `bench-internals`: lint them with it too, and with `half`
 # (the f16/bf16 element types) and `mpi` (MpiComm, its test and example), in the same pass.
-# The API docs build without a warning (missing docs, broken or private links), MpiComm's
-# included.
+# The API docs build without a warning (missing docs, broken or private links), MpiComm's,
+# the Python and CUDA layers' and the f16/bf16 types' included; and so do the docs of the
+# private items (rustdoc checks their links only when it documents them).
 step_clippy() {
     local mpi
     mpi=$(mpi_feature)
     [[ -n $mpi ]] || echo "clippy and doc without feature mpi: $(mpi_missing)"
     cargo clippy --all-targets -- -D warnings &&
         cargo clippy --all-targets --features "bench-internals,half$mpi" -- -D warnings &&
-        RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features "${mpi#,}"
+        RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features "python,cuda,half$mpi" &&
+        RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --document-private-items \
+            --features "python,cuda,half$mpi"
 }
 step_clippy-python() { cargo clippy --all-targets --features python -- -D warnings; }
 # kernel-host-tests adds the host build of the kernels (kernels/host/) and its tests.

@@ -13,7 +13,7 @@ use super::nontemporal::{copy_row, fence, prefetch, Store};
 pub(super) const PREFETCH: usize = 32;
 /// Chunks of indices spanning fewer positions than this are not prefetched.
 pub(super) const NEAR: u64 = 1024;
-/// The shortest run of consecutive indices copied as one block (see [`slice`]).
+/// The shortest run of consecutive indices copied as one block (see [`slice()`]).
 pub(super) const RUN: usize = 8;
 
 /// The inner box of one unit.
