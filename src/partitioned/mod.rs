@@ -504,10 +504,27 @@ impl PartitionedArray {
         self.set_fetched(&pending, fetched)
     }
 
-    /// Puts `tensors` into the partitions `flats` (which held handles), after checking their
-    /// shapes and dtypes; nothing changes on an error.
+    /// Puts `tensors` into the partitions `flats` (which held handles, each named once), after
+    /// checking their shapes and dtypes; nothing changes on an error.
     pub fn set_fetched(&mut self, flats: &[usize], tensors: Vec<Tensor>) -> Result<()> {
         self.set_fetched_where(flats, tensors, false, &[])
+    }
+
+    /// An [`Error::Shape`] naming the first partition `flats` lists twice, if any: data fetched
+    /// for one partition twice, of which only one could be kept.
+    pub(crate) fn fetched_once(&self, flats: &[usize]) -> Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(flats.len());
+        let Some(&twice) = flats.iter().find(|&&f| !seen.insert(f)) else {
+            return Ok(());
+        };
+        let at = match twice < self.len() {
+            true => format!(" at {}", tuple_string(&self.grid.position(twice))),
+            false => String::new(),
+        };
+        Err(Error::shape(
+            "fetched data for each partition once",
+            format!("partition {twice}{at} is listed twice"),
+        ))
     }
 
     /// [`PartitionedArray::set_fetched`]; `moved`: the tensors were put on a device the
@@ -529,6 +546,7 @@ impl PartitionedArray {
                 format!("{} tensors", tensors.len()),
             ));
         }
+        self.fetched_once(flats)?;
         let mut dtype = self.dtype;
         for (&flat, t) in flats.iter().zip(&tensors) {
             if flat >= self.len() {

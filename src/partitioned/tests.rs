@@ -1039,6 +1039,37 @@ fn set_fetched_names_a_partition_out_of_range_or_without_a_handle() {
     );
 }
 
+/// `set_fetched` of one partition twice names it and changes nothing: neither tensor is kept.
+#[test]
+fn set_fetched_names_a_partition_listed_twice() {
+    let grid = Grid::even(&[4, 2], &[2, 1]).unwrap();
+    let handles = vec![
+        Data::Handle(Handle::new(0u8)),
+        Data::Handle(Handle::new(1u8)),
+    ];
+    let mut pa = PartitionedArray::new(grid, handles, vec![vec![], vec![]], None).unwrap();
+    let rows = |v| Tensor::from(ndarray::Array2::<i32>::from_elem((2, 2), v));
+    let e = pa
+        .set_fetched(&[1, 0, 1], vec![rows(1), rows(0), rows(2)])
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "fetched data for each partition once: partition 1 at (1, 0) is listed twice"
+    );
+    assert!(pa.data().iter().all(|d| d.handle().is_some()) && pa.dtype().is_none());
+    // Out of range, the index is named all the same.
+    let e = pa.set_fetched(&[7, 7], vec![rows(0), rows(0)]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "fetched data for each partition once: partition 7 is listed twice"
+    );
+    pa.set_fetched(&[1, 0], vec![rows(1), rows(0)]).unwrap();
+    assert_eq!(
+        pa.tensors().unwrap()[1].to_array::<i32>().unwrap()[[0, 0]],
+        1
+    );
+}
+
 #[test]
 fn a_location_may_name_the_device_the_producer_reports_but_no_other() {
     // Data imported on kDLCPU (as its capsule says) whose producer's `__dlpack_device__`

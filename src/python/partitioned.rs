@@ -1137,7 +1137,8 @@ impl PyPartitioned {
     /// partition another thread fetched meanwhile keeps that thread's data. Returns the
     /// tensor each of `flats` now holds, for the Python `Partition` objects. `sources`: the
     /// objects the tensors were imported from, whose `__dlpack_device__` is asked where the
-    /// locations contradict a tensor's device (invariant 9 accepts the device it reports).
+    /// locations contradict a tensor's device (invariant 9 accepts the device it reports). A
+    /// partition listed twice is a `ValueError` naming it, and nothing changes.
     #[pyo3(signature = (flats, tensors, moved=false, sources=None))]
     fn set_fetched(
         &self,
@@ -1146,6 +1147,9 @@ impl PyPartitioned {
         moved: bool,
         sources: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Vec<PyTensor>> {
+        // Before anything: a partition listed twice is refused even where another thread's
+        // fetch filled it meanwhile (and the list would pass the core's check unseen).
+        self.inner().fetched_once(&flats).map_err(to_py)?;
         // Asked before the lock is taken: a producer's method may wait for a thread that
         // wants the lock.
         let mut reported = Vec::new();

@@ -205,6 +205,26 @@ def test_handles_handed_on_unfetched_resolve_through_the_producers_get():
     assert lazy.__partitioned__["get"] is dlpart.get  # nothing left to hand on
 
 
+def test_fetched_data_for_a_partition_listed_twice_is_refused_naming_it():
+    """The core's ``set_fetched`` (what `PartitionedArray.fetch` puts the fetched data in
+    with) refuses a partition listed twice, and keeps nothing: neither while the partition
+    holds its handle nor once it holds data (another thread's fetch)."""
+    ref = np.arange(8.0).reshape(4, 2)
+    get, _ = store_get(ref[:2], ref[2:])
+    pa = dlpart.from_partitioned({
+        "shape": (4, 2), "partition_tiling": (2, 1), "get": get,
+        "partitions": {(i, 0): {"start": (2 * i, 0), "shape": (2, 2), "data": Handle(i),
+                                "location": []} for i in range(2)}})
+    t = dlpart.from_dlpack(np.zeros((2, 2)))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"partition 1 at \(1, 0\) is listed twice"):
+            pa._core.set_fetched([1, 0, 1], [t, t, t])
+        if pa.partitions[(0, 0)].tensor is None:
+            assert [flat for flat, _ in pa._core.pending()] == [0, 1]
+            pa.fetch()
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), ref)
+
+
 def test_gather_and_scatter_fetch_only_the_partitions_holding_an_index():
     """As the guide says, handles are resolved only for the partitions an operation needs: a
     gather or scatter needs the slabs holding its indices (negative ones counted from the
