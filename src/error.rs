@@ -210,7 +210,7 @@ pub enum Error {
 
     /// Indices of a dtype that is no integer type (a float, bool or complex array): a
     /// `TypeError` in Python, as `numpy.take` raises for such an index array.
-    #[error("indices must have an integer dtype: {found}")]
+    #[error("{}", index_dtype_message(found))]
     IndexDType {
         /// The dtype of the indices given.
         found: crate::dtype::DType,
@@ -316,6 +316,12 @@ fn protocol_message(
         s.push_str(&format!(" (grid invariant {n})"));
     }
     s
+}
+
+/// The message of [`Error::IndexDType`] for indices of dtype `found`; also that of the
+/// Python layer for index arrays of dtypes dlpart has no type for (numpy's strings, objects).
+pub(crate) fn index_dtype_message(found: &dyn fmt::Display) -> String {
+    format!("indices must have an integer dtype: {found}")
 }
 
 fn bytes_text(bytes: usize) -> String {

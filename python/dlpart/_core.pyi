@@ -5,8 +5,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, final
 __all__ = [
     "__version__", "ProtocolError", "DeviceError", "BackendUnavailableError", "Device", "Tensor",
     "from_dlpack", "_tensor_from_bytes", "_PartitionedArray", "_validate_dict", "split_points",
-    "_plan_stats", "backend_status", "gather", "scatter", "PreparedGather", "PreparedScatter",
-    "prepare_gather", "prepare_scatter", "_testing", "set_num_threads",
+    "_plan_stats", "_indices_tensor", "backend_status", "gather", "scatter", "PreparedGather",
+    "PreparedScatter", "prepare_gather", "prepare_scatter", "_testing", "set_num_threads",
     "get_num_threads", "reload_log_levels", "_this_host", "_note_host_devices", "_MpiComm",
     "_spmd_from_local", "_spmd_with_ranks", "_spmd_repartition", "_spmd_repartition_into",
     "_spmd_assemble", "_spmd_fail", "_spmd_check", "_spmd_to", "_spmd_gather", "_spmd_scatter",
@@ -120,6 +120,7 @@ def _tensor_from_bytes(
 ) -> Tensor: ...
 def _validate_dict(d: Any) -> None: ...
 def _plan_stats(shape: Sequence[int], src_splits: Splits, dst_splits: Splits) -> Tuple[int, float]: ...
+def _indices_tensor(indices: Any) -> Tensor: ...
 
 LocationTuple = Tuple[Optional[str], Optional[int], Any, Optional[int]]
 

@@ -58,13 +58,13 @@ def _values(values, dtype: Optional[str]):
 
 
 def _indices(indices):
-    """Index arrays as given (any DLPack array; in native byte order, `_native`); one index (a Python or numpy int) as a 0-d
-    int64 array, which drops the axis as numpy does; Python sequences of ints as an int64
-    array; other sequences as the 1-d integer array numpy makes of them."""
-    if isinstance(indices, Tensor):
+    """Index arrays as given (any DLPack array: the extension reads one whose bytes are not in
+    native order through a copy, and names the dtype of one that is no integer array as the
+    caller wrote it); one index (a Python or numpy int) as a 0-d int64 array, which drops the
+    axis as numpy does; Python sequences of ints as an int64 array; other sequences as the 1-d
+    integer array numpy makes of them."""
+    if isinstance(indices, Tensor) or hasattr(indices, "__dlpack__"):
         return indices
-    if hasattr(indices, "__dlpack__"):
-        return _native(indices)
     import numpy as np
 
     one = isinstance(indices, int) and not isinstance(indices, bool)
@@ -107,8 +107,10 @@ def gather(x: Any, indices: Any, axis: int = 0,
     ``indices`` may be any 1-d integer DLPack array or a Python sequence, or one index (a
     Python or numpy int, a 0-d array), which drops the axis as numpy does: ``gather(x, 2)`` is
     ``x[2]``, and ``out`` then has ``x``'s shape without the axis. Indices of more axes raise
-    `ValueError`; indices that are no integers (floats, bools), in an array or a sequence,
-    raise `TypeError`, as ``numpy.take`` raises for a float index array. Negative indices and axes count from the end. An out-of-range index raises
+    `ValueError`; indices that are no integers (floats, bools, and arrays of the strings,
+    bytes, objects and datetimes DLPack cannot carry), in an array or a sequence, raise
+    `TypeError` naming the dtype, as ``numpy.take`` raises for a float index array. Negative
+    indices and axes count from the end. An out-of-range index raises
     `IndexError` before anything is written (numpy's ``mode='raise'``); an ``out`` that refers
     to some element more than once (a zero stride) raises `BufferError`, as it would make
     threads race. ``out`` is on ``x``'s device, or in host memory of any kind where ``x`` is

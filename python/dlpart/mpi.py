@@ -436,9 +436,7 @@ class SpmdArray(PartitionedArray):
         partition goes to the rank of the source partition holding its first element. An
         index out of range raises on every rank before anything moves. A rank's partitions
         live on one device (``transfer`` is accepted for the signature)."""
-        from ._functions import _indices
-
-        idx, ax = _checked(self.comm, lambda: (_as_tensor(_indices(indices)),
+        idx, ax = _checked(self.comm, lambda: (_core._indices_tensor(indices),
                                                _axis(axis, self.ndim)))
         core, traffic = _core._spmd_gather(self.comm, self._core, idx, ax)
         return SpmdArray._spmd(core, self.comm, traffic, self._framework)
@@ -458,10 +456,10 @@ class SpmdArray(PartitionedArray):
         broadcasts them, and scalars are read as it reads them; they are on each rank's
         device, or host values writing host memory of any kind in place (``transfer`` is
         accepted for the signature)."""
-        from ._functions import _indices, _values
+        from ._functions import _values
 
         v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_values(values, self.dtype)),
-                                                  _as_tensor(_indices(indices)),
+                                                  _core._indices_tensor(indices),
                                                   _axis(axis, self.ndim)))
         _core._spmd_scatter(self.comm, self._core, v, idx, ax)
 

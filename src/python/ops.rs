@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -136,13 +136,53 @@ pub(super) fn native_copy<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'
 /// scalar) through `dlpart._functions._indices`, as int64. Asked here rather than in the
 /// Python wrapper: its `hasattr(indices, "__dlpack__")` cost about 400 instructions
 /// (callgrind) on every call with an index array.
+///
+/// An index array of a dtype DLPack cannot carry (numpy's strings, bytes, objects, datetimes)
+/// is a `TypeError` naming the dtype, as one of a float dtype is ([`index_dtype_refusal`]).
 pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     static INDICES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if indices.cast::<PyTensor>().is_ok() || is_producer(indices)? {
-        return read_arg(indices);
+        return read_arg(indices).map_err(|e| index_dtype_refusal(indices, e));
     }
     let convert = INDICES.import(indices.py(), "dlpart._functions", "_indices")?;
     tensor_arg(&convert.call1((indices,))?)
+}
+
+/// The import of the index array `x` refused with `e`: for an array whose dtype is no integer
+/// type (numpy's `dtype.kind` is neither `'i'` nor `'u'`), whose producer refused it with a
+/// `BufferError` that does not say what is wrong with it as indices (numpy's, for the dtypes
+/// DLPack cannot carry: strings, bytes, objects, datetimes), the `TypeError` of
+/// [`crate::Error::IndexDType`], naming the dtype as the producer writes it, the producer's
+/// error chained as its cause; `e` otherwise. Looked at only when the import fails.
+fn index_dtype_refusal(x: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+    let py = x.py();
+    if !e.is_instance_of::<PyBufferError>(py) {
+        return e;
+    }
+    let Some(dtype) = x.getattr_opt(intern!(py, "dtype")).ok().flatten() else {
+        return e;
+    };
+    let kind = dtype
+        .getattr_opt(intern!(py, "kind"))
+        .ok()
+        .flatten()
+        .and_then(|k| k.extract::<String>().ok());
+    match kind.as_deref() {
+        Some(k) if k != "i" && k != "u" => {
+            let name = dtype.str().map_or_else(|_| k.to_owned(), |s| s.to_string());
+            let refused = PyTypeError::new_err(crate::error::index_dtype_message(&name));
+            refused.set_cause(py, Some(e));
+            refused
+        }
+        _ => e,
+    }
+}
+
+/// `indices` as [`indices_arg`] reads them, for the Python layer's own calls (the SPMD
+/// `gather` and `scatter`, which read them before the ranks agree).
+#[pyfunction]
+fn _indices_tensor(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+    indices_arg(indices)
 }
 
 /// A scatter's `values` as a tensor: a dlpart tensor or any DLPack array as [`read_arg`] reads
@@ -268,6 +308,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_plan_stats, m)?)?;
     m.add_function(wrap_pyfunction!(backend_status, m)?)?;
     m.add_function(wrap_pyfunction!(gather, m)?)?;
+    m.add_function(wrap_pyfunction!(_indices_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(scatter, m)?)?;
     Ok(())
 }

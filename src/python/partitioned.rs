@@ -1301,7 +1301,7 @@ impl PyPartitioned {
         axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
-        let (pa, idx) = (self.inner(), super::ops::read_arg(indices)?.inner);
+        let (pa, idx) = (self.inner(), super::ops::indices_arg(indices)?.inner);
         let axis = axis_arg("gather", axis, pa.ndim(), "array")?;
         py.detach(|| pa.gather(&idx, axis, transfer))
             .map(wrap)
@@ -1318,7 +1318,7 @@ impl PyPartitioned {
         axis: i64,
         op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
-        let (pa, idx) = (self.inner(), super::ops::read_arg(indices)?.inner);
+        let (pa, idx) = (self.inner(), super::ops::indices_arg(indices)?.inner);
         let axis = axis_arg(op, axis, pa.ndim(), "array")?;
         py.detach(|| pa.serving(&idx, axis)).map_err(to_py)
     }
@@ -1335,7 +1335,7 @@ impl PyPartitioned {
     ) -> PyResult<()> {
         let pa = self.inner();
         let v = super::ops::values_arg(values, pa.dtype())?.inner;
-        let idx = super::ops::read_arg(indices)?.inner;
+        let idx = super::ops::indices_arg(indices)?.inner;
         let axis = axis_arg("scatter", axis, pa.ndim(), "array")?;
         py.detach(|| pa.scatter(&v, &idx, axis, transfer))
             .map_err(to_py)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import dlpart
+from dlpart import _core
 from dlpart._core import _testing
 from test_props_partitioned import DTYPES, Producer, random_array, same, to_numpy
 
@@ -389,6 +390,32 @@ def test_indices_must_be_one_index_or_a_1d_integer_array():
         assert (np.from_dlpack(pa.assemble()) == x).all()
     with pytest.raises(ValueError, match="axis 1 is out of range"):
         dlpart.gather(x, np.array([0]), axis=1)
+
+
+def test_index_arrays_of_dtypes_dlpack_cannot_carry_are_type_errors_naming_the_dtype():
+    """numpy refuses to export strings, bytes, objects and datetimes through DLPack with a
+    BufferError that says nothing of indices: dlpart raises the TypeError of any index array
+    that is no integer one, naming the dtype, on every path, writing nothing; numpy's error
+    is the cause."""
+    x = np.arange(6.0)
+    with pytest.raises(TypeError):
+        np.take(x, np.array(["0"]))  # numpy will not cast strings into indices either
+    for idx, name in [(np.array(["0", "1"]), "<U1"), (np.array([b"0"]), "|S1"),
+                      (np.array([0, 1], dtype=object), "object"),
+                      (np.array(["2020-01-01"], dtype="datetime64[D]"), "datetime64[D]"),
+                      (np.array(["0"], dtype=">U1"), ">U1"), (np.array("1"), "<U1")]:
+        pa = dlpart.partition(x.copy(), (2,))
+        out = x.copy()
+        for call in (lambda: dlpart.gather(x, idx), lambda: _core.gather(x, idx, 0, None),
+                     lambda: pa.gather(idx), lambda: dlpart.gather(x, idx, out=np.zeros(1)),
+                     lambda: dlpart.scatter(-1.0, idx, out), lambda: pa.scatter(-1.0, idx),
+                     lambda: dlpart.prepare_gather(x, idx),
+                     lambda: dlpart.prepare_scatter(-1.0, idx, out)):
+            with pytest.raises(TypeError) as e:
+                call()
+            assert str(e.value) == f"indices must have an integer dtype: {name}", e.value
+            assert isinstance(e.value.__cause__, BufferError), e.value.__cause__
+        assert (np.from_dlpack(pa.assemble()) == x).all() and (out == x).all()
 
 
 @settings(max_examples=100, **SETTINGS)
