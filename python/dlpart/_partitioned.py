@@ -491,7 +491,8 @@ def _native_devices(devices) -> bool:
 
 
 def _opt_list(x, what: str = "tiling"):
-    """A list of non-negative ints; an int is a one-entry list (numpy's 1-d shorthand)."""
+    """A list of non-negative ints; an int is a one-entry list (numpy's 1-d shorthand). An
+    entry below 0 or beyond 64 bits is a `ValueError` naming ``what`` and the entry."""
     if x is None:
         return None
     v = _int_scalar(x)
@@ -503,8 +504,8 @@ def _opt_list(x, what: str = "tiling"):
             raise ValueError(f"{what} {tuple(items)} has the negative entry {v}: every entry "
                              "must be >= 0")
         if v >= 1 << 64:
-            raise OverflowError(f"{what} {tuple(items)} has the entry {v}, which does not fit "
-                                f"in 64 bits")
+            raise ValueError(f"{what} {tuple(items)} has the entry {v}, which does not fit in "
+                             "64 bits")
         out.append(v)
     return out
 

@@ -179,7 +179,7 @@ def _checked(comm, make):
 
 def _index(x, what: str) -> int:
     """``x`` as an int (anything with ``__index__``) within 64 bits, or a TypeError naming the
-    argument (an OverflowError beyond 64 bits)."""
+    argument (a ValueError naming it and the value beyond 64 bits)."""
     import operator
 
     try:
@@ -187,7 +187,7 @@ def _index(x, what: str) -> int:
     except TypeError:
         raise TypeError(f"{what} must be an integer, not {type(x).__name__} {x!r}") from None
     if not -(1 << 63) <= v < 1 << 64:
-        raise OverflowError(f"{what} {v} does not fit in 64 bits")
+        raise ValueError(f"{what} {v} does not fit in 64 bits")
     return v
 
 

@@ -1,9 +1,11 @@
 //! `dlpart.Device`.
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use crate::device::Device;
+use crate::error::Error;
 
 use super::errors::{to_py, DeviceError};
 
@@ -29,8 +31,10 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
         return s.parse().map_err(to_py);
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        if let Ok((kind, id)) = t.extract::<(i32, i32)>() {
-            return Device::from_dlpack(kind, id).map_err(to_py);
+        match pair_arg(t) {
+            Ok((kind, id)) => return Device::from_dlpack(kind, id).map_err(to_py),
+            Err(e) if e.is_instance_of::<DeviceError>(obj.py()) => return Err(e),
+            Err(_) => {}
         }
     }
     Err(DeviceError::new_err(format!(
@@ -38,6 +42,26 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<Device> {
          (type, id) pair",
         obj.repr().map(|r| r.to_string()).unwrap_or_default()
     )))
+}
+
+/// `obj` as a DLPack `(type, id)` pair of ints, as pyo3 reads it, except that an int beyond
+/// 32 bits is an [`crate::Error::InvalidDevice`] naming it, where pyo3 raises a bare
+/// `OverflowError`.
+fn pair_arg(obj: &Bound<'_, PyAny>) -> PyResult<(i32, i32)> {
+    super::ints::located(obj.extract(), obj.py(), || {
+        for (i, what) in ["type", "id"].into_iter().enumerate() {
+            let x = obj.get_item(i)?;
+            if x.extract::<i32>()
+                .is_err_and(|e| e.is_instance_of::<PyOverflowError>(obj.py()))
+            {
+                return Err(to_py(Error::InvalidDevice {
+                    text: super::partitioned::described(obj),
+                    reason: format!("the device {what} {x} does not fit in 32 bits"),
+                }));
+            }
+        }
+        Ok(())
+    })
 }
 
 /// [`device_arg`] for a device data is to be put on here (a target, a `device=` argument):
@@ -69,7 +93,10 @@ impl PyDevice {
 
     /// The device from a DLPack `(type, id)` pair, as `__dlpack_device__` returns it.
     #[classmethod]
-    fn from_dlpack(_cls: &Bound<'_, PyType>, pair: (i32, i32)) -> PyResult<Self> {
+    fn from_dlpack(
+        _cls: &Bound<'_, PyType>,
+        #[pyo3(from_py_with = pair_arg)] pair: (i32, i32),
+    ) -> PyResult<Self> {
         Device::from_dlpack(pair.0, pair.1)
             .map(PyDevice)
             .map_err(to_py)

@@ -8,6 +8,7 @@ mod device;
 mod distarray;
 mod dlpack_call;
 mod errors;
+mod ints;
 mod location;
 mod ops;
 mod partitioned;

@@ -210,7 +210,7 @@ fn gather(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
-    axis: i64,
+    #[pyo3(from_py_with = super::ints::axis)] axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyTensor> {
     let (x, idx) = (read_arg(x)?, indices_arg(indices)?);
@@ -236,7 +236,7 @@ fn scatter(
     values: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    axis: i64,
+    #[pyo3(from_py_with = super::ints::axis)] axis: i64,
 ) -> PyResult<()> {
     let o = in_place_arg(out, "out", "scatter writes out in place")?;
     let (v, idx) = (
@@ -277,7 +277,7 @@ fn detach_unless_small<T: Send>(
 /// so a late call asking for another size raises `RuntimeError` (the size it already has is
 /// accepted).
 #[pyfunction]
-fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
+fn set_num_threads(py: Python<'_>, #[pyo3(from_py_with = threads)] n: i64) -> PyResult<()> {
     if n < 1 {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "set_num_threads: n must be >= 1, got {n}"
@@ -286,6 +286,11 @@ fn set_num_threads(py: Python<'_>, n: i64) -> PyResult<()> {
     let n = usize::try_from(n)?;
     py.detach(|| crate::backend::cpu::set_num_threads(n))
         .map_err(to_py)
+}
+
+/// `set_num_threads`'s `n`.
+fn threads(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    super::ints::int(obj, "n", super::ints::Refusal::Value)
 }
 
 /// The number of threads dlpart's CPU kernels use; asking starts the pool, fixing its size.
@@ -297,8 +302,13 @@ fn get_num_threads(py: Python<'_>) -> usize {
 /// Makes `kDLCPU:0` to `kDLCPU:count-1` valid targets here: the host devices a framework
 /// emulates (the JAX adapter calls it with JAX's CPU devices).
 #[pyfunction]
-fn _note_host_devices(count: i32) {
+fn _note_host_devices(#[pyo3(from_py_with = host_devices)] count: i32) {
     crate::backend::note_host_devices(count);
+}
+
+/// `_note_host_devices`'s `count`.
+fn host_devices(obj: &Bound<'_, PyAny>) -> PyResult<i32> {
+    super::ints::int(obj, "count", super::ints::Refusal::Value)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -28,6 +28,7 @@ use crate::plan::Plan;
 
 use super::device::{device_arg, import_device_arg, target_device_arg, PyDevice};
 use super::errors::{to_py, BackendUnavailableError, DeviceError, ProtocolError};
+use super::ints::{self, Refusal};
 use super::location::{framework_device, LocationReader};
 use super::tensor::{
     axis_arg, import_producer, is_numpy_array, is_producer, non_negative, source_device, PyTensor,
@@ -785,9 +786,9 @@ fn _validate_dict(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (shape, tiling=None, *, splits=None))]
 fn split_points(
-    shape: Vec<i64>,
-    tiling: Option<Vec<i64>>,
-    splits: Option<Vec<Vec<usize>>>,
+    #[pyo3(from_py_with = super::tensor::shape_arg)] shape: Vec<i64>,
+    #[pyo3(from_py_with = tiling_arg)] tiling: Option<Vec<i64>>,
+    #[pyo3(from_py_with = splits_arg)] splits: Option<Vec<Vec<usize>>>,
 ) -> PyResult<Vec<Vec<usize>>> {
     let shape = non_negative("split_points", "shape", &shape)?;
     let grid = match (tiling, splits) {
@@ -801,6 +802,76 @@ fn split_points(
         (None, None) => return Err(PyValueError::new_err("split_points needs tiling or splits")),
     };
     Ok(grid.map_err(to_py)?.splits().to_vec())
+}
+
+/// A `tiling` argument (of `split_points`), or None.
+fn tiling_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<i64>>> {
+    ints::optional(obj, |t| ints::ints(t, "tiling", Refusal::Value))
+}
+
+/// A `splits` argument (of `split_points`, `_PartitionedArray.from_parts`), or None.
+fn splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
+    ints::optional(obj, |s| ints::int_lists(s, "splits", Refusal::Value))
+}
+
+/// The `positions` of `_PartitionedArray.pending`, or None.
+fn positions_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
+    ints::optional(obj, |p| ints::int_lists(p, "positions", Refusal::Index))
+}
+
+/// The `shape` of `_PartitionedArray.from_parts`.
+fn sizes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    ints::ints(obj, "shape", Refusal::Value)
+}
+
+/// The `splits` of `_PartitionedArray.from_parts`.
+fn split_lists_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
+    ints::int_lists(obj, "splits", Refusal::Value)
+}
+
+/// The `locals` of `_PartitionedArray.from_parts`, or None.
+fn locals_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
+    ints::optional(obj, |l| ints::int_lists(l, "locals", Refusal::Value))
+}
+
+/// One partition of `_PartitionedArray.from_parts`: `(position, start, shape, tensor, handle,
+/// locations)`, locations as `(host, pid, device, rank)`.
+type Part<'py> = (
+    Vec<usize>,
+    Vec<usize>,
+    Vec<usize>,
+    Option<PyTensor>,
+    Option<Py<PyAny>>,
+    Vec<(Option<String>, Option<i64>, Bound<'py, PyAny>, Option<i64>)>,
+);
+
+/// The `parts` of `_PartitionedArray.from_parts` (what `PartitionedArray(shape, splits,
+/// partitions)` gives it): an int out of range is named by the partition's position, the
+/// key of its entry in `partitions`.
+fn parts_arg<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<Part<'py>>> {
+    ints::located(obj.extract(), obj.py(), || {
+        for part in obj.try_iter()? {
+            let part = part?;
+            let part = part.cast::<PyTuple>()?;
+            let position = part.get_item(0)?;
+            let at = format!("partitions[{}]", described(&position));
+            ints::ints::<usize>(&position, &format!("{at}.position"), Refusal::Index)?;
+            ints::ints::<usize>(&part.get_item(1)?, &format!("{at}.start"), Refusal::Value)?;
+            ints::ints::<usize>(&part.get_item(2)?, &format!("{at}.shape"), Refusal::Value)?;
+            for (k, location) in part.get_item(5)?.try_iter()?.enumerate() {
+                let location = location?;
+                let location = location.cast::<PyTuple>()?;
+                for (i, field) in [(1, "pid"), (3, "rank")] {
+                    let v = location.get_item(i)?;
+                    if !v.is_none() {
+                        let name = format!("{at}.locations[{k}].{field}");
+                        ints::int::<i64>(&v, &name, Refusal::Value)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// The target layout named by the Python `repartition` arguments.
@@ -904,18 +975,11 @@ impl PyPartitioned {
     #[pyo3(signature = (shape, splits, parts, dtype=None, locals=None))]
     #[allow(clippy::type_complexity)]
     fn from_parts(
-        shape: Vec<usize>,
-        splits: Vec<Vec<usize>>,
-        parts: Vec<(
-            Vec<usize>,
-            Vec<usize>,
-            Vec<usize>,
-            Option<PyTensor>,
-            Option<Py<PyAny>>,
-            Vec<(Option<String>, Option<i64>, Bound<'_, PyAny>, Option<i64>)>,
-        )>,
+        #[pyo3(from_py_with = sizes_arg)] shape: Vec<usize>,
+        #[pyo3(from_py_with = split_lists_arg)] splits: Vec<Vec<usize>>,
+        #[pyo3(from_py_with = parts_arg)] parts: Vec<Part<'_>>,
         dtype: Option<Bound<'_, PyAny>>,
-        locals: Option<Vec<Vec<usize>>>,
+        #[pyo3(from_py_with = locals_arg)] locals: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Self> {
         let dtype = dtype.map(|d| stated_dtype(&d)).transpose()?;
         let grid = Grid::from_splits(&shape, splits).map_err(to_py)?;
@@ -1110,7 +1174,7 @@ impl PyPartitioned {
     fn pending(
         &self,
         py: Python<'_>,
-        positions: Option<Vec<Vec<usize>>>,
+        #[pyo3(from_py_with = positions_arg)] positions: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Vec<(usize, Py<PyAny>)>> {
         let pa = self.inner();
         let mut flats = pa.pending(positions.as_deref()).map_err(to_py)?;
@@ -1298,7 +1362,7 @@ impl PyPartitioned {
         &self,
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
-        axis: i64,
+        #[pyo3(from_py_with = super::ints::axis)] axis: i64,
         transfer: bool,
     ) -> PyResult<Self> {
         let (pa, idx) = (self.inner(), super::ops::indices_arg(indices)?.inner);
@@ -1315,7 +1379,7 @@ impl PyPartitioned {
         &self,
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
-        axis: i64,
+        #[pyo3(from_py_with = super::ints::axis)] axis: i64,
         op: &str,
     ) -> PyResult<Vec<Vec<usize>>> {
         let (pa, idx) = (self.inner(), super::ops::indices_arg(indices)?.inner);
@@ -1330,7 +1394,7 @@ impl PyPartitioned {
         py: Python<'_>,
         values: &Bound<'_, PyAny>,
         indices: &Bound<'_, PyAny>,
-        axis: i64,
+        #[pyo3(from_py_with = super::ints::axis)] axis: i64,
         transfer: bool,
     ) -> PyResult<()> {
         let pa = self.inner();

@@ -86,7 +86,7 @@ fn prepare_gather(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
-    axis: i64,
+    #[pyo3(from_py_with = super::ints::axis)] axis: i64,
     out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPreparedGather> {
     let x = in_place_arg(x, "x", "a prepared gather reads x itself at each call")?;
@@ -110,7 +110,7 @@ fn prepare_scatter(
     values: &Bound<'_, PyAny>,
     indices: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    axis: i64,
+    #[pyo3(from_py_with = super::ints::axis)] axis: i64,
 ) -> PyResult<PyPreparedScatter> {
     let o = in_place_arg(
         out,

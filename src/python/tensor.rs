@@ -290,7 +290,11 @@ impl PyTensor {
     }
 
     /// A zero-copy view of the box `start .. start + shape`.
-    fn view(&self, start: Vec<i64>, shape: Vec<i64>) -> PyResult<Self> {
+    fn view(
+        &self,
+        #[pyo3(from_py_with = start_arg)] start: Vec<i64>,
+        #[pyo3(from_py_with = shape_arg)] shape: Vec<i64>,
+    ) -> PyResult<Self> {
         let start = non_negative("view", "start", &start)?;
         let shape = non_negative("view", "shape", &shape)?;
         self.inner
@@ -321,7 +325,7 @@ impl PyTensor {
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(i64, i64)>,
+        #[pyo3(from_py_with = super::ints::max_version)] max_version: Option<(i64, i64)>,
         dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -459,7 +463,7 @@ impl PyTensor {
 #[pyfunction]
 pub fn _tensor_from_bytes(
     data: &[u8],
-    shape: Vec<i64>,
+    #[pyo3(from_py_with = shape_arg)] shape: Vec<i64>,
     dtype: &str,
     device: &str,
     readonly: bool,
@@ -476,6 +480,16 @@ pub fn _tensor_from_bytes(
         .and_then(|t| t.with_readonly(readonly))
         .map_err(to_py)?;
     Ok(PyTensor::new(t))
+}
+
+/// A `start` argument (of `Tensor.view`).
+fn start_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    super::ints::ints(obj, "start", super::ints::Refusal::Value)
+}
+
+/// A `shape` argument (of `Tensor.view`, `split_points`, `_tensor_from_bytes`).
+pub(super) fn shape_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    super::ints::ints(obj, "shape", super::ints::Refusal::Value)
 }
 
 /// Why numpy cannot hold elements of `dtype` (it has no bfloat16 or float8 types), or

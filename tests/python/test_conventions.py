@@ -1,9 +1,12 @@
 """Conventions users know from numpy and the frameworks, wherever dlpart looks like them."""
 
+import re
+
 import numpy as np
 import pytest
 
 import dlpart
+from dlpart import Location, _core
 
 
 @pytest.mark.parametrize("name, expect", [
@@ -99,3 +102,100 @@ def test_what_numpy_cannot_hold_and_what_has_no_axis_are_named():
         dlpart.gather(np.array(1.0), [0])
     with pytest.raises(TypeError, match="writes into a dlpart.PartitionedArray, not ndarray"):
         dlpart.partition(np.zeros((3, 4)), (2, 1)).repartition_into(np.zeros((3, 4)))
+
+
+I64 = r"\(expected an int from -9223372036854775808 to 9223372036854775807\)"
+U64 = r"\(expected an int from 0 to 18446744073709551615\)"
+
+
+def big_int_calls(big):
+    """``(call, error class, message)`` for each int argument the extension reads into a Rust
+    integer, given the int ``big`` (2**70 or -(2**70)), which no Rust integer type holds."""
+    x = np.arange(12.0).reshape(3, 4)
+    t = dlpart.from_dlpack(x)
+    pa = dlpart.partition(x.copy(), (3, 1))
+    one = dlpart.from_dlpack(np.zeros(3))
+
+    def part(position=(0,), start=(0,), shape=(3,), locations=()):
+        return {tuple(position): dlpart.Partition(position, start, shape, locations, one)}
+
+    def made(shape=(3,), splits=((0, 3),), partitions=None, locals=None):
+        return lambda: dlpart.PartitionedArray(shape, splits, partitions or part(),
+                                               locals=locals)
+
+    b, v = big, re.escape(str(big))
+    neg = big < 0
+    in_u64 = "" if neg else rf"(\w+ )?{v}.*64 bits"  # what _opt_list says of a large entry
+    return [
+        (lambda: dlpart.gather(x, [0], axis=b), ValueError, rf"^axis: {v} is out of range {I64}$"),
+        (lambda: dlpart.scatter(0.0, [0], x.copy(), axis=b), ValueError, rf"^axis: {v} "),
+        (lambda: dlpart.prepare_gather(x, [0], axis=b), ValueError, rf"^axis: {v} "),
+        (lambda: dlpart.prepare_scatter(0.0, [0], x.copy(), axis=b), ValueError, rf"^axis: {v} "),
+        (lambda: pa.gather([0], axis=b), ValueError, rf"^axis: {v} "),
+        (lambda: pa.scatter(0.0, [0], axis=b), ValueError, rf"^axis: {v} "),
+        (lambda: t.__dlpack__(max_version=(b, 0)), ValueError,
+         rf"^max_version\[0\]: {v} is out of range {I64}$"),
+        (lambda: t.__dlpack__(max_version=(1, b)), ValueError, rf"^max_version\[1\]: {v} is out"),
+        (lambda: t.__dlpack__(max_version=(1, 0), dl_device=(1, b)), dlpart.DeviceError,
+         rf"the device id {v} does not fit in 32 bits"),
+        (lambda: t.__dlpack__(max_version=(1, 0), dl_device=(b, 0)), dlpart.DeviceError,
+         rf"the device type {v} does not fit in 32 bits"),
+        (lambda: dlpart.Device((1, b)), dlpart.DeviceError,
+         rf'^invalid device "\(1, {v}\)": the device id {v} does not fit in 32 bits$'),
+        (lambda: dlpart.Device.from_dlpack((b, 0)), dlpart.DeviceError,
+         rf"the device type {v} does not fit"),
+        (lambda: dlpart.from_dlpack(x, device=(1, b)), dlpart.DeviceError, rf"device id {v} "),
+        (lambda: t.to((1, b)), dlpart.DeviceError, rf"device id {v} "),
+        (lambda: dlpart.backend_status((1, b)), dlpart.DeviceError, rf"device id {v} "),
+        (lambda: t.view((b, 0), (1, 1)), ValueError, rf"^start\[0\]: {v} is out of range {I64}$"),
+        (lambda: t.view((0, 0), (1, b)), ValueError, rf"^shape\[1\]: {v} is out of range"),
+        (lambda: dlpart.set_num_threads(b), ValueError, rf"^n: {v} is out of range"),
+        (lambda: dlpart.split_points((b,), (1,)), ValueError, rf"^shape\[0\]: {v} is out"),
+        (lambda: dlpart.split_points((4,), (b,)), ValueError, rf"^tiling\[0\]: {v} is out"),
+        (lambda: dlpart.split_points((4,), splits=[[0, b, 4]]), ValueError,
+         rf"^splits\[0\]\[1\]: {v} is out of range {U64}$"),
+        (lambda: pa.fetch([(0, 0), (b, 0)]), IndexError,
+         rf"^positions\[1\]\[0\]: {v} is out of range {U64}$"),
+        (lambda: _core._tensor_from_bytes(b"", (b,), "float64", "kDLCPU", False), ValueError,
+         rf"^shape\[0\]: {v} is out"),
+        (lambda: _core._note_host_devices(b), ValueError, rf"^count: {v} is out of range"),
+        (made(shape=(b,)), ValueError, rf"^shape\[0\]: {v} is out of range {U64}$"),
+        (made(splits=((0, b),)), ValueError, rf"^splits\[0\]\[1\]: {v} is out"),
+        (made(partitions=part(start=(b,))), ValueError,
+         rf"^partitions\[\(0,\)\]\.start\[0\]: {v} is out of range {U64}$"),
+        (made(partitions=part(shape=(b,))), ValueError, rf"^partitions\[\(0,\)\]\.shape\[0\]: "),
+        (made(partitions=part(position=(b,))), IndexError,
+         rf"^partitions\[\({v},\)\]\.position\[0\]: {v} is out"),
+        (made(partitions=part(locations=[Location("h", b, dlpart.Device("cpu"))])), ValueError,
+         rf"^partitions\[\(0,\)\]\.locations\[0\]\.pid: {v} is out of range {I64}$"),
+        (made(partitions=part(locations=[Location(None, None, dlpart.Device("cpu"), b)])),
+         ValueError, rf"^partitions\[\(0,\)\]\.locations\[0\]\.rank: {v} is out"),
+        (made(locals=[(b,)]), ValueError, rf"^locals\[0\]\[0\]: {v} is out"),
+        # Read in Python first: negative entries and entries beyond 64 bits named there.
+        (lambda: dlpart.partition(x, (b, 1)), ValueError, rf"^tiling \({v}, 1\) has the {in_u64}"),
+        (lambda: pa.repartition((b, 1)), ValueError, rf"^tiling \({v}, 1\) has the "),
+        (lambda: pa.repartition(splits=[[0, b, 3], [0, 4]]), ValueError,
+         rf"^split points \(0, {v}, 3\) has the "),
+        (lambda: pa.repartition(block_cyclic=b, devices=["cpu"]), ValueError,
+         rf"^block_cyclic \({v},\) has the "),
+        (lambda: pa.repartition((3, 1), devices=["cpu"], process_grid=(b, 1)), ValueError,
+         rf"^process_grid \({v}, 1\) has the "),
+    ]
+
+
+@pytest.mark.parametrize("big", [2**70, -(2**70)])
+def test_ints_beyond_the_rust_types_are_named_errors_not_overflow_errors(big):
+    """pyo3's conversion of an int too large for its Rust type raises a bare OverflowError
+    ("Python int too large to convert to C long"): every int argument is read so that such an
+    int is a ValueError (an IndexError for positions, a DeviceError in a device) naming the
+    argument and the value."""
+    for call, cls, message in big_int_calls(big):
+        with pytest.raises(Exception) as info:
+            call()
+        e = info.value
+        assert type(e) is cls and re.search(message, str(e)), (message, repr(e))
+    # What is no int at all is still pyo3's TypeError, naming the argument.
+    with pytest.raises(TypeError, match="argument 'axis': 'float' object cannot be interpreted"):
+        dlpart.gather(np.zeros(3), [0], axis=1.0)
+    with pytest.raises(TypeError, match="argument 'max_version': 'list' object cannot be cast"):
+        dlpart.from_dlpack(np.zeros(3)).__dlpack__(max_version=[1, 0])

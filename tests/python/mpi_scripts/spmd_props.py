@@ -386,11 +386,16 @@ def one_rank_arguments(a, a2, out, ro):
          "rank 1: indices must have an integer dtype: object"),
         # Values pyo3 could not convert failed on that rank alone, before the collective call.
         ("a tiling entry beyond 64 bits", lambda: a.repartition((2**64 if odd else 2, 1)),
-         OverflowError, "rank 1: tiling (18446744073709551616, 1) has the entry"),
+         ValueError, "rank 1: tiling (18446744073709551616, 1) has the entry"),
         ("a start beyond 64 bits", lambda: dlpart.mpi.from_local(
-            {((2**64, 0) if odd else (2 * rank, 0)): part}, comm), OverflowError, "rank 1: start"),
+            {((2**64, 0) if odd else (2 * rank, 0)): part}, comm), ValueError, "rank 1: start"),
         ("an axis beyond 64 bits", lambda: dlpart.mpi.from_local(
-            part, comm, axis=2**64 if odd else 0), OverflowError, "rank 1: axis"),
+            part, comm, axis=2**64 if odd else 0), ValueError,
+         "rank 1: axis 18446744073709551616 does not fit in 64 bits"),
+        ("a root beyond 64 bits", lambda: a.assemble(root=-(2**70) if odd else 0), ValueError,
+         "rank 1: root -1180591620717411303424 does not fit in 64 bits"),
+        ("an axis beyond 64 bits to gather", lambda: a.gather([0], axis=2**70 if odd else 0),
+         ValueError, "rank 1: axis 1180591620717411303424 is out of range"),
         ("a program's error whose str() raises",
          lambda: a.repartition((BadIndex(NoStr()) if odd else 2, 1)), ValueError,
          "rank 1: NoStr: (a NoStr whose str() raised)"),
