@@ -5,8 +5,10 @@
 //! host memory it claims the byte ranges it will touch, and [`Tensor::as_array`] (reading) and
 //! [`Tensor::as_array_mut`] (writing) claim the range of their view for as long as the view
 //! lives. A claim that would write memory another live claim reads or writes, or read memory
-//! another writes, is refused with [`Error::Buffer`] naming the range: concurrent readers
-//! share, a writer is alone. Nothing waits, so a thread can never block on a claim it holds
+//! another writes, is refused with [`Error::Buffer`] naming both sides: the operation, the
+//! tensor and what it is to the operation (a [`Role`]: `output`, `target partition 3`) on
+//! this side, the operation and role on the other, and the bytes they share. Concurrent
+//! readers share, a writer is alone. Nothing waits, so a thread can never block on a claim it holds
 //! itself (a view it still holds, or a kernel it called from inside another operation's
 //! work).
 //!
@@ -19,6 +21,7 @@
 //! never dereferenced by the host, and memory a foreign framework shares (numpy's view of a
 //! DLPack export) is that framework's to synchronise, as in any DLPack exchange.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -26,16 +29,90 @@ use crate::error::{Error, Result};
 use crate::overlap::{self, Run};
 use crate::tensor::{Axes, Tensor};
 
-/// A byte range `[lo, hi)` and whether the claim writes it.
+/// What a claimed tensor is to the operation claiming it, as a conflict names it: `output`,
+/// `source partition 3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Role {
+    what: &'static str,
+    index: Option<usize>,
+}
+
+impl Role {
+    /// The role `what`: `"output"`.
+    pub(crate) const fn new(what: &'static str) -> Self {
+        Role { what, index: None }
+    }
+
+    /// The role `what` numbered `index`: `"target partition"` 3.
+    pub(crate) const fn nth(what: &'static str, index: usize) -> Self {
+        Role {
+            what,
+            index: Some(index),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{} {i}", self.what),
+            None => f.write_str(self.what),
+        }
+    }
+}
+
+/// `tensors` numbered in order as `what` 0, 1, ...: the partitions of an operation.
+pub(crate) fn numbered<'a>(
+    what: &'static str,
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+) -> impl Iterator<Item = (Role, &'a Tensor)> {
+    let role = move |(i, t)| (Role::nth(what, i), t);
+    tensors.into_iter().enumerate().map(role)
+}
+
+/// A byte range `[lo, hi)`, whether the claim writes it, and what the tensor it covers is to
+/// the claiming operation.
 #[derive(Clone, Copy, Debug)]
 struct Range {
     lo: usize,
     hi: usize,
     write: bool,
+    role: Role,
+}
+
+/// The tensor a range of a claim being made covers, for its error: the operation's own
+/// tensors are at hand then, so a claim keeps none of them.
+#[derive(Clone, Copy)]
+enum Mine<'a> {
+    /// A whole tensor.
+    Tensor(&'a Tensor),
+    /// The box `.2` elements from element `.1` of a tensor.
+    Box(&'a Tensor, &'a [usize], &'a [usize]),
+    /// Raw bytes (the claims of tests).
+    #[cfg(test)]
+    Bytes,
+}
+
+impl fmt::Display for Mine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mine::Tensor(t) => write!(f, "{t:?}"),
+            Mine::Box(t, start, shape) => write!(
+                f,
+                "the box of shape {} at {} of {t:?}",
+                crate::error::tuple_string(shape),
+                crate::error::tuple_string(start)
+            ),
+            #[cfg(test)]
+            Mine::Bytes => f.write_str("bytes"),
+        }
+    }
 }
 
 struct Entry {
     id: u64,
+    /// The operation, for the errors of claims that meet this one.
+    op: &'static str,
     /// The smallest range holding every one of `ranges`, for a quick first test.
     bounds: (usize, usize),
     ranges: Vec<Range>,
@@ -119,10 +196,11 @@ impl Drop for Scope {
 
 /// [`tensors`] held as a [`Scope`] of this thread.
 pub(crate) fn scope<'a>(
-    reads: impl IntoIterator<Item = &'a Tensor>,
-    writes: impl IntoIterator<Item = &'a Tensor>,
+    op: &'static str,
+    reads: impl IntoIterator<Item = (Role, &'a Tensor)>,
+    writes: impl IntoIterator<Item = (Role, &'a Tensor)>,
 ) -> Result<Scope> {
-    let claim = tensors(reads, writes)?;
+    let claim = tensors(op, reads, writes)?;
     if let Some(id) = claim.id {
         SCOPES.with(|s| s.borrow_mut().push(id));
     }
@@ -175,9 +253,13 @@ pub(crate) fn span(t: &Tensor) -> Option<(usize, usize)> {
     Some((base.wrapping_add_signed(lo), base.wrapping_add_signed(hi)))
 }
 
+/// One range of a claim being made: the range, the elements it claims when it does not
+/// claim them all, and the tensor it covers.
+type Part<'a> = (Range, Option<Elements>, Mine<'a>);
+
 /// The range `t` spans, with `t`'s elements when they leave gaps in it: the range then
 /// claims those only.
-fn part(t: &Tensor, write: bool) -> Option<(Range, Option<Elements>)> {
+fn part<'a>(t: &Tensor, write: bool, role: Role, mine: Mine<'a>) -> Option<Part<'a>> {
     let (lo, hi) = span(t)?;
     let gapped = (!t.is_contiguous()).then(|| Elements {
         data: t.data_ptr() as usize,
@@ -185,21 +267,31 @@ fn part(t: &Tensor, write: bool) -> Option<(Range, Option<Elements>)> {
         shape: t.shape().into(),
         strides: t.strides().into(),
     });
-    Some((Range { lo, hi, write }, gapped))
+    let range = Range {
+        lo,
+        hi,
+        write,
+        role,
+    };
+    Some((range, gapped, mine))
 }
 
 /// Claims the elements of `reads` for reading and of `writes` for writing (see the module
-/// docs). A claim's tensors may share memory (a kernel that reads what it writes orders that
-/// itself).
+/// docs), for the operation `op`, each with its [`Role`] there. A claim's tensors may share
+/// memory (a kernel that reads what it writes orders that itself).
 pub(crate) fn tensors<'a>(
-    reads: impl IntoIterator<Item = &'a Tensor>,
-    writes: impl IntoIterator<Item = &'a Tensor>,
+    op: &'static str,
+    reads: impl IntoIterator<Item = (Role, &'a Tensor)>,
+    writes: impl IntoIterator<Item = (Role, &'a Tensor)>,
 ) -> Result<Claim> {
+    let side =
+        |write: bool| move |(role, t): (Role, &'a Tensor)| part(t, write, role, Mine::Tensor(t));
     claim(
+        op,
         reads
             .into_iter()
-            .filter_map(|t| part(t, false))
-            .chain(writes.into_iter().filter_map(|t| part(t, true)))
+            .filter_map(side(false))
+            .chain(writes.into_iter().filter_map(side(true)))
             .collect(),
     )
 }
@@ -207,19 +299,21 @@ pub(crate) fn tensors<'a>(
 /// A box of a tensor: `.2` elements (its shape) from element `.1` of tensor `.0`.
 pub(crate) type TensorBox<'a> = (&'a Tensor, &'a [usize], &'a [usize]);
 
-/// Claims boxes of tensors, as [`tensors`] claims the views of them: `reads` for reading,
-/// `writes` for writing. A box outside its tensor is refused with the error of
-/// [`Tensor::view`].
+/// Claims boxes of tensors, as [`tensors`] claims the views of them, for the operation `op`:
+/// `reads` for reading, `writes` for writing, each with its [`Role`]. A box outside its
+/// tensor is refused with the error of [`Tensor::view`].
 pub(crate) fn boxes<'a>(
-    reads: impl IntoIterator<Item = TensorBox<'a>>,
-    writes: impl IntoIterator<Item = TensorBox<'a>>,
+    op: &'static str,
+    reads: impl IntoIterator<Item = (Role, TensorBox<'a>)>,
+    writes: impl IntoIterator<Item = (Role, TensorBox<'a>)>,
 ) -> Result<Claim> {
     let mut list = Vec::new();
-    let mut add = |write: bool, (t, start, shape): TensorBox<'a>| -> Result<()> {
+    let mut add = |write: bool, (role, (t, start, shape)): (Role, TensorBox<'a>)| -> Result<()> {
         if !t.device().is_host_accessible() || shape.contains(&0) {
             return Ok(());
         }
-        list.extend(part(&t.view(start, shape)?, write));
+        let mine = Mine::Box(t, start, shape);
+        list.extend(part(&t.view(start, shape)?, write, role, mine));
         Ok(())
     };
     for b in reads {
@@ -228,33 +322,54 @@ pub(crate) fn boxes<'a>(
     for b in writes {
         add(true, b)?;
     }
-    claim(list)
+    claim(op, list)
 }
 
-/// Claims byte ranges `[lo, hi)`: `reads` for reading, `writes` for writing. Ranges of one
-/// claim may overlap each other.
+/// Claims byte ranges `[lo, hi)`: `reads` for reading, `writes` for writing, each named
+/// `range` and its index. Ranges of one claim may overlap each other.
 #[cfg(test)]
 fn ranges(
     reads: impl IntoIterator<Item = (usize, usize)>,
     writes: impl IntoIterator<Item = (usize, usize)>,
 ) -> Result<Claim> {
-    let range = |write: bool| move |(lo, hi)| (Range { lo, hi, write }, None);
+    let range = |write: bool| {
+        move |(i, (lo, hi))| {
+            let role = Role::nth("range", i);
+            let range = Range {
+                lo,
+                hi,
+                write,
+                role,
+            };
+            (range, None, Mine::Bytes)
+        }
+    };
     claim(
+        "ranges",
         reads
             .into_iter()
+            .enumerate()
             .map(range(false))
-            .chain(writes.into_iter().map(range(true)))
+            .chain(writes.into_iter().enumerate().map(range(true)))
             .collect(),
     )
 }
 
-/// Claims `list`'s ranges, each with the elements it claims when it does not claim them all.
-fn claim(mut list: Vec<(Range, Option<Elements>)>) -> Result<Claim> {
-    list.retain(|(r, _)| r.lo < r.hi);
+/// Claims `list`'s ranges for the operation `op`, each with the elements it claims when it
+/// does not claim them all.
+fn claim(op: &'static str, mut list: Vec<Part<'_>>) -> Result<Claim> {
+    list.retain(|(r, _, _)| r.lo < r.hi);
     if list.is_empty() {
         return Ok(Claim { id: None });
     }
-    let (ranges, gapped): (Vec<Range>, Vec<Option<Elements>>) = list.into_iter().unzip();
+    let mut ranges = Vec::with_capacity(list.len());
+    let mut gapped = Vec::with_capacity(list.len());
+    let mut mine_of = Vec::with_capacity(list.len());
+    for (r, g, m) in list {
+        ranges.push(r);
+        gapped.push(g);
+        mine_of.push(m);
+    }
     let bounds = ranges
         .iter()
         .fold((usize::MAX, 0), |(lo, hi), r| (lo.min(r.lo), hi.max(r.hi)));
@@ -274,20 +389,24 @@ fn claim(mut list: Vec<(Range, Option<Elements>)>) -> Result<Claim> {
             ranges: &ranges,
             gapped: &gapped,
         };
-        if let Some((mine, theirs)) = conflict(mine, theirs) {
-            let what = if mine.write { "write" } else { "read" };
-            let by = if theirs.write { "written" } else { "read" };
-            let (lo, hi) = (mine.lo.max(theirs.lo), mine.hi.min(theirs.hi));
+        if let Some(((i, a), (j, b))) = conflict(mine, theirs) {
+            let what = if a.write { "write" } else { "read" };
+            let by = if b.write { "written" } else { "read" };
+            let (lo, hi) = (a.lo.max(b.lo), a.hi.min(b.hi));
+            let (role, theirs) = (ranges[i].role, other.ranges[j].role);
+            let (tensor, other) = (mine_of[i], other.op);
             return Err(Error::buffer(format!(
-                "cannot {what} host memory {lo:#x}..{hi:#x}: it is being {by} at the same time \
-                 by another dlpart operation or a live view (Tensor::as_array, as_array_mut) \
-                 of it; dlpart refuses to race on memory"
+                "{op}: cannot {what} its {role}, {tensor}: host memory {lo:#x}..{hi:#x} of \
+                 it is being {by} at the same time by {other} (its {theirs}), a dlpart call \
+                 in another thread or a live view (Tensor::as_array, as_array_mut); dlpart \
+                 refuses to race on memory"
             )));
         }
     }
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     active.push(Entry {
         id,
+        op,
         bounds,
         ranges,
         gapped,
@@ -309,18 +428,18 @@ struct Side<'a> {
 const CLAIM_RUNS: usize = 1 << 18;
 
 /// Two ranges, one of `mine` and one of `theirs`, that share a byte with at least one of them
-/// writing: the spans of two ranges that claim every byte, or the runs of elements that meet;
-/// `None` when no byte is shared.
+/// writing, each with its index on its side: the spans of two ranges that claim every byte,
+/// or the runs of elements that meet; `None` when no byte is shared.
 ///
 /// The spans are compared first. Only when they meet where a range claims some elements only
 /// are the ranges that meet a range of the other side cut into their runs (one per row of
 /// elements, see [`overlap`]) and compared again, exactly however the blocks interleave. A
 /// tensor with more runs than are left of [`CLAIM_RUNS`] is judged by its span, which may
 /// refuse claims that share no byte, never the reverse.
-fn conflict(mine: Side<'_>, theirs: Side<'_>) -> Option<(Range, Range)> {
+fn conflict(mine: Side<'_>, theirs: Side<'_>) -> Option<((usize, Range), (usize, Range))> {
     let (i, j) = meeting(mine.ranges, theirs.ranges)?;
     if mine.gapped[i].is_none() && theirs.gapped[j].is_none() {
-        return Some((mine.ranges[i], theirs.ranges[j]));
+        return Some(((i, mine.ranges[i]), (j, theirs.ranges[j])));
     }
     let (by_theirs, by_mine) = (
         Sorted::new(items(theirs.ranges, false)),
@@ -351,8 +470,10 @@ fn conflict(mine: Side<'_>, theirs: Side<'_>) -> Option<(Range, Range)> {
         }
         out
     };
+    let (ranges, their_ranges) = (mine.ranges, theirs.ranges);
     let (mine, theirs) = (runs(mine, &by_theirs, true), runs(theirs, &by_mine, false));
-    first_meeting(mine, theirs).map(|(a, b)| (a.range(), b.range()))
+    first_meeting(mine, theirs)
+        .map(|(a, b)| ((a.at, a.range(ranges)), (b.at, b.range(their_ranges))))
 }
 
 /// The indices of a range of `mine` and one of `theirs` whose spans meet, with at least one
@@ -395,11 +516,12 @@ impl Item {
         }
     }
 
-    fn range(&self) -> Range {
+    /// The bytes of this item, a range of `ranges` (the side it is of) or a run of one.
+    fn range(&self, ranges: &[Range]) -> Range {
         Range {
             lo: self.lo,
             hi: self.hi,
-            write: self.write,
+            ..ranges[self.at]
         }
     }
 }
@@ -484,8 +606,38 @@ impl Sorted {
 mod tests {
     use super::*;
 
+    /// [`super::tensors`] of the operation `test`, each tensor's role `tensor` and its index.
+    fn tensors<'a>(
+        reads: impl IntoIterator<Item = &'a Tensor>,
+        writes: impl IntoIterator<Item = &'a Tensor>,
+    ) -> Result<Claim> {
+        super::tensors(
+            "test",
+            numbered("tensor", reads),
+            numbered("tensor", writes),
+        )
+    }
+
+    /// [`super::scope`] as [`tensors`] claims.
+    fn scope<'a>(
+        reads: impl IntoIterator<Item = &'a Tensor>,
+        writes: impl IntoIterator<Item = &'a Tensor>,
+    ) -> Result<Scope> {
+        super::scope(
+            "test",
+            numbered("tensor", reads),
+            numbered("tensor", writes),
+        )
+    }
+
     fn r(lo: usize, hi: usize, write: bool) -> Range {
-        Range { lo, hi, write }
+        let role = Role::new("range");
+        Range {
+            lo,
+            hi,
+            write,
+            role,
+        }
     }
 
     #[test]
@@ -520,7 +672,7 @@ mod tests {
         let t = Tensor::from_slice(&[1.0f32; 16], &[4, 4]).unwrap();
         let block = t.view(&[0, 0], &[2, 4]).unwrap();
         let u = Tensor::from_slice(&[2.0f32; 4], &[4]).unwrap();
-        let scope = scope([], [&t]).unwrap();
+        let held = scope([], [&t]).unwrap();
         let inner = {
             let _aside = suspend();
             let e = tensors([&block], []).unwrap_err().to_string();
@@ -529,12 +681,12 @@ mod tests {
                 "{e}"
             );
             // A scope made while suspended, and still held once the guard is gone.
-            super::scope([], [&u]).unwrap()
+            scope([], [&u]).unwrap()
         };
         // Restored: the operation's own steps go on, on both scopes' memory.
         drop(tensors([&block], []).unwrap());
         drop(tensors([&u], []).unwrap());
-        drop((scope, inner));
+        drop((held, inner));
         drop(tensors([], [&t, &u]).unwrap());
     }
 
@@ -732,7 +884,7 @@ mod tests {
                 if rng.below(4) == 0 {
                     let lo = base + rng.below(2200);
                     let hi = lo + 1 + rng.below(10);
-                    list.push((Range { lo, hi, write }, None));
+                    list.push((r(lo, hi, write), None));
                     (lo..hi).for_each(|b| mark(b, write));
                     continue;
                 }
@@ -761,15 +913,16 @@ mod tests {
                     })
                     .collect();
                 let (t, offsets) = strided(&a, &shape, &strides, offset);
-                let (r, gapped) = part(&t, write).unwrap();
+                let role = Role::new("view");
+                let (range, gapped, _) = part(&t, write, role, Mine::Tensor(&t)).unwrap();
                 match gapped {
                     Some(_) => offsets
                         .iter()
                         .flat_map(|&o| (0..4).map(move |b| base + o as usize * 4 + b))
                         .for_each(|b| mark(b, write)),
-                    None => (r.lo..r.hi).for_each(|b| mark(b, write)),
+                    None => (range.lo..range.hi).for_each(|b| mark(b, write)),
                 }
-                list.push((r, gapped));
+                list.push((range, gapped));
             }
             (list, bytes)
         };
@@ -798,8 +951,19 @@ mod tests {
                 },
             );
             assert_eq!(got.is_some(), shared(0, usize::MAX), "case {case}");
-            if let Some((m, t)) = got {
+            if let Some(((i, m), (j, t))) = got {
                 assert!(m.write || t.write, "case {case}");
+                // The indices are of the ranges the runs that meet are of.
+                assert!(
+                    mr[i].lo <= m.lo && m.hi <= mr[i].hi,
+                    "case {case}: {m:?} {:?}",
+                    mr[i]
+                );
+                assert!(
+                    tr[j].lo <= t.lo && t.hi <= tr[j].hi,
+                    "case {case}: {t:?} {:?}",
+                    tr[j]
+                );
                 assert!(
                     shared(m.lo.max(t.lo), m.hi.min(t.hi)),
                     "case {case}: {m:?} {t:?}"
@@ -841,7 +1005,11 @@ mod tests {
             // 3n + 1 odd bytes and the n even ones: one run past CLAIM_RUNS.
             let e = tensors([], [&every_other(1, 3 * n + 1)]);
             let e = e.unwrap_err().to_string();
-            assert!(e.starts_with("cannot write host memory"), "{e}");
+            assert!(
+                e.starts_with("test: cannot write its tensor 0, Tensor(shape=(196609,)")
+                    && e.contains("being written at the same time by test (its tensor 0)"),
+                "{e}"
+            );
         }
     }
 
@@ -889,16 +1057,25 @@ mod tests {
         let into = PartitionedArray::partition(&r, &Layout::tiling(&[4, 1])).unwrap();
         from.unwrap().repartition_into(&into, false).unwrap();
         // What the view holds is still refused, read or written, as is a block crossing both.
+        // Each error names the operation, its tensor at fault and the other side.
+        let by_the_view = "being written at the same time by as_array_mut (its live view), a \
+                           dlpart call in another thread or a live view";
         let e = cols.assemble(None, false).unwrap_err().to_string();
         assert!(
-            e.contains("cannot read host memory") && e.contains("being written"),
+            e.starts_with(
+                "partition copy: cannot read its source partition 0, Tensor(shape=(4, 3), \
+                 dtype=int32, device=kDLCPU, strides=(6, 1)): host memory 0x"
+            ) && e.contains(by_the_view),
             "{e}"
         );
         let middle = PartitionedArray::partition(&columns(&t, 2..4), &Layout::tiling(&[2, 1]));
         let e = middle.unwrap().repartition(&Layout::tiling(&[1, 1]), false);
         let e = e.unwrap_err().to_string();
         assert!(
-            e.contains("cannot read host memory") && e.contains("being written"),
+            e.starts_with(
+                "partition copy: cannot read its source partition 0, Tensor(shape=(2, 2), \
+                 dtype=int32, device=kDLCPU, strides=(6, 1))"
+            ) && e.contains(by_the_view),
             "{e}"
         );
         drop(w);
@@ -925,11 +1102,12 @@ mod tests {
         let element = t.view(&[1, 3], &[1, 1]).unwrap();
         let view = element.as_array::<i32>().unwrap();
         let e = src.repartition_into(&right, false).unwrap_err().to_string();
+        let by_the_view = "being read at the same time by as_array (its live view)";
         assert!(
-            e.starts_with("cannot write host memory")
-                && e.contains(
-                    "being read at the same time by another dlpart operation or a live view"
-                ),
+            e.starts_with(
+                "partition copy: cannot write its target partition 0, Tensor(shape=(2, 3), \
+                 dtype=int32, device=kDLCPU, strides=(6, 1)): host memory"
+            ) && e.contains(by_the_view),
             "{e}"
         );
         // Through `copy_boxes` too: a box copy reading the element's row, or writing next to it.
@@ -944,7 +1122,13 @@ mod tests {
         };
         be.copy_boxes(&[job(&other, &t, [0, 2])]).unwrap();
         let e = be.copy_boxes(&[job(&other, &t, [0, 3])]).unwrap_err();
-        assert!(e.to_string().contains("being read"), "{e}");
+        assert!(
+            e.to_string().starts_with(
+                "box copy: cannot write its destination of copy job 0, the box of shape \
+                 (4, 1) at (0, 3) of Tensor(shape=(4, 6), dtype=int32, device=kDLCPU)"
+            ) && e.to_string().contains(by_the_view),
+            "{e}"
+        );
         be.copy_boxes(&[job(&t, &other, [0, 3])]).unwrap();
         drop(view);
         let mut want = ndarray::Array2::<i32>::zeros((4, 6));

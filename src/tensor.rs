@@ -13,7 +13,7 @@ use ndarray::{ArcArray, Array, Dimension, ShapeBuilder};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::access;
+use crate::access::{self, Role};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
@@ -32,6 +32,10 @@ pub struct Tensor {
     readonly: bool,
     owner: Owner,
 }
+
+/// What the claim of an [`Tensor::as_array`] or [`Tensor::as_array_mut`] view is to it, as
+/// another operation refused by it names it (see [`crate::access`]).
+const LIVE_VIEW: Role = Role::new("live view");
 
 /// Axes a tensor holds inline; more go to the heap. Four covers the arrays seen in practice
 /// (images, volumes, batches of matrices) and keeps a `Tensor` at 120 bytes rather than 152
@@ -308,7 +312,11 @@ impl Tensor {
     /// where it is contiguous, else a contiguous copy in `kDLCPU` memory (dlpart's own kernel;
     /// host memory of any kind is read as `kDLCPU`, so no pinned or managed memory is made).
     /// Device memory is refused, naming `op`.
-    pub(crate) fn read_bytes<R>(&self, op: &str, read: impl FnOnce(&[u8]) -> R) -> Result<R> {
+    pub(crate) fn read_bytes<R>(
+        &self,
+        op: &'static str,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         if !self.device.is_host_accessible() {
             return Err(Error::UnsupportedDevice {
                 device: self.device.to_string(),
@@ -319,7 +327,7 @@ impl Tensor {
             true => self.clone(),
             false => crate::ops::to_device(self, Device::CPU)?,
         };
-        let _claim = access::tensors([&c], [])?;
+        let _claim = access::tensors(op, [(Role::new("tensor"), &c)], [])?;
         if c.numel() == 0 {
             return Ok(read(&[]));
         }
@@ -597,12 +605,12 @@ impl Tensor {
     /// 1 (foreign producers may hand out any byte). For a view to write through, see
     /// [`Tensor::as_array_mut`].
     pub fn as_array<T: Element>(&self) -> Result<HostView<'_, T>> {
-        self.host_array("as_array")
+        self.host_array("as_array", LIVE_VIEW)
     }
 
-    /// [`Tensor::as_array`], named `op` in errors.
-    fn host_array<T: Element>(&self, op: &str) -> Result<HostView<'_, T>> {
-        let (view, claim) = self.claimed_view::<T, ndarray::RawArrayView<T, _>>(op)?;
+    /// [`Tensor::as_array`], named `op` in errors, the view's claim `role` there.
+    fn host_array<T: Element>(&self, op: &'static str, role: Role) -> Result<HostView<'_, T>> {
+        let (view, claim) = self.claimed_view::<T, ndarray::RawArrayView<T, _>>(op, role)?;
         // SAFETY: `claimed_view` checked that the elements are valid, aligned `T`s in host
         // memory, which `self.owner` keeps alive for the borrow of `self`; the read claim
         // keeps dlpart from writing them while the `HostView` lives, and nothing borrowed
@@ -653,7 +661,7 @@ impl Tensor {
     /// ```
     pub fn as_array_mut<T: Element>(&self) -> Result<HostViewMut<'_, T>> {
         let (view, claim) =
-            self.claimed_view::<T, ndarray::RawArrayViewMut<T, _>>("as_array_mut")?;
+            self.claimed_view::<T, ndarray::RawArrayViewMut<T, _>>("as_array_mut", LIVE_VIEW)?;
         // SAFETY: `claimed_view` checked that the elements are valid, aligned `T`s in
         // writable host memory, each under one index only (the strides nest), which
         // `self.owner` keeps alive for the borrow of `self`; the write claim keeps every other
@@ -667,12 +675,17 @@ impl Tensor {
     }
 
     /// The checks and the claim behind [`Tensor::as_array`] (`V` a `RawArrayView`) and
-    /// [`Tensor::as_array_mut`] (`V` a `RawArrayViewMut`), named `op` in errors: the elements
+    /// [`Tensor::as_array_mut`] (`V` a `RawArrayViewMut`), named `op` in errors (the claim
+    /// `role` there): the elements
     /// as a raw `ndarray` view of `T`, valid and aligned, and the claim on them for reading or
     /// writing. To be written, the tensor must also be writable and its strides must nest
     /// (each axis steps over the whole reach of the smaller ones), so that no element is
     /// under two indices: ndarray's mutable views need that.
-    fn claimed_view<T: Element, V: RawView<T>>(&self, op: &str) -> Result<(V, access::Claim)> {
+    fn claimed_view<T: Element, V: RawView<T>>(
+        &self,
+        op: &'static str,
+        role: Role,
+    ) -> Result<(V, access::Claim)> {
         self.check_host_element::<T>(op)?;
         if V::WRITE && self.readonly {
             return Err(Error::ReadOnly {
@@ -691,8 +704,8 @@ impl Tensor {
             )));
         }
         let claim = match V::WRITE {
-            true => access::tensors([], [self])?,
-            false => access::tensors([self], [])?,
+            true => access::tensors(op, [], [(role, self)])?,
+            false => access::tensors(op, [(role, self)], [])?,
         };
         // Every element sits a whole number of `T`s away from `data`, so one check covers all.
         if self.numel() > 0 && !self.data.cast::<T>().is_aligned() {
@@ -798,12 +811,12 @@ impl Tensor {
         self.check_host_element::<T>("to_array")?;
         if self.numel() == 0 || self.data.cast::<T>().is_aligned() {
             return Ok(self
-                .host_array::<T>("to_array")?
+                .host_array::<T>("to_array", Role::new("tensor"))?
                 .as_standard_layout()
                 .into_owned());
         }
         // Unaligned, so never `bool` (align 1): every bit pattern is a valid `T`.
-        let _claim = access::tensors([self], [])?;
+        let _claim = access::tensors("to_array", [(Role::new("tensor"), self)], [])?;
         let values = ndarray::indices(&self.shape[..])
             .into_iter()
             .map(|index| {
@@ -2106,24 +2119,51 @@ mod tests {
         let idx = Tensor::from_slice(&[0i64, 1], &[2]).unwrap();
         let ones = Tensor::from_slice(&[1i32; 12], &[2, 6]).unwrap();
         let rows = PartitionedArray::partition(&t, &Layout::tiling(&[2, 1])).unwrap();
-        fn refused<T>(r: Result<T>) {
+        // Each refusal names the operation, what its tensor at fault is to it, the tensor,
+        // and the other side.
+        fn refused<T>(r: Result<T>, starts: &str) {
             let e = r.err().expect("refused").to_string();
-            assert!(e.contains("being written"), "{e}");
+            let by = "being written at the same time by as_array_mut (its live view)";
+            assert!(e.starts_with(starts) && e.contains(by), "{e}");
         }
+        let whole = "Tensor(shape=(4, 6), dtype=int32, device=kDLCPU)";
         let mut view = t.as_array_mut::<i32>().unwrap();
         view[[3, 5]] = 9;
         // Other views of it, from a clone or of a part of it, and from another thread.
-        refused(t.clone().as_array::<i32>());
-        refused(t.view(&[1, 1], &[1, 1]).unwrap().as_array_mut::<i32>());
+        refused(
+            t.clone().as_array::<i32>(),
+            &format!("as_array: cannot read its live view, {whole}: host memory 0x"),
+        );
+        refused(
+            t.view(&[1, 1], &[1, 1]).unwrap().as_array_mut::<i32>(),
+            "as_array_mut: cannot write its live view, Tensor(shape=(1, 1), dtype=int32",
+        );
         std::thread::scope(|s| {
             let c = t.clone();
-            s.spawn(move || refused(c.as_array_mut::<i32>()));
+            let starts = format!("as_array_mut: cannot write its live view, {whole}");
+            s.spawn(move || refused(c.as_array_mut::<i32>(), &starts));
         });
         // dlpart's operations that read it or write it.
-        refused(crate::ops::gather(&t, &idx, 0, None));
-        refused(crate::ops::scatter(&ones, &idx, &t, 0));
-        refused(rows.repartition(&Layout::tiling(&[1, 2]), false));
-        refused(t.to_array::<i32>());
+        refused(
+            crate::ops::gather(&t, &idx, 0, None),
+            &format!("gather: cannot read its source, {whole}"),
+        );
+        refused(
+            crate::ops::scatter(&ones, &idx, &t, 0),
+            &format!("scatter: cannot write its output, {whole}"),
+        );
+        refused(
+            rows.repartition(&Layout::tiling(&[1, 2]), false),
+            "partition copy: cannot read its source partition 0, Tensor(shape=(2, 6), dtype=int32",
+        );
+        refused(
+            t.to_array::<i32>(),
+            &format!("to_array: cannot read its tensor, {whole}"),
+        );
+        refused(
+            t.to_bytes(),
+            &format!("to_bytes: cannot read its tensor, {whole}"),
+        );
         drop(view);
         // Once it is gone, all of those run; and views of blocks that share no element (the
         // column blocks' spans meet) may be written side by side.
@@ -2138,7 +2178,10 @@ mod tests {
         );
         l.fill(1);
         r.fill(2);
-        refused(t.as_array::<i32>());
+        refused(
+            t.as_array::<i32>(),
+            &format!("as_array: cannot read its live view, {whole}"),
+        );
         drop((l, r));
         crate::ops::scatter(&ones, &idx, &t, 0).unwrap();
         let mut expect = ndarray::Array2::from_shape_fn((4, 6), |(_, j)| 1 + (j >= 3) as i32);

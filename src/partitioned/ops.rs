@@ -4,6 +4,7 @@
 
 use std::borrow::Borrow;
 
+use crate::access::Role;
 use crate::backend::backend_for;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -449,17 +450,26 @@ impl PartitionedArray {
             let backend = backend_for(t.device())?;
             let (local, picked) =
                 ops::scatter_operands(backend.as_ref(), &picked, &groups.local[s], t, axis)?;
-            writes.push((backend, picked, local, t));
+            writes.push((f, backend, picked, local, t));
         }
         // Every partition written (and the values and indices read) claimed at once, for the
         // whole write: a partition another thread reads or writes is refused before any is
         // written, and none can be claimed by another thread between two writes. The writes'
         // own claims on this thread go on within it.
         let _scope = crate::access::scope(
-            writes.iter().flat_map(|(_, v, i, _)| [v, i]),
-            writes.iter().map(|&(_, _, _, t)| t),
+            "scatter",
+            writes.iter().flat_map(|(f, _, v, i, _)| {
+                let f = *f;
+                [
+                    (Role::nth("values for partition", f), v),
+                    (Role::nth("indices for partition", f), i),
+                ]
+            }),
+            writes
+                .iter()
+                .map(|&(f, _, _, _, t)| (Role::nth("partition", f), t)),
         )?;
-        for (backend, picked, local, t) in &writes {
+        for (_, backend, picked, local, t) in &writes {
             backend.scatter(picked, local, axis, t)?;
             backend.synchronize()?;
         }

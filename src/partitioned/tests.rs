@@ -637,7 +637,15 @@ fn scatter_refused_by_a_partition_in_use_writes_nothing() {
     let e = pa.scatter(&values, [0, 3], 0, false).unwrap_err();
     drop(reader);
     assert!(matches!(e, Error::Buffer { .. }), "{e}");
-    assert!(e.to_string().contains("being read"), "{e}");
+    // Named: the partition written, by its flat index, and what holds it.
+    let e = e.to_string();
+    assert!(
+        e.starts_with(
+            "scatter: cannot write its partition 1, Tensor(shape=(2, 3), dtype=int32, \
+             device=kDLCPU): host memory 0x"
+        ) && e.contains("being read at the same time by as_array (its live view)"),
+        "{e}"
+    );
     let zeros = ndarray::Array2::<i32>::zeros((4, 3)).into_dyn();
     assert_eq!(t.to_array::<i32>().unwrap(), zeros, "nothing written");
     // Once the reader is gone the same scatter writes both rows.

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::access::Role;
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -33,6 +34,17 @@ pub(super) use segments::confirmed;
 pub(super) use segments::Buffers;
 
 const REPARTITIONS: &str = "repartitions (source or target grids, owners, devices or dtypes)";
+
+/// The partitions of `all` (a slot per partition of a grid) held here, each with the role
+/// `what` numbered by its flat index, for a claim.
+fn held_here<'a>(
+    what: &'static str,
+    all: &'a [Option<Tensor>],
+) -> impl Iterator<Item = (Role, &'a Tensor)> {
+    let partition =
+        move |(f, t): (usize, &'a Option<Tensor>)| Some((Role::nth(what, f), t.as_ref()?));
+    all.iter().enumerate().filter_map(partition)
+}
 
 /// The target of a repartition across ranks: a grid, and the rank and device of each of its
 /// partitions (C order).
@@ -698,7 +710,11 @@ impl Stage {
         // others waiting in the all-to-all or writing alone: found here, before the
         // agreement, where its error reaches every rank, and held until the exchange is
         // done, so that no other thread claims the memory in between.
-        let scope = crate::access::scope(sources.iter().flatten(), targets.iter().flatten())?;
+        let scope = crate::access::scope(
+            "exchange",
+            held_here("source partition", &sources),
+            held_here("target partition", &targets),
+        )?;
         let plan = Plan::new(pa.grid(), &target.grid)?;
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];

@@ -2,6 +2,7 @@
 //! owns it. Every rank passes the same indices (and, for scatter, the same values); the ranks
 //! agree on them before anything is written.
 
+use crate::access::Role;
 use crate::backend::backend_for;
 use crate::device::Device;
 use crate::error::{tuple_string, Devices, Error, Result};
@@ -423,7 +424,13 @@ pub fn scatter(
         // way) would refuse this rank's writes after the ranks agreed: found here, where its
         // error reaches every rank, and the memory held until the writes are done, so that
         // no other thread claims it in between (see `crate::access::scope`).
-        let scope = crate::access::scope([values], held.iter().copied())?;
+        let scope = crate::access::scope(
+            "scatter",
+            [(Role::new("values"), values)],
+            writes
+                .iter()
+                .map(|&(f, _, t)| (Role::nth("partition", f), t)),
+        )?;
         let mut w = print(pa, &src_owners, axis, &index);
         w.usizes(values.shape()).str(values.dtype().name());
         // Every partition's rows picked, and its indices made, before the ranks agree:

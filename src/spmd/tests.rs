@@ -926,7 +926,12 @@ fn a_view_one_rank_holds_of_its_target_fails_every_rank_before_any_write() {
         });
         for (rank, (e, untouched)) in out.iter().enumerate() {
             let e = e.as_ref().expect_err("every rank fails");
-            assert!(e.starts_with("rank 1: ") && e.contains("being read"), "{e}");
+            // Named: the exchange, its target partition at fault, the view.
+            assert!(
+                e.starts_with("rank 1: exchange: cannot write its target partition ")
+                    && e.contains("being read at the same time by as_array (its live view)"),
+                "{e}"
+            );
             assert!(untouched, "strided {strided}: rank {rank} wrote its target");
         }
     }

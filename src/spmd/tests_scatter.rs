@@ -36,7 +36,13 @@ fn scatter_refused_by_a_partition_in_use_writes_nothing_on_any_rank() {
     });
     let zeros = Array2::<i32>::zeros((2, 2)).into_dyn();
     for (rank, (e, held, after)) in out.iter().enumerate() {
-        assert!(e.contains("being read"), "rank {rank}: {e}");
+        // Named: the scatter, the partition at fault (rank 0's second block, partition 1),
+        // the view.
+        assert!(
+            e.starts_with("rank 0: scatter: cannot write its partition 1, Tensor(shape=(2, 2)")
+                && e.contains("being read at the same time by as_array (its live view)"),
+            "rank {rank}: {e}"
+        );
         for b in held {
             assert_eq!(b, &zeros, "rank {rank}: nothing written");
         }

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
+use crate::access::Role;
+
 use super::copy::{store_for, threads, Stores};
 use super::index_loop::{NEAR, PREFETCH, RUN};
 use super::nontemporal::{copy_row, fence, prefetch, Store};
@@ -75,7 +77,8 @@ pub(super) fn gather(
     };
     let row = src.shape()[axis + 1..].iter().product::<usize>() * src.dtype().itemsize();
     let len = src.shape()[axis];
-    let claim = crate::access::tensors([src, indices], [])?;
+    let reads = [(Role::new("source"), src), (Role::new("indices"), indices)];
+    let claim = crate::access::tensors("gather", reads, [])?;
     if row == 0 {
         // Nothing to copy, but the indices are still checked.
         // SAFETY: `indices` is a host-accessible, contiguous, aligned int64 tensor of `n`

@@ -44,7 +44,7 @@ pub mod __bench {
     pub use super::index::{gather, scatter};
 }
 
-use crate::access;
+use crate::access::{self, Role};
 use crate::backend::{Backend, BoxCopy};
 use crate::device::{Device, DeviceType};
 use crate::dtype::DType;
@@ -419,8 +419,15 @@ impl Backend for CpuBackend {
         // Each box claims its elements only: a box of a column block leaves the next block's
         // columns, inside its span, to other threads.
         let _claim = access::boxes(
-            jobs.iter().map(|j| (j.src, &j.src_start[..], &j.shape[..])),
-            jobs.iter().map(|j| (j.dst, &j.dst_start[..], &j.shape[..])),
+            "box copy",
+            jobs.iter().enumerate().map(|(n, j)| {
+                let source = Role::nth("source of copy job", n);
+                (source, (j.src, &j.src_start[..], &j.shape[..]))
+            }),
+            jobs.iter().enumerate().map(|(n, j)| {
+                let destination = Role::nth("destination of copy job", n);
+                (destination, (j.dst, &j.dst_start[..], &j.shape[..]))
+            }),
         )?;
         let mut temps = Vec::new();
         for (n, (j, &(src, _, itemsize))) in jobs.iter().zip(&ptrs).enumerate() {
@@ -476,7 +483,7 @@ impl Backend for CpuBackend {
 
     /// Host indices only, checked on the calling thread (in parallel when there are many).
     fn normalise_indices(&self, indices: &Tensor, axis: usize, len: usize) -> Result<Tensor> {
-        let _claim = access::tensors([indices], [])?;
+        let _claim = access::tensors("index check", [(Role::new("indices"), indices)], [])?;
         normalise::normalise_indices(indices, axis, len)
     }
 
@@ -486,7 +493,8 @@ impl Backend for CpuBackend {
         let itemsize = self.check_pair(&"gather", src, out)?;
         // The kernel writes `out` from several threads: an element it holds twice would race.
         crate::ops::check_distinct(out, "gather output")?;
-        let _claim = access::tensors([src, indices], [out])?;
+        let reads = [(Role::new("source"), src), (Role::new("indices"), indices)];
+        let _claim = access::tensors("gather", reads, [(Role::new("output"), out)])?;
         let idx = index_values(indices, out)?;
         // SAFETY: both tensors are valid host memory, `out` is writable; shapes and indices
         // are checked by the kernel before any access they govern.
@@ -514,7 +522,11 @@ impl Backend for CpuBackend {
     fn scatter(&self, values: &Tensor, indices: &Tensor, axis: usize, out: &Tensor) -> Result<()> {
         let itemsize = self.check_pair(&"scatter", values, out)?;
         crate::ops::check_distinct(out, "scatter target")?;
-        let _claim = access::tensors([values, indices], [out])?;
+        let reads = [
+            (Role::new("values"), values),
+            (Role::new("indices"), indices),
+        ];
+        let _claim = access::tensors("scatter", reads, [(Role::new("output"), out)])?;
         let idx = index_values(indices, out)?;
         // SAFETY: as for `gather`.
         unsafe { index_checked::<true>(src_view(values), &idx, axis, dst_view(out), itemsize) }

@@ -22,6 +22,7 @@
 use super::copy::{copy_boxes_tuned, store_for, RawCopy, Stores, Tuning, GROUP_MIN_BYTES};
 use super::nontemporal::{self, copy_lines, copy_row, Store};
 use super::{overlap, packed, span, DstView, SrcView};
+use crate::access;
 use crate::dtype::DType;
 use crate::error::{tuple_string, Error, Result};
 use crate::grid::{same_shape, Grid};
@@ -360,7 +361,11 @@ fn copy_classified(
     let dst_spans: Vec<(usize, usize)> = dst.iter().map(|t| tensor_span(t)).collect();
     // The tensors claim their elements only (not their spans): a column block leaves the
     // next block's columns to other threads.
-    let claim = crate::access::tensors(src.iter().copied(), dst.iter().copied())?;
+    let claim = access::tensors(
+        "partition copy",
+        access::numbered("source partition", src.iter().copied()),
+        access::numbered("target partition", dst.iter().copied()),
+    )?;
     rows.reserve(plan.len());
     let mut rows_bytes = 0usize;
     let mut general: Vec<General> = Vec::new();

@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use crate::access::Role;
 use crate::backend::{backend_for, Backend};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -141,7 +142,11 @@ impl Segments<'_> {
             }
             None => {
                 // What MPI reads and writes, claimed while it does (see `crate::access`).
-                let _claim = crate::access::tensors(&send, &recv)?;
+                let _claim = crate::access::tensors(
+                    "exchange",
+                    send.iter().map(|t| (Role::new("send buffer"), t)),
+                    recv.iter().map(|t| (Role::new("receive buffer"), t)),
+                )?;
                 // The communicator's code (a program's own, on this thread) meets the memory
                 // the operation's scope holds as any other code does: a view it kept would
                 // refuse this rank's later claims alone, after the ranks agreed.
