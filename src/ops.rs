@@ -456,6 +456,27 @@ fn gather_tensor(
     Ok(out)
 }
 
+/// [`gather`] into dlpart's own scratch memory, for picks that are only passed on (scattered
+/// into a result, sent to another rank): on `src`'s device, but in plain `kDLCPU` memory for
+/// host memory of any kind ([`scratch_device`](crate::backend::scratch_device)), never in new
+/// pinned memory, which needs CUDA and which no one but the next copy reads. `indices` is a
+/// 1-d list, or one index (the axis dropped, as in [`gather`]).
+pub(crate) fn gather_scratch(src: &Tensor, indices: &Tensor, axis: usize) -> Result<Tensor> {
+    check_axis(src, axis, "source")?;
+    let (list, one) = index_list(indices)?;
+    let shape = match one {
+        true => without_axis(src.shape(), axis),
+        false => {
+            let mut shape = src.shape().to_vec();
+            shape[axis] = list.shape()[0];
+            shape
+        }
+    };
+    let out = crate::backend::scratch_backend(src.device())?.empty(&shape, src.dtype())?;
+    gather_tensor(src, indices, axis, Some(&out))?;
+    Ok(out)
+}
+
 /// `indices` as the 1-d list the backends take, and whether it is one index: a 0-d tensor,
 /// numpy's scalar index, for which a gather or scatter drops the axis (it runs over a slab of
 /// one, [`Tensor::with_unit_axis`]). Indices of more axes are refused, and so are indices on

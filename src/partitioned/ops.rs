@@ -298,8 +298,8 @@ impl PartitionedArray {
                     ops::gather(part, &groups.local[s], axis, Some(&o))?;
                     continue;
                 }
-                let mut picked = ops::gather(part, &groups.local[s], axis, None)?;
-                if picked.device() != dev {
+                let mut picked = ops::gather_scratch(part, &groups.local[s], axis)?;
+                if !ops::one_memory(picked.device(), dev) {
                     picked = ops::to_device(&picked, dev)?;
                 }
                 ops::scatter(&picked, &groups.at[s], &o, axis)?;
@@ -441,7 +441,7 @@ impl PartitionedArray {
             let mut picked = if groups.is_all(s) {
                 rows
             } else {
-                ops::gather(&rows, &groups.at[s], axis, None)?
+                ops::gather_scratch(&rows, &groups.at[s], axis)?
             };
             // Host values write host memory of any kind in place.
             if !ops::one_memory(picked.device(), t.device()) {

@@ -265,7 +265,7 @@ pub fn gather(
         let out_of = |j: usize| p.outs[j].as_ref().expect("an output of this rank");
         for &(j, s) in &p.local {
             let part = on_device(own_data(pa, source(j, s), me)?, p.dev)?;
-            let picked = ops::gather(&part, &index_tensor(&p.slabs.local[s])?, axis, None)?;
+            let picked = ops::gather_scratch(&part, &index_tensor(&p.slabs.local[s])?, axis)?;
             ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
         }
         if let Some(recv) = &recv {
@@ -449,7 +449,7 @@ pub fn scatter(
             start[axis] = 0;
             shape[axis] = values.shape()[axis];
             let rows = values.view(&start, &shape)?;
-            let picked = ops::gather(&rows, &index_tensor(&slabs.at[s])?, axis, None)?;
+            let picked = ops::gather_scratch(&rows, &index_tensor(&slabs.at[s])?, axis)?;
             let backend = crate::backend::backend_for(t.device())?;
             let local = index_tensor(&slabs.local[s])?;
             let (local, picked) =

@@ -66,12 +66,14 @@ pub(super) fn gather(
     }
     let mut shape = Axes::from(src.shape());
     shape[axis] = n;
-    // Only a complete gather may reach the caller's `out`: it goes to a buffer first.
+    // Only a complete gather may reach the caller's `out`: it goes to a buffer first, dlpart's
+    // own scratch memory (plain kDLCPU memory for host memory of any kind, not new pinned
+    // memory, which needs CUDA).
     let own = match out {
         Some(o) if o.nbytes() > n.saturating_mul(size_of::<i64>()) => return Ok(None),
         Some(o) => {
             crate::ops::check_out(o, &shape, src.dtype(), src.device())?;
-            be.empty(&shape, src.dtype())?
+            crate::backend::scratch_backend(be.device)?.empty(&shape, src.dtype())?
         }
         None => be.empty(&shape, src.dtype())?,
     };

@@ -88,6 +88,37 @@ fn long_index_lists_match_a_naive_loop() {
     }
 }
 
+/// A long gather from pinned (`kDLCUDAHost`) memory into an `out` of plain host memory goes
+/// through a buffer of the gather's own, which is dlpart's scratch memory: plain host memory
+/// too, not new pinned memory, so the gather needs no CUDA (where CUDA is missing, asking
+/// for pinned memory fails).
+#[test]
+fn a_long_gather_from_pinned_memory_into_host_memory_makes_no_pinned_memory() {
+    let len = 40;
+    let data: Vec<u8> = (0..len as u8).map(|k| k.wrapping_mul(3)).collect();
+    let backing = Tensor::from_slice(&data, &[len]).unwrap();
+    let pinned = crate::device::Device::new(crate::device::DeviceType::CudaHost, 0).unwrap();
+    // SAFETY: `backing`'s memory, whose owner the view shares, labelled as pinned host memory,
+    // which the CPU reads as it reads any host memory.
+    let src = unsafe {
+        Tensor::from_raw_parts(
+            backing.data_ptr(),
+            vec![len],
+            vec![1],
+            backing.dtype(),
+            pinned,
+            false,
+            backing.owner().clone(),
+        )
+    };
+    let mut rng = Rng(23);
+    let idx = pattern(&mut rng, 3, count(), len);
+    let it = Tensor::from_slice(&idx, &[idx.len()]).unwrap();
+    let out = Tensor::from_slice(&vec![0xAB_u8; idx.len()], &[idx.len()]).unwrap();
+    in_pool(|| ops::gather(&src, &it, 0, Some(&out))).unwrap();
+    assert_eq!(bytes(&out), naive(&data, 1, &idx));
+}
+
 #[test]
 fn float_rows_match_a_naive_loop() {
     let mut rng = Rng(5);
