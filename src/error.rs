@@ -457,15 +457,16 @@ pub(crate) const ALLOW_TRANSFER: &str = "allow the move with transfer (transfer=
                                          `true` in Rust)";
 
 /// The [`Error::NoNewMemory`] advice of a repartition (Python's `repartition`, Rust's
-/// `repartition` with a [`crate::Layout`]).
+/// `repartition` with a [`crate::Layout`]). The memory without new allocations is host
+/// memory, so the move to `kDLCPU` is a plain copy, which needs no `transfer`.
 pub(crate) const REPARTITION_ELSEWHERE: &str =
-    "repartition onto one of them (devices='cpu' with transfer=True in Python, a layout \
-     `.on(Device::CPU)` with transfer `true` in Rust)";
+    "repartition onto one of them (devices='cpu' in Python, a layout `.on(Device::CPU)` in \
+     Rust; a move between kinds of host memory needs no transfer)";
 
 /// The [`Error::NoNewMemory`] advice of an assemble.
 pub(crate) const ASSEMBLE_ELSEWHERE: &str =
-    "assemble onto one of them (device='cpu' with transfer=True in Python, \
-     `Some(Device::CPU)` with transfer `true` in Rust)";
+    "assemble onto one of them (device='cpu' in Python, `Some(Device::CPU)` in Rust; a move \
+     between kinds of host memory needs no transfer)";
 
 /// The [`Error::NoNewMemory`] advice of a move whose target is such a device.
 pub(crate) const TARGET_ELSEWHERE: &str = "name one of them as the target instead";

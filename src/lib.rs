@@ -49,7 +49,10 @@
 //!   the same tensors ([`PreparedGather`], [`PreparedScatter`]), as MPI's persistent requests
 //!   or FFTW's plans are; "plan" stays the name of the box copies between two grids.
 //! - **backend**: the kernels of one device kind ([`backend::Backend`]); a **transfer** is a
-//!   copy between devices, which only happens when the caller passes `transfer = true`;
+//!   copy between devices, which only happens when the caller passes `transfer = true`; a
+//!   copy between host memory of any kinds (`kDLCPU`, `kDLCPU:k`, pinned `kDLCUDAHost`,
+//!   `kDLCUDAManaged`, `kDLROCMHost`) is a plain copy, not a transfer (`ops::one_memory`),
+//!   in every operation, in one process and across ranks;
 //!   **staging** memory is the host memory a device's data passes through on its way to code
 //!   that reads host memory only, an MPI that is not CUDA-aware
 //!   ([`backend::Backend::empty_staging`]: pinned on CUDA).

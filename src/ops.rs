@@ -1,7 +1,9 @@
 //! Operations on top of the planner and the backends: repartition, gather, scatter.
 //!
 //! Every operation validates first and writes second, so an error leaves every output
-//! untouched. Data never crosses devices unless the caller passes `transfer = true`.
+//! untouched. Data never crosses devices unless the caller passes `transfer = true`; host
+//! memory of every kind is one memory (`one_memory`): copies between kinds of it are plain
+//! copies, which need no `transfer`.
 
 use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
@@ -154,7 +156,8 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
 
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;
 
-/// Refuses device crossings without `transfer`, and resolves every backend needed, before
+/// Refuses device crossings without `transfer` (moves between host memory of any kinds are
+/// plain copies, not crossings: [`one_memory`]), and resolves every backend needed, before
 /// anything is allocated or written.
 fn check_devices<S: Borrow<Tensor>>(
     plan: &Plan,
@@ -166,7 +169,11 @@ fn check_devices<S: Borrow<Tensor>>(
     let pairs = plan.bytes_by_device_pair(dtype.itemsize(), &|i| src[i].borrow().device(), &|j| {
         dst_devices[j]
     });
-    let crossing: Vec<(Device, Device)> = pairs.keys().copied().filter(|(s, d)| s != d).collect();
+    let crossing: Vec<(Device, Device)> = pairs
+        .keys()
+        .copied()
+        .filter(|&(s, d)| !one_memory(s, d))
+        .collect();
     if !crossing.is_empty() && !transfer {
         return Err(Error::DeviceMismatch {
             op: "repartition".into(),
@@ -181,7 +188,7 @@ fn check_devices<S: Borrow<Tensor>>(
                 e.insert(backend_for(dev)?);
             }
         }
-        if s != d && !(s.is_host_accessible() && d.is_host_accessible()) {
+        if !one_memory(s, d) {
             return Err(Error::UnsupportedDevice {
                 device: format!("{s} -> {d}"),
                 op: "repartition with transfer".into(),
@@ -194,7 +201,7 @@ fn check_devices<S: Borrow<Tensor>>(
 /// Runs the plan's copies. When every tensor is on one device, or all are host memory, one
 /// backend runs the whole plan ([`Backend::copy_plan`]: checked per tensor, not per box);
 /// otherwise one batch per executing device: same-device copies run on that device, and
-/// host-to-host transfers (kDLCPU <-> kDLCUDAHost) on the CPU.
+/// copies between host memory of two kinds (kDLCPU <-> kDLCUDAHost) on the CPU.
 ///
 /// # Safety
 /// The targets share no element with each other or with any source (the contract of
@@ -719,9 +726,11 @@ pub(crate) fn transfer_runner(here: Device, device: Device) -> Result<Arc<dyn Ba
 }
 
 /// Whether one backend reads and writes memory on `a` and on `b` alike: the same device, or
-/// host memory of any kinds (`kDLCPU`, `kDLCUDAHost`, `kDLCUDAManaged`, `kDLROCMHost`), which
-/// the CPU backend addresses alike. Data then moves from one to the other by a plain copy
-/// rather than a transfer, and a gather or scatter between them runs in place.
+/// host memory of any kinds and ids (`kDLCPU`, `kDLCPU:k`, `kDLCUDAHost`, `kDLCUDAManaged`,
+/// `kDLROCMHost`), which the CPU backend addresses alike. Data then moves from one to the
+/// other by a plain copy rather than a transfer, and a gather or scatter between them runs
+/// in place. This is dlpart's one transfer rule: every operation asks for `transfer` for a
+/// move between `a` and `b` exactly when this is false, in one process and across ranks.
 pub(crate) fn one_memory(a: Device, b: Device) -> bool {
     a == b || (a.is_host_accessible() && b.is_host_accessible())
 }
@@ -784,14 +793,36 @@ mod tests {
         }
     }
 
+    /// The one transfer rule: a move to or from device memory needs `transfer`, and the error
+    /// names the move; a move between host memory of two kinds is a plain copy, which needs
+    /// none, into new kDLCPU targets and into the caller's targets of any host kind alike.
     #[test]
     fn crossing_devices_needs_transfer_and_names_them() {
+        use crate::DeviceType;
         let t = arange(&[4]);
         let g = Grid::even(&[4], &[1]).unwrap();
         let plan = Plan::new(&g, &g).unwrap();
-        let host = "kDLCUDAHost".parse().unwrap();
-        let e = repartition(&plan, &[t], &[host], false).unwrap_err();
-        assert!(e.to_string().contains("kDLCPU -> kDLCUDAHost"), "{e}");
+        let e =
+            repartition(&plan, std::slice::from_ref(&t), &[Device::cuda(0)], false).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+        assert!(e.to_string().contains("kDLCPU -> kDLCUDA:0"), "{e}");
+        for kind in [
+            DeviceType::CudaHost,
+            DeviceType::CudaManaged,
+            DeviceType::RocmHost,
+        ] {
+            let device = Device::new(kind, 0).unwrap();
+            // SAFETY: host memory labelled as another kind of it, which the CPU reads alike.
+            let there = unsafe { labelled(&t, device) };
+            let out = repartition(&plan, &[there], &[Device::CPU], false).unwrap();
+            assert_eq!(out[0].device(), Device::CPU);
+            assert_eq!(values_of(&out[0]), vec![0, 1, 2, 3], "{device}");
+            let backing = Tensor::zeros(&[4], DType::Int32).unwrap();
+            // SAFETY: as above; the CPU writes it alike.
+            let target = unsafe { labelled(&backing, device) };
+            repartition_into(&plan, std::slice::from_ref(&t), &[target], false).unwrap();
+            assert_eq!(values_of(&backing), vec![0, 1, 2, 3], "{device}");
+        }
     }
 
     #[test]

@@ -362,8 +362,9 @@ class PartitionedArray:
         style; a 0-d array's one partition goes to the first device). ``devices`` may also name
         one device for every target partition or one per partition; by default each target
         partition stays on the device of the source partition holding its first element. A
-        layout that moves data across devices raises `dlpart.DeviceError` unless
-        ``transfer=True``.
+        layout that moves data to or from device memory (a GPU) raises `dlpart.DeviceError`
+        unless ``transfer=True``; moves between host memory of any kinds (``kDLCPU``, JAX's
+        ``kDLCPU:k``, pinned, managed) are plain copies and need none.
 
         Host partitions under 2 MiB share one allocation per device, which is released when
         the last of them is dropped (a large array cut into small blocks then costs one
@@ -387,7 +388,9 @@ class PartitionedArray:
     def repartition_into(self, out: "PartitionedArray", *, transfer: bool = False) -> "PartitionedArray":
         """Copies this array into ``out``'s existing partitions (its grid is the target layout),
         reusing the caller's buffers. ``out`` must have the same shape and dtype and writable
-        partitions; nothing is written unless every check passes. Returns ``out``."""
+        partitions; nothing is written unless every check passes. Partitions of ``out`` on
+        another device than the data they receive need ``transfer=True``, unless both are host
+        memory (of any kinds). Returns ``out``."""
         if not isinstance(out, PartitionedArray):
             raise TypeError(f"repartition_into writes into a dlpart.PartitionedArray, not "
                             f"{type(out).__name__} (partition it first: dlpart.partition(out, ...))")
@@ -414,10 +417,10 @@ class PartitionedArray:
         """``numpy.take(self, indices, axis)`` with global indices, each served by the partition
         that holds it, on its device. The result keeps this array's split points on the other
         axes and has one slab along ``axis``; one index (an int, a 0-d array) drops the axis,
-        as numpy does. Serving partitions on another device than the result partition they
-        fill need ``transfer=True``, host memory of another kind (JAX's ``kDLCPU:k``, pinned,
-        managed) included: the result is new memory. Of an array of handles, only the
-        partitions holding an index are fetched."""
+        as numpy does. Each result partition lives on the device of the partition holding its
+        first index; serving partitions on another device need ``transfer=True``, unless both
+        are host memory (JAX's ``kDLCPU:k``, pinned, managed: read in place, needing no CUDA).
+        Of an array of handles, only the partitions holding an index are fetched."""
         from ._functions import _indices
 
         idx = _indices(indices)
@@ -460,7 +463,9 @@ class PartitionedArray:
     def assemble(self, *, device: Optional[DeviceLike] = None, transfer: bool = False) -> Tensor:
         """The whole array as one tensor on the partitions' common device.
 
-        Partitions on different devices need ``device=`` and ``transfer=True``; otherwise
+        Partitions on different devices need ``device=``, and ``transfer=True`` where data
+        moves to or from device memory (a GPU); between host memory of any kinds (``kDLCPU``,
+        JAX's ``kDLCPU:k``, pinned, managed) it is a plain copy and needs none. Otherwise
         `dlpart.DeviceError` names the devices.
         """
         self.fetch()
@@ -481,6 +486,16 @@ class PartitionedArray:
 
 
 _NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
+
+# Memory the host reads and writes directly (`Device::is_host_accessible` in Rust).
+_HOST = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged"}
+
+
+def _crosses(a: Device, b: Device) -> bool:
+    """Whether data moving from ``a`` to ``b`` crosses devices, and so needs ``transfer=True``:
+    another device, unless both are host memory (of any kinds), between which data moves by a
+    plain copy."""
+    return a != b and not (a.kind in _HOST and b.kind in _HOST)
 
 
 def _native_devices(devices) -> bool:
@@ -583,9 +598,10 @@ def _repartition_by_namespace(pa, dst_splits, dst_devs, transfer, op) -> List[Te
             f"({', '.join(sorted(held))}), not on {', '.join(beyond)}"
             f"{' (' + ', '.join(moves) + ')' if moves else ''}: move the data with that "
             f"library first")
-    # Only the boxes the plan copies cross devices, not every pair of source and target.
+    # Only the boxes the plan copies cross devices, not every pair of source and target; a
+    # copy between host memory of two kinds is a plain copy, not a crossing (dlpart's one rule).
     crossing = sorted({f"{src[s].device} -> {dst_devs[d]}" for s, _, d, _, _ in ops
-                       if src[s].device != dst_devs[d]})
+                       if _crosses(src[s].device, Device(dst_devs[d]))})
     if crossing and not transfer:
         raise DeviceError(
             f"{op}: the target layout moves data between devices ({', '.join(crossing)}); "

@@ -372,6 +372,8 @@ class SpmdArray(PartitionedArray):
         element; ``block_cyclic`` (or ``devices`` with ``process_grid``) deals the partitions
         over the ranks instead, ``devices`` then listing one device per rank (by default each
         rank's own; a 0-d array's one partition goes to rank 0). Boxes that stay on a rank are copied there, never sent (see ``traffic``).
+        Targets on another device than a rank's sources need ``transfer=True``, unless both
+        are host memory (of any kinds: a plain copy), as in one process.
         New partitions are the memory their device names, as in one process: pinned memory
         from CUDA on ``kDLCUDAHost``, and a BufferError on every rank for managed or ROCm host
         memory, which dlpart does not make.
@@ -418,7 +420,8 @@ class SpmdArray(PartitionedArray):
         rank with ``root=None`` (collective). ``device`` defaults to the device of the receiving
         rank's first partition; with a ``root`` it is a global argument, the same on every rank,
         and with ``root=None`` each rank names the device of its own copy (or none), whatever
-        the others name."""
+        the others name. Another device than a rank's partitions needs ``transfer=True``,
+        unless both are host memory (of any kinds)."""
         def args():
             at = None if root is None else _index(root, "root")
             if at is not None and not 0 <= at < self.comm.size:
@@ -435,7 +438,8 @@ class SpmdArray(PartitionedArray):
         slab along ``axis`` (none for one index, which drops the axis as numpy does); each
         partition goes to the rank of the source partition holding its first element. An
         index out of range raises on every rank before anything moves. A rank's partitions
-        live on one device (``transfer`` is accepted for the signature)."""
+        live on one device, host memory of any kinds counting as one (``transfer`` is
+        accepted for the signature)."""
         idx, ax = _checked(self.comm, lambda: (_core._indices_tensor(indices),
                                                _axis(axis, self.ndim)))
         core, traffic = _core._spmd_gather(self.comm, self._core, idx, ax)

@@ -730,3 +730,5 @@ fn check_locals(grid: &Grid, locals: &[Vec<usize>], v: &mut Violations) {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_host;

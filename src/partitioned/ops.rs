@@ -1,6 +1,7 @@
 //! The operations of [`PartitionedArray`]: partition, repartition, assemble, transfers, and
 //! gather/scatter with global indices. Each validates first and writes second, on the device
-//! where the data is; data crosses devices only with `transfer = true`.
+//! where the data is; data crosses devices only with `transfer = true`, and moves between host
+//! memory of any kinds are plain copies that need none ([`ops::one_memory`]).
 
 use std::borrow::Borrow;
 
@@ -67,7 +68,8 @@ impl PartitionedArray {
 
     /// The same array over `layout`: new partitions, each element copied once from its source
     /// partition straight into its target partition, on the device where the data is. A layout
-    /// whose placement moves data across devices needs `transfer`.
+    /// whose placement moves data across devices needs `transfer`; one that moves it between
+    /// host memory of any kinds (`kDLCPU`, `kDLCPU:k`, pinned, managed) does not.
     ///
     /// ```
     /// use dlpart::{Layout, PartitionedArray, Tensor};
@@ -109,7 +111,8 @@ impl PartitionedArray {
 
     /// Copies this array into `out`'s existing partitions (its grid is the target layout),
     /// reusing the caller's buffers. `out` must have the same shape and dtype and writable
-    /// partitions; nothing is written unless every check passes.
+    /// partitions; nothing is written unless every check passes. Targets on another device
+    /// than their sources need `transfer`, unless both are host memory (of any kinds).
     pub fn repartition_into(&self, out: &PartitionedArray, transfer: bool) -> Result<()> {
         self.check_target_shape(out)?;
         let plan = Plan::new(&self.grid, &out.grid)?;
@@ -117,7 +120,8 @@ impl PartitionedArray {
     }
 
     /// The whole array as one new tensor, on `device` or else on the partitions' common device.
-    /// Partitions on other devices than the target need `transfer`.
+    /// Partitions on other devices than the target need `transfer`, unless both are host
+    /// memory (of any kinds): those are read in place.
     pub fn assemble(&self, device: Option<Device>, transfer: bool) -> Result<Tensor> {
         self.assemble_on(device, transfer)
             .map_err(|e| e.advise(ASSEMBLE_ELSEWHERE))
@@ -129,13 +133,16 @@ impl PartitionedArray {
         let target = match device {
             Some(d) => d,
             None if devices.len() > 1 => {
+                // Host memory of several kinds needs a device named, but no transfer.
+                let mut reason = "partitions live on several devices; pass a device".to_string();
+                if !devices.iter().all(|d| d.is_host_accessible()) {
+                    reason += &format!(" and {ALLOW_TRANSFER}");
+                }
                 return Err(Error::DeviceMismatch {
                     op: "assemble".into(),
                     devices: Devices::Several(devices),
-                    reason: format!(
-                        "partitions live on several devices; pass a device and {ALLOW_TRANSFER}"
-                    ),
-                })
+                    reason,
+                });
             }
             None => devices.first().copied().unwrap_or(Device::CPU),
         };
@@ -179,8 +186,9 @@ impl PartitionedArray {
         })
     }
 
-    /// Copies of `tensors` on `target` where they live elsewhere (`None` when none does);
-    /// refused without `transfer`.
+    /// Copies of `tensors` on `target` where they live on another device (`None` when none
+    /// does); refused without `transfer`. Host memory of any kind is left where it is for a
+    /// host `target`: the copies read it in place.
     fn moved_to(
         &self,
         tensors: &[&Tensor],
@@ -190,7 +198,7 @@ impl PartitionedArray {
     ) -> Result<Option<Vec<Tensor>>> {
         let away: Vec<Device> = distinct_devices(tensors)
             .into_iter()
-            .filter(|&d| d != target)
+            .filter(|&d| !ops::one_memory(d, target))
             .collect();
         if away.is_empty() {
             return Ok(None);
@@ -205,7 +213,20 @@ impl PartitionedArray {
                 reason: format!("partitions would be moved to another device; {ALLOW_TRANSFER}"),
             });
         }
-        moved_to_device(tensors, target).map(Some)
+        // Only what lives on another device moves; host memory of another kind is read in
+        // place by the copies.
+        let crossing: Vec<usize> = (0..tensors.len())
+            .filter(|&i| !ops::one_memory(tensors[i].device(), target))
+            .collect();
+        let moved = moved_to_device(
+            &crossing.iter().map(|&i| tensors[i]).collect::<Vec<_>>(),
+            target,
+        )?;
+        let mut out: Vec<Tensor> = tensors.iter().map(|&t| t.clone()).collect();
+        for (i, t) in crossing.into_iter().zip(moved) {
+            out[i] = t;
+        }
+        Ok(Some(out))
     }
 
     /// `out[.., k, ..] = self[.., indices[k], ..]` along `axis`, like `numpy.take`, with global
@@ -213,10 +234,10 @@ impl PartitionedArray {
     /// holds it, on its device. The result keeps this array's split points on the other axes
     /// and has one slab of `indices.len()` along `axis`; each of its partitions lives on the
     /// device of the source partition holding its first element. Serving partitions on other
-    /// devices need `transfer`, host memory of another kind (`kDLCPU:k`, pinned, managed)
-    /// included: unlike [`scatter`](Self::scatter), which writes memory already there, a
-    /// gather fills new partitions on those devices. An out-of-range index is an error before
-    /// anything is written.
+    /// devices need `transfer`, except host memory of another kind (`kDLCPU:k`, pinned,
+    /// managed) filling a host partition, which is read in place, through plain `kDLCPU`
+    /// scratch memory (never new pinned memory, which needs CUDA). An out-of-range index is
+    /// an error before anything is written.
     ///
     /// Only the partitions holding an index need data here ([`serving`](Self::serving)):
     /// the others may hold handles not fetched yet. One index (a 0-d `indices`) drops the
@@ -294,7 +315,7 @@ impl PartitionedArray {
             let o = backend_for(dev)?.empty(&shape, dtype)?;
             for s in groups.serving() {
                 let part = src(source(j, s));
-                if groups.is_all(s) && part.device() == dev {
+                if groups.is_all(s) && ops::one_memory(part.device(), dev) {
                     ops::gather(part, &groups.local[s], axis, Some(&o))?;
                     continue;
                 }
@@ -401,10 +422,8 @@ impl PartitionedArray {
             ops::check_distinct(t, &what)?;
             // Host memory of any kind is written from host values in place (below), as
             // `ops::scatter` writes it: no move, so no transfer to ask for.
+            check_crossing("scatter", values.device(), t.device(), transfer)?;
             let crossing = !ops::one_memory(values.device(), t.device());
-            if crossing {
-                check_crossing("scatter", values.device(), t.device(), transfer)?;
-            }
             // A device with no backend, or a move between devices dlpart cannot make, said
             // here, before the checks of all the partitions below and any copy of values.
             backend_for(t.device())?;
@@ -591,8 +610,10 @@ pub(crate) fn host_indices(indices: &Tensor, axis: usize, len: usize) -> Result<
     Ok(normalised.as_array::<i64>()?.iter().copied().collect())
 }
 
+/// Refuses a move of data from `from` to `to` without `transfer`, unless both are one memory
+/// (the same device, or host memory of any kinds: [`ops::one_memory`]).
 fn check_crossing(op: &str, from: Device, to: Device, transfer: bool) -> Result<()> {
-    if from != to && !transfer {
+    if !ops::one_memory(from, to) && !transfer {
         return Err(Error::DeviceMismatch {
             op: op.into(),
             devices: Devices::move_(from, to),

@@ -21,7 +21,8 @@ create_exception!(
     dlpart,
     DeviceError,
     PyValueError,
-    "A bad device name, or data that would have to cross devices without `transfer=True`."
+    "A bad device name, or data that would have to move to or from device memory without \
+     `transfer=True` (moves between kinds of host memory are plain copies)."
 );
 create_exception!(
     dlpart,

@@ -170,7 +170,8 @@ pub(super) fn check_own_data(pa: &PartitionedArray, src_owners: &[usize], me: us
 
 /// The same array over `layout` across the ranks of `comm` (a collective call), with the bytes
 /// this rank moved. See [`SpmdTarget::resolve`] for where target partitions go; a target on
-/// another device than this rank's sources needs `transfer`. New partitions are the memory
+/// another device than this rank's sources needs `transfer`, unless both are host memory (of
+/// any kinds: a plain copy, as in one process). New partitions are the memory
 /// their device names, as in one process ([`PartitionedArray::repartition`]): pinned memory
 /// from CUDA on `kDLCUDAHost` (an [`Error::BackendUnavailable`] where CUDA cannot load), and
 /// none on `kDLCUDAManaged` or `kDLROCMHost`, which dlpart does not make

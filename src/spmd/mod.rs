@@ -176,6 +176,8 @@ mod tests;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_faults;
 #[cfg(test)]
+mod tests_host;
+#[cfg(test)]
 mod tests_messages;
 #[cfg(test)]
 mod tests_scatter;

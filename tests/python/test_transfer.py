@@ -95,15 +95,19 @@ def test_a_process_grid_without_devices_asks_for_one_device_per_cell():
 @pytest.mark.parametrize("kind", [13, 11])  # kDLCUDAManaged, kDLROCMHost
 def test_new_memory_on_managed_or_rocm_host_memory_names_each_operations_way_out(kind):
     """dlpart makes no managed or ROCm host memory: each operation that would make some says
-    what its caller can pass instead (transfer=True alone is not it), and that works."""
+    what its caller can pass instead (transfer=True alone is not it), and that works without
+    transfer=True, as a copy between kinds of host memory."""
     import re
 
     ref = np.arange(12, dtype=np.float32).reshape(3, 4)
     t = dlpart.from_dlpack(dlpart._core._testing.make_capsule(
         ref.tobytes(), [3, 4], strides=[4, 1], device=(kind, 0)))
     pa = dlpart.partition(t, (3, 1))
-    repartition = "repartition onto one of them (devices='cpu' with transfer=True in Python"
-    assemble = "assemble onto one of them (device='cpu' with transfer=True in Python"
+    repartition = ("repartition onto one of them (devices='cpu' in Python, a layout "
+                   "`.on(Device::CPU)` in Rust; a move between kinds of host memory needs no "
+                   "transfer)")
+    assemble = ("assemble onto one of them (device='cpu' in Python, `Some(Device::CPU)` in "
+                "Rust; a move between kinds of host memory needs no transfer)")
     cases = [
         (lambda: pa.repartition((1, 2)), repartition),
         (lambda: pa.repartition((1, 2), transfer=True), repartition),
@@ -119,11 +123,11 @@ def test_new_memory_on_managed_or_rocm_host_memory_names_each_operations_way_out
             make()
         assert str(e.value).startswith(f"cannot allocate new memory on {t.device}: dlpart makes "
                                        "only kDLCPU, kDLCUDA and pinned kDLCUDAHost memory")
-    # The ways named work.
-    cols = pa.repartition((1, 2), devices="cpu", transfer=True)
+    # The ways named work, as named (no transfer=True).
+    cols = pa.repartition((1, 2), devices="cpu")
     assert cols.devices == ["kDLCPU"]
     np.testing.assert_array_equal(np.from_dlpack(cols.assemble()), ref)
-    np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu", transfer=True)), ref)
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu")), ref)
     np.testing.assert_array_equal(np.from_dlpack(t.to("cpu").copy()), ref)
     np.testing.assert_array_equal(np.from_dlpack(pa.to("cpu").gather([2, 0]).assemble()),
                                   ref[[2, 0]])
@@ -210,3 +214,91 @@ def test_every_transfer_path_reports_a_device_without_kernels_as_backend_unavail
             make()
     np.testing.assert_array_equal(out, -1.0)
     np.testing.assert_array_equal(np.from_dlpack(host), ref)
+
+
+# Host memory of kinds other than plain kDLCPU: ordinary memory labelled so (the CPU reads
+# and writes every kind alike), and JAX's emulated host device kDLCPU:1.
+HOST_KINDS = {"kDLCUDAHost": (3, 0), "kDLCUDAManaged": (13, 0), "kDLROCMHost": (11, 0),
+              "kDLCPU:1": (1, 1)}
+
+
+def _labelled(a, device):
+    """A dlpart copy of float64 ``a`` whose DLPack device is ``device``."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    return dlpart.from_dlpack(dlpart._core._testing.make_capsule(
+        a.tobytes(), list(a.shape), dtype=(2, 64, 1), device=device))
+
+
+def _mixed(x, device):
+    """``x`` (6 rows) in two row blocks: rows 0-2 a numpy array (kDLCPU), rows 3-5 in memory
+    of ``device``."""
+    return dlpart.from_partitioned({
+        "shape": x.shape, "partition_tiling": (2, 1), "partitions": {
+            (0, 0): {"start": (0, 0), "shape": (3, x.shape[1]), "data": x[:3].copy(),
+                     "location": [0]},
+            (1, 0): {"start": (3, 0), "shape": (3, x.shape[1]),
+                     "data": _labelled(x[3:], device), "location": [0]}}})
+
+
+@pytest.mark.parametrize("kind", sorted(HOST_KINDS))
+def test_moves_between_host_memory_kinds_need_no_transfer(kind):
+    """dlpart's one transfer rule: data moving between host memory of any kinds (kDLCPU, JAX's
+    kDLCPU:k, pinned, managed, ROCm host memory) is a plain copy, which needs no
+    transfer=True, in every operation; none of these copies needs CUDA either."""
+    dlpart._core._note_host_devices(2)
+    x = np.arange(24.0).reshape(6, 4)
+    pa = _mixed(x, HOST_KINDS[kind])
+    assert set(pa.devices) == {dlpart.Device("kDLCPU"), dlpart.Device(kind)}
+    # repartition onto kDLCPU, and from kDLCPU onto the emulated host device
+    cols = pa.repartition((1, 2), devices="cpu")
+    assert cols.devices == ["kDLCPU"]
+    np.testing.assert_array_equal(np.from_dlpack(cols.assemble()), x)
+    there = cols.repartition((3, 1), devices="kDLCPU:1")
+    assert there.devices == ["kDLCPU:1"]
+    np.testing.assert_array_equal(np.from_dlpack(there.assemble()), x)
+    # repartition_into targets in kDLCPU memory, and into targets of this kind
+    out = dlpart.partition(np.zeros_like(x), (1, 2))
+    pa.repartition_into(out)
+    np.testing.assert_array_equal(np.from_dlpack(out.assemble()), x)
+    target = _labelled(np.zeros_like(x), HOST_KINDS[kind])
+    cols.repartition_into(dlpart.partition(target, (2, 2)))
+    np.testing.assert_array_equal(np.from_dlpack(target), x)
+    # assemble onto a named host device; with none named, a device is asked for, no transfer
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu")), x)
+    with pytest.raises(dlpart.DeviceError, match="pass a device") as e:
+        pa.assemble()
+    assert "transfer" not in str(e.value)
+    # gather: the result lives on kDLCPU, the device of row 1
+    picked = pa.gather([1, 4, -1, 0])
+    assert picked.devices == ["kDLCPU"]
+    np.testing.assert_array_equal(np.from_dlpack(picked.assemble()), np.take(x, [1, 4, -1, 0], 0))
+    # scatter of values in memory of this kind into both partitions
+    values = -np.arange(12.0).reshape(3, 4) - 1
+    pa.scatter(_labelled(values, HOST_KINDS[kind]), [5, 1, 3])
+    expect = x.copy()
+    expect[[5, 1, 3]] = values
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble(device="cpu")), expect)
+
+
+def test_moves_from_or_to_device_memory_still_need_transfer():
+    """The other half of the rule: data moving to or from device memory (here host bytes
+    labelled kDLCUDA:0, never touched: every move is refused first) needs transfer=True."""
+    x = np.arange(24.0).reshape(6, 4)
+    gpu = _mixed(x, (2, 0))
+    host = dlpart.partition(x.copy(), (2, 1))
+    moves = [
+        (lambda: gpu.repartition((1, 2), devices="cpu"), "kDLCUDA:0 -> kDLCPU"),
+        (lambda: host.repartition((1, 2), devices="kDLCUDA:0"), "kDLCPU -> kDLCUDA:0"),
+        (lambda: gpu.repartition_into(dlpart.partition(np.zeros_like(x), (1, 2))),
+         "kDLCUDA:0 -> kDLCPU"),
+        (lambda: gpu.assemble(device="cpu"), "kDLCUDA:0 -> kDLCPU"),
+        (lambda: gpu.gather([1, 4]), "kDLCUDA:0 -> kDLCPU"),
+        (lambda: host.scatter(_labelled(x[:2], (2, 0)), [1, 4]), "kDLCUDA:0 -> kDLCPU"),
+    ]
+    for make, moved in moves:
+        with pytest.raises(dlpart.DeviceError, match="transfer=True") as e:
+            make()
+        assert moved in str(e.value), str(e.value)
+    with pytest.raises(dlpart.DeviceError, match="transfer=True"):
+        gpu.assemble()  # several devices, one of them device memory
+    np.testing.assert_array_equal(np.from_dlpack(host.assemble()), x)
