@@ -271,18 +271,17 @@ class PartitionedArray:
         (MPI ranks, as heat reads them; ``rank`` is this process's, written for the data held here
         when its locations name a host rather than a rank).
         """
-        if rank is not None:
-            r = None if isinstance(rank, bool) else _int_scalar(rank)
-            if r is None:
-                raise TypeError(f"rank must be an integer, not {type(rank).__name__} {rank!r}")
-            rank = r
-            if not 0 <= rank < 1 << 63:
-                raise ValueError(f"rank {rank} is not an MPI rank (0 <= rank < 2**63)")
+        rank = _rank_arg(rank)
+        return self._dict(_converter(framework or self._framework), locations, rank)
+
+    def _dict(self, convert: Optional[Callable[[Tensor], Any]], locations: str,
+              rank: Optional[int]) -> PartitionedDict:
+        """`to_partitioned` with each partition's data handed out by ``convert`` (None: the
+        `dlpart.Tensor` itself), for adapters whose consumer needs its own rules."""
         getter = get
         if self._get is not None and self._core.pending(None):
             getter = _WithProducerGet(self._get)
-        return self._core.to_dict(getter, this_host(), _converter(framework or self._framework),
-                                  locations, rank)
+        return self._core.to_dict(getter, this_host(), convert, locations, rank)
 
     # -- handles ---------------------------------------------------------------------------------
     def fetch(self, positions: Optional[Iterable[Position]] = None) -> "PartitionedArray":
@@ -503,6 +502,18 @@ def _native_devices(devices) -> bool:
         return True
     items = devices if isinstance(devices, list) else [devices]
     return all(Device(d).kind in _NATIVE for d in items)
+
+
+def _rank_arg(rank) -> Optional[int]:
+    """``rank`` (None, or an MPI rank as any integer) as an int, checked."""
+    if rank is None:
+        return None
+    r = None if isinstance(rank, bool) else _int_scalar(rank)
+    if r is None:
+        raise TypeError(f"rank must be an integer, not {type(rank).__name__} {rank!r}")
+    if not 0 <= r < 1 << 63:
+        raise ValueError(f"rank {r} is not an MPI rank (0 <= rank < 2**63)")
+    return r
 
 
 def _opt_list(x, what: str = "tiling"):

@@ -4,9 +4,14 @@ heat reads SPMD dicts only: ``locals`` lists this rank's one partition, ``int(lo
 each partition's MPI rank, and the data must be a numpy array or a torch tensor. `to_heat` wraps
 a dlpart array so that its ``__partitioned__`` has exactly that form, over the partitions' memory
 (no copy): ranks as locations (this process's rank for the data held here), ``locals`` (the
-partitions held here, unless the array has its own), and numpy data (torch for arrays that came
-from torch, as heat's own do). heat's own dicts come back out in their form unchanged: dlpart
-keeps a rank as a rank.
+partitions held here, unless the array has its own), and numpy data for host memory (torch for
+arrays that came from torch, as heat's own do), torch tensors on their GPU for GPU memory
+(heat is built on torch). heat's own dicts come back out in their form unchanged: dlpart keeps
+a rank as a rank.
+
+heat wraps a numpy array with ``torch.from_numpy`` and writes into it, so read-only partitions
+(JAX arrays, read-only numpy arrays) go to heat as writable copies, and only those: heat then
+never writes memory its producer does not allow written.
 
 Over MPI, heat also needs one partition per rank, rank ``r`` holding the ``r``-th slab along one
 split axis (or one partition with a copy on every rank: heat's replicated ``split=None``, as
@@ -17,10 +22,11 @@ repartitions it into heat's own balanced chunks along axis ``k`` (one ``Alltoall
 """
 
 import sys
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-from .. import PartitionedArray, ProtocolError
+from .. import DeviceError, PartitionedArray, ProtocolError, Tensor
 from .. import from_partitioned as _import
+from .._partitioned import _HOST, _converter, _rank_arg, _to_numpy, _to_torch
 from .._types import PartitionedDict
 
 __all__ = ["HeatPartitioned", "heat_splits", "to_heat"]
@@ -37,9 +43,85 @@ def _rank(comm) -> int:
     return 0
 
 
+# The GPUs whose memory torch holds (heat's GPU device is a torch CUDA device).
+_TORCH_GPUS = ("kDLCUDA", "kDLROCM")
+
+
+def _writable_numpy(t: Tensor) -> Any:
+    """Host data as numpy for heat: a view of ``t``, or of a kDLCPU copy of it where ``t`` is
+    read-only (heat writes into what it is given, through ``torch.from_numpy``)."""
+    return _to_numpy(t.to("cpu") if t.readonly else t)
+
+
+def _torch_device_of_heat() -> Any:
+    """The torch device of heat's default device, where the program has imported heat (dlpart
+    never imports it: that initialises MPI); else None."""
+    heat = sys.modules.get("heat")
+    if heat is None:
+        return None
+    import torch
+
+    try:
+        return torch.device(heat.get_device().torch_device)
+    except Exception:  # a heat dlpart does not know: nothing to compare with
+        return None
+
+
+def _gpu_torch(t: Tensor) -> Any:
+    """GPU data as a torch tensor on its GPU, through DLPack (a copy there where ``t`` is
+    read-only), for heat, which holds every chunk as a torch tensor; a `dlpart.DeviceError`
+    naming the device and the way out where torch cannot take it, or where heat's default
+    device is another one (heat labels the array with its default device, not the data's)."""
+    try:
+        x = _to_torch(t)
+    except (RuntimeError, AssertionError, BufferError, TypeError, ImportError) as e:
+        raise DeviceError(
+            f"heat holds each partition as a torch tensor, and torch cannot take the data on "
+            f"{t.device} here ({type(e).__name__}: {e}); copy the array to the host first "
+            f"(its .to('cpu'))") from e
+    heat_device = _torch_device_of_heat()
+    if heat_device is not None and x.device != heat_device:
+        raise DeviceError(
+            f"data on {t.device} is torch device {x.device}, but heat's default device is "
+            f"{heat_device}, which heat would label the array with: call ht.use_device('gpu') "
+            f"on the GPU the data is on before ht.from_partitioned, or copy the array to the "
+            f"host first (its .to('cpu'))")
+    return x
+
+
+def _heat_data(t: Tensor) -> Any:
+    """``t`` as heat takes it: numpy over host memory (a writable copy of read-only data), a
+    torch tensor on its GPU for GPU memory; a `dlpart.DeviceError` for other devices, whose
+    memory torch cannot hold."""
+    kind = t.device.kind
+    if kind in _HOST:
+        return _writable_numpy(t)
+    if kind in _TORCH_GPUS:
+        return _gpu_torch(t)
+    raise DeviceError(
+        f"heat holds each partition as a torch tensor, which cannot hold data on {t.device}: "
+        f"copy it to the host or a GPU torch can use with its own library first")
+
+
+def _heat_converter(framework: Optional[str], array_framework: Optional[str]
+                    ) -> Optional[Callable[[Tensor], Any]]:
+    """What hands each partition to heat: ``framework``'s converter where one is named (numpy
+    writable as in `_writable_numpy`), torch for arrays that came from torch (copies of
+    read-only data, as `_to_torch` makes; GPU data checked as `_gpu_torch` checks it), and
+    `_heat_data` otherwise."""
+    if framework == "numpy":
+        return _writable_numpy
+    if framework is not None:
+        return _converter(framework)
+    if array_framework == "torch":
+        return lambda t: _gpu_torch(t) if t.device.kind in _TORCH_GPUS else _to_torch(t)
+    return _heat_data
+
+
 class HeatPartitioned:
     """An object whose ``__partitioned__`` is ``array``'s dict in heat's form. ``framework``:
-    the data's (None: torch for arrays that came from torch, numpy otherwise)."""
+    the data's (None: torch for arrays that came from torch; for the others numpy for host
+    memory, a writable copy of read-only data, and torch on its GPU for GPU memory)."""
 
     def __init__(self, array: PartitionedArray, rank: int, framework: Optional[str] = None):
         self.array = array
@@ -57,10 +139,9 @@ class HeatPartitioned:
                 raise ProtocolError(
                     f"heat reads each partition's rank as int(location[0]): partition {pos} "
                     f"is not held here and {where}, so it names no rank")
-        framework = self.framework
-        if framework is None:  # heat takes numpy arrays and torch tensors, nothing else
-            framework = "torch" if self.array._framework == "torch" else "numpy"
-        d = self.array.to_partitioned(framework=framework, locations="rank", rank=self.rank)
+        # heat takes numpy arrays and torch tensors, nothing else.
+        convert = _heat_converter(self.framework, self.array._framework)
+        d = self.array._dict(convert, "rank", _rank_arg(self.rank))
         if "locals" not in d:
             d["locals"] = [pos for pos, p in self.array.partitions.items()
                            if p.tensor is not None]
@@ -145,8 +226,13 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     """``obj`` (a `PartitionedArray`, or anything `dlpart.from_partitioned` takes) for
     ``ht.from_partitioned``. ``comm`` (an mpi4py communicator; default ``COMM_WORLD`` once the
     program has initialised MPI, else rank 0) gives this process's rank; ``framework`` the data's
-    (default: torch for arrays that came from torch, numpy for all others, as heat takes
-    nothing else; numpy holds host data only).
+    (default: torch for arrays that came from torch; for all others numpy over host memory and
+    torch tensors on their GPU for GPU memory (cupy, JAX or dlpart data on a CUDA device), as
+    heat takes nothing else; numpy holds host data only). heat writes into what it is given:
+    read-only partitions (JAX arrays, read-only numpy arrays) go to it as writable copies,
+    and only those. GPU data needs heat on that GPU (``ht.use_device('gpu')``, as heat labels
+    the array with its default device): `dlpart.DeviceError` says so where heat is on another
+    device, or where torch cannot take the data, naming the device and the way out.
 
     For a `dlpart.mpi.SpmdArray` the call is collective. The array must already be in heat's
     layout (one partition per rank, in rank order along one axis), over memory torch can hold
