@@ -102,11 +102,34 @@ def test_heat_reads_to_heat_of_numpy_torch_and_jax_arrays():
             np.testing.assert_array_equal(y.numpy(), want)
             np.testing.assert_array_equal(np.asarray(a), want if shared else ref)
             print(name, "ok")
+        # The element types to_heat refuses are exactly those heat has no type for.
+        from dlpart.adapters.heat import _HEAT_DTYPES
+        from heat.core.types import canonical_heat_type
+        for dt in [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                   torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
+                   torch.float32, torch.float64, torch.complex64, torch.complex128]:
+            try:
+                canonical_heat_type(dt)
+                heat_has = True
+            except TypeError:
+                heat_has = False
+            assert heat_has == (str(dt).removeprefix("torch.") in _HEAT_DTYPES), dt
+        print("dtypes ok")
     """)
     out = subprocess.run([sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=300)
-    assert out.stdout.split("\n")[:4] == ["numpy ok", "torch ok", "jax ok", "numpy-read-only ok"], \
-        out.stdout + out.stderr
+    assert out.stdout.split("\n")[:5] == ["numpy ok", "torch ok", "jax ok", "numpy-read-only ok",
+                                         "dtypes ok"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "uint16", "uint32", "uint64", "float8_e4m3fn"])
+def test_a_dtype_heat_has_no_type_for_is_a_type_error_naming_it(dtype):
+    torch = pytest.importorskip("torch")
+    pa = dlpart.partition(torch.from_numpy(REF).to(getattr(torch, dtype)), (2, 1))
+    assert pa.dtype == dtype
+    with pytest.raises(TypeError, match=f"heat has no type for {dtype} data"):
+        to_heat(pa)
+    to_heat(dlpart.partition(REF, (2, 1)))  # float32: heat has it
 
 
 def _labelled(device):

@@ -47,6 +47,19 @@ def _rank(comm) -> int:
 _TORCH_GPUS = ("kDLCUDA", "kDLROCM")
 
 
+# The element types heat has (``heat.core.types``): it refuses the others (bfloat16, float8,
+# uint16 to uint64) when it wraps the data, on the ranks that hold some, with a TypeError
+# that does not say which partition.
+_HEAT_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32",
+                "float64", "complex64", "complex128")
+
+
+def _check_heat_dtype(dtype: Optional[str]) -> None:
+    if dtype is not None and dtype not in _HEAT_DTYPES:
+        raise TypeError(f"heat has no type for {dtype} data (its types: "
+                        f"{', '.join(_HEAT_DTYPES)}): convert the array to one of them first")
+
+
 def _writable_numpy(t: Tensor) -> Any:
     """Host data as numpy for heat: a view of ``t``, or of a kDLCPU copy of it where ``t`` is
     read-only (heat writes into what it is given, through ``torch.from_numpy``)."""
@@ -232,7 +245,8 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     read-only partitions (JAX arrays, read-only numpy arrays) go to it as writable copies,
     and only those. GPU data needs heat on that GPU (``ht.use_device('gpu')``, as heat labels
     the array with its default device): `dlpart.DeviceError` says so where heat is on another
-    device, or where torch cannot take the data, naming the device and the way out.
+    device, or where torch cannot take the data, naming the device and the way out. An element
+    type heat has no type for (bfloat16, float8, uint16 to uint64) is a TypeError naming it.
 
     For a `dlpart.mpi.SpmdArray` the call is collective. The array must already be in heat's
     layout (one partition per rank, in rank order along one axis), over memory torch can hold
@@ -243,6 +257,7 @@ def to_heat(obj: Any, comm: Any = None, framework: Optional[str] = None,
     from ..mpi import SpmdArray, _axis, _checked
 
     array = obj if isinstance(obj, SpmdArray) else _import(obj)
+    _check_heat_dtype(array.dtype)  # global: every rank of an SpmdArray raises alike
     if isinstance(array, SpmdArray):
         if split is not None:
             # Checked on every rank (one bad rank must not leave the others in the exchange).
