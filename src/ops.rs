@@ -3,7 +3,8 @@
 //! Every operation validates first and writes second, so an error leaves every output
 //! untouched. Data never crosses devices unless the caller passes `transfer = true`; host
 //! memory of every kind is one memory (`one_memory`): copies between kinds of it are plain
-//! copies, which need no `transfer`.
+//! copies, which need no `transfer`. A repartition with `transfer` moves across devices only
+//! the boxes its plan copies there, packed per device pair (`crossing.rs`).
 
 use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
@@ -18,11 +19,24 @@ use crate::indices::AsIndices;
 use crate::plan::Plan;
 use crate::tensor::{Axes, Tensor};
 
+mod crossing;
+pub(crate) use crossing::box_view;
+
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on
-/// `dst_devices[j]`. Each element is copied once, straight from its source partition into its
-/// target partition. Host targets under 2 MiB share one allocation per device (see
-/// [`Backend::empty_many`]), released when the last of them is dropped.
+/// `dst_devices[j]`. Each element that stays in its memory is copied once, straight from its
+/// source partition into its target partition, on the device where it is. Host targets under
+/// 2 MiB share one allocation per device (see [`Backend::empty_many`]), released when the
+/// last of them is dropped.
+///
+/// Targets on another device than the sources they receive from need `transfer` (else
+/// [`Error::DeviceMismatch`] naming the moves), unless both are host memory (of any kinds,
+/// `kDLCPU`, `kDLCPU:k`, pinned, managed: plain copies). With it, only the boxes the plan
+/// copies between two devices cross: for each (source device, target device) pair, packed
+/// into one contiguous buffer by the source side's kernels, moved in one transfer (host memory
+/// to `kDLCUDA:n`, back, or between CUDA devices) and unpacked into the targets by the target
+/// side's kernels. Every allocation and transfer is done before any target is written. A
+/// device without dlpart kernels (kDLOneAPI) on either side is [`Error::BackendUnavailable`].
 pub fn repartition<S: Borrow<Tensor>>(
     plan: &Plan,
     src: &[S],
@@ -96,7 +110,9 @@ pub fn repartition<S: Borrow<Tensor>>(
 
 /// Like [`repartition`], into existing target tensors `dst` (one per partition of the target
 /// grid, C order): the caller's buffers are reused. Read-only targets are refused; nothing is
-/// written unless every check passes.
+/// written unless every check passes, and every allocation and transfer the copies need has
+/// been done. Targets on another device than their sources need `transfer` as in
+/// [`repartition`], which says what then crosses.
 pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     plan: &Plan,
     src: &[S],
@@ -157,8 +173,9 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;
 
 /// Refuses device crossings without `transfer` (moves between host memory of any kinds are
-/// plain copies, not crossings: [`one_memory`]), and resolves every backend needed, before
-/// anything is allocated or written.
+/// plain copies, not crossings: [`one_memory`]), and resolves the backend of every device
+/// that sends or receives bytes, before anything is allocated or written. With `transfer`,
+/// a crossing needs dlpart kernels on both of its devices ([`crossing`]).
 fn check_devices<S: Borrow<Tensor>>(
     plan: &Plan,
     src: &[S],
@@ -181,18 +198,14 @@ fn check_devices<S: Borrow<Tensor>>(
             reason: format!("the target layout moves data to another device; {ALLOW_TRANSFER}"),
         });
     }
+    // A device without dlpart kernels (kDLOneAPI) on either side of a copy, or a CUDA device
+    // whose backend cannot load here, is refused by its `backend_for`.
     let mut backends = Backends::new();
     for &(s, d) in pairs.keys() {
         for dev in [s, d] {
             if let std::collections::btree_map::Entry::Vacant(e) = backends.entry(dev) {
                 e.insert(backend_for(dev)?);
             }
-        }
-        if !one_memory(s, d) {
-            return Err(Error::UnsupportedDevice {
-                device: format!("{s} -> {d}"),
-                op: "repartition with transfer".into(),
-            });
         }
     }
     Ok(backends)
@@ -201,7 +214,13 @@ fn check_devices<S: Borrow<Tensor>>(
 /// Runs the plan's copies. When every tensor is on one device, or all are host memory, one
 /// backend runs the whole plan ([`Backend::copy_plan`]: checked per tensor, not per box);
 /// otherwise one batch per executing device: same-device copies run on that device, and
-/// copies between host memory of two kinds (kDLCPU <-> kDLCUDAHost) on the CPU.
+/// copies between host memory of two kinds (kDLCPU <-> kDLCUDAHost) on the CPU. Copies
+/// between devices that are not one memory (`check_devices` let them through with
+/// `transfer`) are packed, moved and unpacked per device pair ([`crossing`]): every target is
+/// written after every pair's bytes have arrived, and the host memory of every source and
+/// target is claimed from before the first pack until the last write: a claim held elsewhere
+/// (another thread's call, a live view) is refused before anything moves, never between two
+/// batches of writes.
 ///
 /// # Safety
 /// The targets share no element with each other or with any source (the contract of
@@ -233,26 +252,53 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         let copied = unsafe { backend.copy_plan(plan, &srcs, &dsts) };
         return waited_for(backend.as_ref(), copied);
     }
+    let crossings = crossing::Crossings::of(plan, &srcs, &dsts);
+    let (_scope, arrived) = match crossings.is_empty() {
+        true => (None, Vec::new()),
+        false => {
+            let scope = crate::access::scope(
+                "partition copy",
+                crate::access::numbered("source partition", srcs.iter().copied()),
+                crate::access::numbered("target partition", dsts.iter().copied()),
+            )?;
+            (Some(scope), crossings.send(&srcs, backends)?)
+        }
+    };
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {
         let (src, dst) = (srcs[op.src], dsts[op.dst]);
         let (s, d) = (src.device(), dst.device());
-        let exec = if s == d { s } else { Device::CPU };
-        batches.entry(exec).or_default().push(BoxCopy {
-            src,
-            src_start: op.src_start.clone(),
-            dst,
-            dst_start: op.dst_start.clone(),
-            shape: op.shape.clone(),
-        });
+        if !one_memory(s, d) {
+            return; // arrived, unpacked below
+        }
+        batches
+            .entry(crossing::executor(s, d))
+            .or_default()
+            .push(BoxCopy {
+                src,
+                src_start: op.src_start.clone(),
+                dst,
+                dst_start: op.dst_start.clone(),
+                shape: op.shape.clone(),
+            });
     });
-    for (dev, jobs) in &batches {
-        let backend = match backends.get(dev) {
-            Some(b) => b.clone(),
-            None => backend_for(*dev)?,
-        };
+    for (view, op) in &arrived {
+        let dst = dsts[op.dst];
+        (batches.entry(crossing::executor(view.device(), dst.device())))
+            .or_default()
+            .push(BoxCopy {
+                src: view,
+                src_start: vec![0; op.shape.len()],
+                dst,
+                dst_start: op.dst_start.clone(),
+                shape: op.shape.clone(),
+            });
+    }
+    for (&dev, jobs) in &batches {
+        let backend = crossing::backend_of(backends, dev)?;
         // SAFETY: the boxes of disjoint targets are disjoint, and no target shares memory with
-        // a source (this function's contract).
+        // a source (this function's contract) or with the buffers the crossing boxes arrived
+        // in, which dlpart just allocated.
         let copied = unsafe { backend.copy_boxes_unchecked(jobs) };
         waited_for(backend.as_ref(), copied)?;
     }

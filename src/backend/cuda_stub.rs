@@ -35,6 +35,11 @@ pub fn check_driver(_device: Device) -> Result<()> {
     Ok(())
 }
 
+/// 0: without the backend there are no pinned staging buffers to keep.
+pub fn pinned_cache_limit() -> usize {
+    0
+}
+
 /// The CUDA backend of a build without the `cuda` feature: a type with no values.
 pub enum CudaBackend {}
 

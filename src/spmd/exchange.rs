@@ -20,7 +20,7 @@ use crate::layout::{stay_by, Layout, Placement};
 use crate::ops;
 use crate::partitioned::{Data, Location, PartitionedArray};
 use crate::plan::{BoxCopy, Plan};
-use crate::tensor::{contiguous_strides, Tensor};
+use crate::tensor::Tensor;
 
 use super::agree::{agree, Peers};
 use super::wire::{fingerprint, Writer};
@@ -542,24 +542,7 @@ pub(super) fn rank_device(
     Ok(found)
 }
 
-/// A contiguous tensor of `shape` inside `buf` (contiguous, of `buf`'s dtype) at `offset`
-/// bytes, sharing its owner.
-pub(super) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
-    // SAFETY: callers lay the boxes out inside the buffer: `offset` plus the box's bytes is at
-    // most `buf.nbytes()`, so every element of the view lies inside `buf`'s memory, which
-    // `buf.owner()` keeps alive. Device addresses are only offset, never dereferenced here.
-    unsafe {
-        Tensor::from_raw_parts(
-            buf.data_ptr().wrapping_add(offset),
-            shape.to_vec(),
-            contiguous_strides(shape),
-            buf.dtype(),
-            buf.device(),
-            false,
-            buf.owner().clone(),
-        )
-    }
-}
+pub(super) use crate::ops::box_view;
 
 /// What a rank notes about its side of an exchange in the agreement (see [`Stage::note`]):
 /// what the others cannot know, and must agree on from every rank's note.

@@ -1,0 +1,228 @@
+//! The copies of a repartition between memories that are not one ([`one_memory`]):
+//! `kDLCUDA:0` partitions into `kDLCPU` targets, host partitions into `kDLCUDA:1` targets,
+//! one GPU's partitions into another's, which run only with `transfer = true`.
+//!
+//! Only what the plan copies crosses, and in one transfer per (source device, target device)
+//! pair: the source side's kernels pack the pair's boxes one after the other into one
+//! contiguous buffer, [`Backend::transfer`] moves the buffer (the bus then carries the
+//! contiguous bytes the targets need, never a whole partition of which a target wants one
+//! column), and the target side's kernels unpack it into the target boxes, together with the
+//! copies that stay within one memory. The host side of a pair is pinned staging memory of
+//! the pair's CUDA device ([`Backend::empty_staging`]), which the device reads and writes by
+//! DMA at the bus's rate, where the device's cache keeps such a buffer for reuse (up to
+//! [`pinned_cache_limit`], 256 MiB by default): a repartition in a loop then pins its
+//! buffers once. A larger one is ordinary `kDLCPU` memory, which the driver copies through
+//! a pinned buffer of its own: pinning a new buffer of a GiB takes a good part of a second
+//! (see `backend/cuda/staging.rs`), more than that copy.
+//!
+//! Every buffer of every pair is allocated, every pair packed and every buffer moved before
+//! any target is written: an allocation or a transfer that fails leaves the targets as they
+//! were. The bytes that cross are held twice while they move, once on each side.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{one_memory, waited_for, Backends};
+use crate::backend::cuda::pinned_cache_limit;
+use crate::backend::{backend_for, Backend, BoxCopy};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::plan::{self, Plan};
+use crate::tensor::{contiguous_strides, Tensor};
+
+/// A C-order tensor of `shape` at byte `offset` of the contiguous buffer `buf`, sharing its
+/// memory and owner: one box of a packed buffer (a repartition's crossing, an SPMD exchange's
+/// send and receive buffers). Callers lay their boxes out inside `buf`.
+pub(crate) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
+    debug_assert!(
+        buf.is_contiguous()
+            && (shape.iter().product::<usize>() * buf.dtype().itemsize())
+                .checked_add(offset)
+                .is_some_and(|end| end <= buf.nbytes()),
+        "a box of shape {shape:?} at byte {offset} of {buf:?}"
+    );
+    // SAFETY: callers lay the boxes out inside the contiguous buffer: `offset` plus the box's
+    // bytes is at most `buf.nbytes()`, so every element of the C-order view lies inside
+    // `buf`'s memory, which `buf.owner()` keeps alive. Device addresses are only offset,
+    // never dereferenced here.
+    unsafe {
+        Tensor::from_raw_parts(
+            buf.data_ptr().wrapping_add(offset),
+            shape.to_vec(),
+            contiguous_strides(shape),
+            buf.dtype(),
+            buf.device(),
+            false,
+            buf.owner().clone(),
+        )
+    }
+}
+
+/// The device whose backend copies from memory on `a` into memory on `b`, one memory: the
+/// device itself, or the CPU between host memory of two kinds.
+pub(super) fn executor(a: Device, b: Device) -> Device {
+    if a == b {
+        a
+    } else {
+        Device::CPU
+    }
+}
+
+/// The backend of `device`, resolved by `check_devices` or, for the CPU executing copies
+/// between two kinds of host memory, looked up now (that never fails).
+pub(super) fn backend_of(backends: &Backends, device: Device) -> Result<Arc<dyn Backend>> {
+    match backends.get(&device) {
+        Some(b) => Ok(b.clone()),
+        None => backend_for(device),
+    }
+}
+
+/// The plan's copies between one (source device, target device) pair that is not one memory.
+struct Pair {
+    from: Device,
+    to: Device,
+    /// The copies, in the order their boxes lie in the buffers.
+    ops: Vec<plan::BoxCopy>,
+    /// Their elements in all.
+    numel: usize,
+}
+
+/// The copies of a plan that cross devices, grouped by device pair.
+pub(super) struct Crossings {
+    pairs: Vec<Pair>,
+    /// The most bytes the host side of a pair takes in pinned staging memory.
+    pinned_max: usize,
+}
+
+impl Crossings {
+    /// The copies of `plan` from `src` into `dst` between devices that are not one memory;
+    /// none when every copy stays within one memory.
+    pub(super) fn of(plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Self {
+        let mut pairs: BTreeMap<(Device, Device), Pair> = BTreeMap::new();
+        plan.ops().visit(|op| {
+            let (from, to) = (src[op.src].device(), dst[op.dst].device());
+            if one_memory(from, to) {
+                return;
+            }
+            let pair = pairs.entry((from, to)).or_insert_with(|| Pair {
+                from,
+                to,
+                ops: Vec::new(),
+                numel: 0,
+            });
+            pair.numel += op.numel();
+            pair.ops.push(op.clone());
+        });
+        Crossings {
+            pairs: pairs.into_values().collect(),
+            pinned_max: pinned_cache_limit(),
+        }
+    }
+
+    /// The same crossings with the host side of a pair of more than `bytes` bytes in
+    /// ordinary host memory (tests: the cache limit is read once per process).
+    #[cfg(all(test, feature = "kernel-host-tests"))]
+    pub(super) fn pinned_up_to(self, bytes: usize) -> Self {
+        Crossings {
+            pinned_max: bytes,
+            ..self
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// A buffer of `numel` elements on the host side of a pair whose other side is
+    /// `device_side`: its pinned staging memory up to `pinned_max` bytes, else `kDLCPU`
+    /// memory (see the module's notes).
+    fn host_side(&self, device_side: &dyn Backend, numel: usize, dtype: DType) -> Result<Tensor> {
+        match numel.saturating_mul(dtype.itemsize()) <= self.pinned_max {
+            true => device_side.empty_staging(&[numel], dtype),
+            false => backend_for(Device::CPU)?.empty(&[numel], dtype),
+        }
+    }
+
+    /// Allocates both buffers of every pair, packs each pair's boxes into the buffer on its
+    /// source side and moves it to the one on its target side. Returns each box as it arrived
+    /// (a view of a target-side buffer) with its copy, for the target side's kernels to
+    /// unpack. Writes no target.
+    pub(super) fn send<'p>(
+        &'p self,
+        src: &[&Tensor],
+        backends: &Backends,
+    ) -> Result<Vec<(Tensor, &'p plan::BoxCopy)>> {
+        let dtype = src.first().map(|t| t.dtype()).expect("a copy has a source");
+        let mut buffers = Vec::with_capacity(self.pairs.len());
+        for p in &self.pairs {
+            let (from, to) = (backend_of(backends, p.from)?, backend_of(backends, p.to)?);
+            let packed = match p.from.is_host_accessible() {
+                true => self.host_side(to.as_ref(), p.numel, dtype)?,
+                false => from.empty(&[p.numel], dtype)?,
+            };
+            let arrived = match p.to.is_host_accessible() {
+                true => self.host_side(from.as_ref(), p.numel, dtype)?,
+                false => to.empty(&[p.numel], dtype)?,
+            };
+            buffers.push((packed, arrived));
+        }
+        let views: Vec<Vec<Tensor>> = (self.pairs.iter().zip(&buffers))
+            .map(|(p, (packed, _))| boxes_of(p, packed))
+            .collect();
+        let mut packs: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
+        for (p, views) in self.pairs.iter().zip(&views) {
+            for (op, view) in p.ops.iter().zip(views) {
+                let s = src[op.src];
+                packs
+                    .entry(executor(s.device(), view.device()))
+                    .or_default()
+                    .push(BoxCopy {
+                        src: s,
+                        src_start: op.src_start.clone(),
+                        dst: view,
+                        dst_start: vec![0; op.shape.len()],
+                        shape: op.shape.clone(),
+                    });
+            }
+        }
+        for (&dev, jobs) in &packs {
+            let backend = backend_of(backends, dev)?;
+            // SAFETY: each box is written into a byte range of its own of a buffer allocated
+            // just above, which shares no memory with any source.
+            let packed = unsafe { backend.copy_boxes_unchecked(jobs) };
+            waited_for(backend.as_ref(), packed)?;
+        }
+        // The transfer runs on the pair's device side: the target's, unless it is host
+        // memory (as `to_device` picks it). It returns once the bytes have arrived.
+        for (p, (packed, arrived)) in self.pairs.iter().zip(&buffers) {
+            let runner = match p.to.is_host_accessible() {
+                true => p.from,
+                false => p.to,
+            };
+            backend_of(backends, runner)?.transfer(packed, arrived)?;
+        }
+        let mut out = Vec::with_capacity(self.pairs.iter().map(|p| p.ops.len()).sum());
+        for (p, (_, arrived)) in self.pairs.iter().zip(&buffers) {
+            out.extend(boxes_of(p, arrived).into_iter().zip(&p.ops));
+        }
+        Ok(out)
+    }
+}
+
+/// Each of `pair`'s boxes as a view of `buf`, one after the other in the order of its copies.
+fn boxes_of(pair: &Pair, buf: &Tensor) -> Vec<Tensor> {
+    let itemsize = buf.dtype().itemsize();
+    let mut at = 0;
+    (pair.ops.iter())
+        .map(|op| {
+            let view = box_view(buf, at, &op.shape);
+            at += op.numel() * itemsize;
+            view
+        })
+        .collect()
+}
+
+#[cfg(all(test, feature = "kernel-host-tests"))]
+#[path = "crossing_tests.rs"]
+mod tests;
