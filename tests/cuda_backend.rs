@@ -1054,3 +1054,73 @@ fn an_spmd_exchange_of_gpu_partitions_stages_through_pinned_memory() {
     gpu.release_staging();
     assert_eq!(gpu.kept_staging_bytes(), 0);
 }
+
+/// On a GPU (and a second one where there is one): row blocks spread over the host and the
+/// GPU become column blocks spread over the host and the GPUs, new and into strided targets,
+/// with `transfer` (refused without it). The emulated devices run the same paths, with
+/// random layouts and injected faults, in the crate's unit tests (`ops::crossing::tests`).
+#[test]
+fn repartition_with_transfer_moves_boxes_between_the_host_and_gpus() {
+    let test = "repartition_with_transfer_moves_boxes_between_the_host_and_gpus";
+    let Some(gpu) = real_gpu(test) else {
+        return;
+    };
+    let g0 = gpu.device();
+    let g1 = match CudaBackend::get(Device::cuda(1)) {
+        Ok(b) => b.device(),
+        Err(e) => {
+            eprintln!("SKIP {test} on kDLCUDA:1: {e}");
+            g0
+        }
+    };
+    let shape = [37, 50];
+    let full = iota(&shape);
+    let sg = Grid::even(&shape, &[4, 1]).unwrap();
+    let dg = Grid::from_splits(&shape, vec![vec![0, 37], vec![0, 3, 4, 29, 50]]).unwrap();
+    let plan = Plan::new(&sg, &dg).unwrap();
+    let host = backend_for(Device::CPU).unwrap();
+    let on = |d: Device| -> Arc<dyn Backend> { backend_for(d).unwrap() };
+    let src_devs = [Device::CPU, g0, g1, Device::CPU];
+    let src: Vec<Tensor> = (0..sg.num_partitions())
+        .map(|i| {
+            let r = sg.region_at(i);
+            let part = contiguous_host(&full.view(&r.start, &r.shape).unwrap());
+            upload(on(src_devs[i]).as_ref(), &part)
+        })
+        .collect();
+    let dst_devs = vec![g1, Device::CPU, g0, g1];
+    let e = dlpart::ops::repartition(&plan, &src, &dst_devs, false).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    let out = dlpart::ops::repartition(&plan, &src, &dst_devs, true).unwrap();
+    let full_host = full.to_array::<f32>().unwrap();
+    let check = |parts: &[Tensor]| {
+        for (j, part) in parts.iter().enumerate() {
+            let r = dg.region_at(j);
+            let got = dlpart::ops::to_device(part, Device::CPU).unwrap();
+            let got = got.to_array::<f32>().unwrap();
+            let want = full_host.slice_each_axis(|ax| {
+                let a = ax.axis.index();
+                ndarray::Slice::from(r.start[a]..r.start[a] + r.shape[a])
+            });
+            assert_eq!(got, want, "target {j} on {}", part.device());
+        }
+    };
+    for (t, d) in out.iter().zip(&dst_devs) {
+        assert_eq!(t.device(), *d);
+    }
+    check(&out);
+    // Into reversed views of bigger buffers, on the host and the GPUs in turn.
+    let dst: Vec<Tensor> = (0..dg.num_partitions())
+        .map(|j| {
+            let r = dg.region_at(j);
+            let be = if j % 2 == 0 { on(g0) } else { host.clone() };
+            let big = upload(
+                be.as_ref(),
+                &Tensor::zeros(&[39, r.shape[1]], DType::Float32).unwrap(),
+            );
+            reversed(&big.view(&[1, 0], &r.shape).unwrap(), 0)
+        })
+        .collect();
+    dlpart::ops::repartition_into(&plan, &src, &dst, true).unwrap();
+    check(&dst);
+}
