@@ -54,8 +54,9 @@
 //!   `kDLCUDAManaged`, `kDLROCMHost`) is a plain copy, not a transfer (`ops::one_memory`),
 //!   in every operation, in one process and across ranks;
 //!   **staging** memory is the host memory a device's data passes through on its way to code
-//!   that reads host memory only, an MPI that is not CUDA-aware
-//!   ([`backend::Backend::empty_staging`]: pinned on CUDA).
+//!   that reads host memory only, an MPI that is not CUDA-aware, or to and from host
+//!   partitions in a repartition with `transfer` ([`backend::Backend::empty_staging`]:
+//!   pinned on CUDA).
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 

@@ -351,9 +351,9 @@ class PartitionedArray:
                     devices: Union[DeviceLike, Sequence[DeviceLike], None] = None,
                     process_grid: Optional[Sequence[int]] = None,
                     transfer: bool = False) -> "PartitionedArray":
-        """The same array over another grid: new partitions (dlpart tensors), each element copied
-        once from its source partition straight into its target partition, on the device where
-        the data is.
+        """The same array over another grid: new partitions (dlpart tensors), each element that
+        stays on its device copied once from its source partition straight into its target
+        partition, on the device where the data is.
 
         Give exactly one target: ``tiling`` (even split, like `numpy.array_split`), ``splits``
         (split points per axis) or ``block_cyclic`` (block size, an int or one per axis; the
@@ -363,7 +363,11 @@ class PartitionedArray:
         partition stays on the device of the source partition holding its first element. A
         layout that moves data to or from device memory (a GPU) raises `dlpart.DeviceError`
         unless ``transfer=True``; moves between host memory of any kinds (``kDLCPU``, JAX's
-        ``kDLCPU:k``, pinned, managed) are plain copies and need none.
+        ``kDLCPU:k``, pinned, managed) are plain copies and need none. With ``transfer=True``
+        only the pieces the new layout needs cross (host to GPU, GPU to host, GPU to GPU): for
+        each pair of devices, packed into one buffer where they are, moved in one transfer and
+        unpacked into the new partitions there; everything is allocated and moved before any
+        partition is written.
 
         Host partitions under 2 MiB share one allocation per device, which is released when
         the last of them is dropped (a large array cut into small blocks then costs one
@@ -389,7 +393,8 @@ class PartitionedArray:
         reusing the caller's buffers. ``out`` must have the same shape and dtype and writable
         partitions; nothing is written unless every check passes. Partitions of ``out`` on
         another device than the data they receive need ``transfer=True``, unless both are host
-        memory (of any kinds). Returns ``out``."""
+        memory (of any kinds); with it, only the pieces each partition receives cross, as in
+        `repartition`, and none is written before all have arrived. Returns ``out``."""
         if not isinstance(out, PartitionedArray):
             raise TypeError(f"repartition_into writes into a dlpart.PartitionedArray, not "
                             f"{type(out).__name__} (partition it first: dlpart.partition(out, ...))")

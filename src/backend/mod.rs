@@ -66,7 +66,8 @@ pub trait Backend: Send + Sync {
 
     /// A new contiguous tensor in host memory with unspecified contents, suited for staging
     /// this device's data on its way to or from code that reads only host memory (an MPI
-    /// that takes no device pointers): page-locked memory on CUDA, which the device copies
+    /// that takes no device pointers, the host partitions of a repartition with `transfer`):
+    /// page-locked memory on CUDA, which the device copies
     /// to and from by DMA at the bus's rate, kept for reuse as it is expensive to get;
     /// ordinary host memory elsewhere (this default). [`Backend::transfer`] copies between
     /// it and the device, into the buffers given. Allocation failure is

@@ -66,10 +66,14 @@ impl PartitionedArray {
         Ok(Self::from_tensors_unchecked(grid, views, t.dtype()))
     }
 
-    /// The same array over `layout`: new partitions, each element copied once from its source
-    /// partition straight into its target partition, on the device where the data is. A layout
-    /// whose placement moves data across devices needs `transfer`; one that moves it between
-    /// host memory of any kinds (`kDLCPU`, `kDLCPU:k`, pinned, managed) does not.
+    /// The same array over `layout`: new partitions, each element that stays in its memory
+    /// copied once from its source partition straight into its target partition, on the
+    /// device where the data is. A layout whose placement moves data across devices needs
+    /// `transfer`; one that moves it between host memory of any kinds (`kDLCPU`, `kDLCPU:k`,
+    /// pinned, managed) does not. With `transfer`, only the boxes the new layout needs cross,
+    /// packed into one buffer per device pair, moved in one transfer and unpacked on the
+    /// target's device ([`ops::repartition`]); every allocation and transfer is done before
+    /// any target is written.
     ///
     /// ```
     /// use dlpart::{Layout, PartitionedArray, Tensor};
@@ -112,7 +116,9 @@ impl PartitionedArray {
     /// Copies this array into `out`'s existing partitions (its grid is the target layout),
     /// reusing the caller's buffers. `out` must have the same shape and dtype and writable
     /// partitions; nothing is written unless every check passes. Targets on another device
-    /// than their sources need `transfer`, unless both are host memory (of any kinds).
+    /// than their sources need `transfer`, unless both are host memory (of any kinds); with
+    /// it, what they receive crosses as in [`repartition`](Self::repartition), and none is
+    /// written before all of it has arrived.
     pub fn repartition_into(&self, out: &PartitionedArray, transfer: bool) -> Result<()> {
         self.check_target_shape(out)?;
         let plan = Plan::new(&self.grid, &out.grid)?;
