@@ -1069,18 +1069,8 @@ mod tests {
     /// # Safety
     /// `device` must be host-accessible for the tensor to be read or written.
     unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
-        // SAFETY: the same memory and layout, kept alive by `t`'s owner, cloned here.
-        unsafe {
-            Tensor::from_raw_parts(
-                t.data_ptr(),
-                t.shape().to_vec(),
-                t.strides().to_vec(),
-                t.dtype(),
-                device,
-                false,
-                t.owner().clone(),
-            )
-        }
+        // SAFETY: this function's contract is `Tensor::labelled`'s.
+        unsafe { t.labelled(device) }
     }
 
     fn values_of(t: &Tensor) -> Vec<i32> {

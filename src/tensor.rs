@@ -1411,6 +1411,31 @@ mod cache {
 }
 
 #[cfg(test)]
+impl Tensor {
+    /// This tensor's memory, layout and owner under the label `device`, for tests of other
+    /// memory kinds on a machine without them.
+    ///
+    /// # Safety
+    /// `device` is host memory, which the CPU reads and writes as it does this tensor's, or
+    /// the result is never read nor written (an operation refuses it first).
+    pub(crate) unsafe fn labelled(&self, device: Device) -> Tensor {
+        // SAFETY: the same memory and layout, kept alive by this tensor's owner, cloned into
+        // the result; its use is the caller's contract.
+        unsafe {
+            Tensor::from_raw_parts(
+                self.data_ptr(),
+                self.shape().to_vec(),
+                self.strides().to_vec(),
+                self.dtype(),
+                device,
+                false,
+                self.owner().clone(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use num_complex::Complex;

@@ -246,19 +246,8 @@ fn partitioned_arrays_repartition_between_host_and_gpus_with_transfer() {
 
 /// `t`'s memory and layout under the label `device`, for a device no backend here serves.
 fn labelled(t: &Tensor, device: Device) -> Tensor {
-    // SAFETY: the same memory and layout, kept alive by `t`'s owner; the tests below only
-    // pass it where it is refused before any access.
-    unsafe {
-        Tensor::from_raw_parts(
-            t.data_ptr(),
-            t.shape().to_vec(),
-            t.strides().to_vec(),
-            t.dtype(),
-            device,
-            false,
-            t.owner().clone(),
-        )
-    }
+    // SAFETY: the tests below only pass it where it is refused before any access.
+    unsafe { t.labelled(device) }
 }
 
 /// The source of the fault tests: rows 0..3 of [`reference`] on the host, rows 3..6 on `gpu`;

@@ -24,18 +24,8 @@ fn reference() -> ArrayD<i32> {
 /// `device` is host memory, which the CPU reads and writes as it does `t`'s, or the result is
 /// never read nor written (an operation refuses it first).
 unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
-    // SAFETY: the same memory and layout, kept alive by `t`'s owner, cloned into the result.
-    unsafe {
-        Tensor::from_raw_parts(
-            t.data_ptr(),
-            t.shape().to_vec(),
-            t.strides().to_vec(),
-            t.dtype(),
-            device,
-            false,
-            t.owner().clone(),
-        )
-    }
+    // SAFETY: this function's contract is `Tensor::labelled`'s.
+    unsafe { t.labelled(device) }
 }
 
 /// Rank `r` of 2 holds rows `4r..4r + 4` of `a` as two row blocks: the first in memory of
