@@ -59,7 +59,7 @@
 //! let one = PartitionedArray::partition(&whole, &Layout::tiling(&[1]))?;
 //! let (held, dims) = distarray::describe(&one, 0, 1)?;
 //! assert_eq!(held.data_ptr(), whole.data_ptr());
-//! assert_eq!(dims[0].distribution, Distribution::block(0, 6));
+//! assert_eq!(dims[0].distribution, Distribution::block(0, 6)?);
 //! # Ok::<(), dlpart::Error>(())
 //! ```
 
@@ -123,16 +123,26 @@ impl Distribution {
         }
     }
 
-    /// A block of the global indices `start..stop`, without padding, not periodic (a `start`
-    /// beyond `isize::MAX`, which no buffer has, becomes `isize::MAX`: a block that
-    /// [`DimData::runs`] refuses).
-    pub fn block(start: usize, stop: usize) -> Self {
-        Distribution::Block {
-            start: isize::try_from(start).unwrap_or(isize::MAX),
+    /// A block of the global indices `start..stop`, without padding, not periodic. A `start`
+    /// beyond `isize::MAX` (the largest [`Distribution::Block`] holds) is an error naming both
+    /// values, not a block somewhere else.
+    pub fn block(start: usize, stop: usize) -> Result<Self> {
+        let Ok(first) = isize::try_from(start) else {
+            return Err(error(
+                None,
+                format!(
+                    "block start {start} (stop {stop}) is beyond isize::MAX = {}, the largest \
+                     start a block holds",
+                    isize::MAX
+                ),
+            ));
+        };
+        Ok(Distribution::Block {
+            start: first,
             stop,
             padding: [0, 0],
             periodic: false,
-        }
+        })
     }
 
     /// An index list, `one_to_one` false (the protocol's default).
@@ -208,7 +218,13 @@ impl DimData {
     /// An undistributed axis of length `len`: one block over all of it, on a process grid of
     /// one (what the protocol's empty dimension dictionary, `{}`, stands for).
     pub fn undistributed(len: usize) -> Self {
-        DimData::new(len, Distribution::block(0, len))
+        let whole = Distribution::Block {
+            start: 0,
+            stop: len,
+            padding: [0, 0],
+            periodic: false,
+        };
+        DimData::new(len, whole)
     }
 
     /// The same on a process grid of `procs` processes along the axis, at coordinate `coord`.
@@ -937,7 +953,7 @@ pub fn describe(
                 size: array.shape()[a],
                 proc_grid_size: tiling[a],
                 proc_grid_rank: held.position[a],
-                distribution: Distribution::block(start, start + held.shape[a]),
+                distribution: Distribution::block(start, start + held.shape[a])?,
             })
         })
         .collect::<Result<_>>()?;

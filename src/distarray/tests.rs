@@ -141,7 +141,7 @@ fn one_process_must_hold_every_index_once() {
         e.contains("global indices 2..4 are held by no process"),
         "{e}"
     );
-    let short = [DimData::new(4, Distribution::block(0, 3))];
+    let short = [DimData::new(4, Distribution::block(0, 3).unwrap())];
     let e = import(&b, &short).unwrap_err().to_string();
     assert!(
         e.contains("global indices 3..4 are held by no process"),
@@ -160,7 +160,7 @@ fn an_empty_axis_is_one_empty_partition() {
     let b = Tensor::zeros(&[0, 3], crate::DType::Float64).unwrap();
     let dims = [
         DimData::new(0, Distribution::unstructured(vec![])),
-        DimData::new(3, Distribution::block(0, 3)),
+        DimData::new(3, Distribution::block(0, 3).unwrap()),
     ];
     let pa = import(&b, &dims).unwrap();
     assert_eq!(pa.shape(), &[0, 3]);
@@ -323,8 +323,10 @@ fn a_rank_with_a_wrong_dictionary_fails_every_rank() {
         let r = comm.rank();
         // Rank 2 claims coordinate 1: its dictionary does not match its rank.
         let coord = if r == 2 { 1 } else { r };
-        let dims =
-            [DimData::new(8, Distribution::block(2 * coord, 2 * coord + 2)).on_grid(4, coord)];
+        let dims = [
+            DimData::new(8, Distribution::block(2 * coord, 2 * coord + 2).unwrap())
+                .on_grid(4, coord),
+        ];
         import_spmd(comm, &buffer, &dims).map(|_| ())
     });
     for r in results {
@@ -367,7 +369,10 @@ fn blocks_one_per_rank_describe_themselves_and_read_back() {
         assert_eq!(back, a);
         let (i, j) = (rank / 2, rank % 2);
         assert_eq!(dims[0].proc_grid_rank, i);
-        assert_eq!(dims[1].distribution, Distribution::block(2 * j, 2 * j + 2));
+        assert_eq!(
+            dims[1].distribution,
+            Distribution::block(2 * j, 2 * j + 2).unwrap()
+        );
     }
 }
 
@@ -603,7 +608,7 @@ fn a_shared_index_is_read_from_the_lowest_rank_across_axes() {
         });
         let dims = [
             DimData::new(4, Distribution::unstructured(rows[i].clone())).on_grid(2, i),
-            DimData::new(4, Distribution::block(2 * j, 2 * j + 2)).on_grid(2, j),
+            DimData::new(4, Distribution::block(2 * j, 2 * j + 2).unwrap()).on_grid(2, j),
         ];
         let pa = import_spmd(comm, &Tensor::from(values), &dims)?;
         let t = crate::spmd::assemble(comm, &pa, None, None, false)?;
@@ -679,7 +684,7 @@ fn shared_indices_that_break_the_protocol_fail_every_rank() {
             let buffer = Tensor::from(ndarray::Array2::from_elem((2, 1), 1.0f64));
             let dims = [
                 DimData::new(4, Distribution::unstructured(rows)).on_grid(2, i),
-                DimData::new(2, Distribution::block(j, j + 1)).on_grid(2, j),
+                DimData::new(2, Distribution::block(j, j + 1).unwrap()).on_grid(2, j),
             ];
             import_spmd(comm, &buffer, &dims)
         }),
@@ -692,7 +697,7 @@ fn shared_indices_that_break_the_protocol_fail_every_rank() {
             let r = comm.rank();
             let buffer = Tensor::from(ndarray::Array1::from(vec![1.0f64]));
             let d = match r {
-                2 => DimData::new(4, Distribution::block(2, 3)),
+                2 => DimData::new(4, Distribution::block(2, 3).unwrap()),
                 _ => DimData::new(4, Distribution::unstructured(vec![r])),
             };
             import_spmd(comm, &buffer, &[d.on_grid(4, r)])
@@ -726,4 +731,25 @@ fn ranks_reading_different_process_grids_fail_together() {
              process reads the same"
         );
     }
+}
+
+#[test]
+fn a_block_start_beyond_isize_max_is_refused_as_given() {
+    let start = (1usize << 63) + 1;
+    let e = Distribution::block(start, start).unwrap_err();
+    assert_eq!(e.kind(), "ProtocolError");
+    assert_eq!(
+        e.to_string(),
+        "__distarray__: block start 9223372036854775809 (stop 9223372036854775809) is beyond \
+         isize::MAX = 9223372036854775807, the largest start a block holds"
+    );
+    // The largest start a block holds is kept as given.
+    let last = Distribution::block(isize::MAX as usize, usize::MAX).unwrap();
+    let expected = Distribution::Block {
+        start: isize::MAX,
+        stop: usize::MAX,
+        padding: [0, 0],
+        periodic: false,
+    };
+    assert_eq!(last, expected);
 }
