@@ -2,6 +2,7 @@
 //! [`crate::distarray`] functions for `dlpart.from_distarray`, `dlpart.mpi.from_distarray` and
 //! `__distarray__`.
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
@@ -11,39 +12,48 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::errors::to_py;
+use super::ints::Int;
 use super::partitioned::{described, type_name, wrap, PyPartitioned};
 use super::spmd::{failure, MpiComm};
 use super::tensor::{import, is_producer, PyTensor};
 
-/// A non-negative integer (Python's or numpy's, never a bool) from `value`, named `what`.
-fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
-    let n = if value.is_instance_of::<PyBool>() {
-        None
-    } else {
-        value.extract::<i64>().ok()
-    };
-    let n = n.ok_or_else(|| {
+/// An integer (Python's or numpy's, never a bool) from `value`, named `what`, as a `T` from
+/// `lo` on: an int beyond `T`'s range (the conversion's `OverflowError`) is out of range,
+/// anything else that does not convert not an integer.
+fn integer<T: Int>(value: &Bound<'_, PyAny>, what: &str, at: &str, lo: i128) -> Result<T> {
+    let not_int = || {
         Error::dist_array(
             at,
             format!("{what} = {} is not an integer", described(value)),
         )
-    })?;
+    };
+    if value.is_instance_of::<PyBool>() {
+        return Err(not_int());
+    }
+    value.extract::<T>().map_err(|e| {
+        if !e.is_instance_of::<PyOverflowError>(value.py()) {
+            return not_int();
+        }
+        Error::dist_array(
+            at,
+            format!(
+                "{what} = {} is out of range (expected an int from {lo} to {})",
+                described(value),
+                T::RANGE.1
+            ),
+        )
+    })
+}
+
+/// A non-negative integer (Python's or numpy's, never a bool) from `value`, named `what`.
+fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
+    let n = integer::<i64>(value, what, at, 0)?;
     usize::try_from(n).map_err(|_| Error::dist_array(at, format!("{what} = {n} is negative")))
 }
 
 /// An integer (Python's or numpy's, never a bool) that may be negative, from `value`.
 fn signed(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<isize> {
-    let n = if value.is_instance_of::<PyBool>() {
-        None
-    } else {
-        value.extract::<isize>().ok()
-    };
-    n.ok_or_else(|| {
-        Error::dist_array(
-            at,
-            format!("{what} = {} is not an integer", described(value)),
-        )
-    })
+    integer::<isize>(value, what, at, isize::MIN as i128)
 }
 
 /// A bool (Python's or numpy's) from `value`, named `what`.
@@ -154,11 +164,30 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
     if let Some(t) = int64 {
         return t.as_array::<i64>()?.iter().map(|&i| negative(i)).collect();
     }
-    v.extract::<Vec<i64>>()
-        .map_err(|_| Error::dist_array(at, "'indices' is not a sequence of integers"))?
-        .into_iter()
-        .map(negative)
-        .collect()
+    let listed = v.extract::<Vec<i64>>().map_err(|e| {
+        // An entry too large for an i64 is named, out of range; else the list is no list of
+        // integers.
+        let overflowed = |x: &Bound<'_, PyAny>| {
+            x.extract::<i64>()
+                .is_err_and(|e| e.is_instance_of::<PyOverflowError>(v.py()))
+        };
+        let entry = e
+            .is_instance_of::<PyOverflowError>(v.py())
+            .then(|| v.try_iter().ok()?.flatten().find(|x| overflowed(x)))
+            .flatten();
+        match entry {
+            Some(x) => Error::dist_array(
+                at,
+                format!(
+                    "'indices' holds {}, out of range (expected an int from 0 to {})",
+                    described(&x),
+                    i64::MAX
+                ),
+            ),
+            None => Error::dist_array(at, "'indices' is not a sequence of integers"),
+        }
+    })?;
+    listed.into_iter().map(negative).collect()
 }
 
 /// The dict's `dim_data`: a tuple (or list) of dimension dictionaries, for a buffer of shape

@@ -28,7 +28,7 @@ macro_rules! ints {
         })*
     };
 }
-ints!(i32, i64, usize);
+ints!(i32, i64, isize, usize);
 
 /// What an argument out of range raises.
 #[derive(Clone, Copy)]

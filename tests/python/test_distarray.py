@@ -131,6 +131,28 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
     (dap(np.zeros(3), dim("u", 3, indices=[0, 1, 2], one_to_one=1)), "'one_to_one' = 1 is not a bool"),
     (dap(np.zeros(4), dim("b", 4, start=0, stop=4, periodic="yes")), "'periodic' = 'yes' is not a bool"),
     (dap(np.zeros(4), dim("b", 4, start=0.0, stop=4)), "'start' = 0.0 is not an integer"),
+    # Ints beyond 64 bits (or a numpy uint64 beyond int64) are out of range, not "no integer".
+    (dap(np.zeros(4), dim("b", 4, start=2**70, stop=4)),
+     r"'start' = 1180591620717411303424 is out of range \(expected an int from "
+     r"-9223372036854775808 to 9223372036854775807\)$"),
+    (dap(np.zeros(4), dim("b", 4, start=-(2**70), stop=4)),
+     "'start' = -1180591620717411303424 is out of range"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=2**64)),
+     r"'stop' = 18446744073709551616 is out of range \(expected an int from 0 to "
+     r"9223372036854775807\)$"),
+    (dap(np.zeros(4), dim("b", 2**70, start=0, stop=4)), "'size' = 1180591620717411303424 is out of range"),
+    (dap(np.zeros(4), dim("b", np.uint64(2**63), start=0, stop=4)),
+     r"'size' = np.uint64\(9223372036854775808\) is out of range"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, padding=(0, 2**70))),
+     "padding = 1180591620717411303424 is out of range"),
+    (dap(np.zeros(4), dim("c", 4, start=0, block_size=2**70)), "'block_size' = 1180591620717411303424 is out of range"),
+    (dap(np.zeros(4), {**dim("b", 4, start=0, stop=4), "proc_grid_size": 2**70}),
+     "'proc_grid_size' = 1180591620717411303424 is out of range"),
+    (dap(np.zeros(2), dim("u", 2, indices=[0, 2**70])),
+     r"'indices' holds 1180591620717411303424, out of range \(expected an int from 0 to "
+     r"9223372036854775807\)$"),
+    (dap(np.zeros(2), dim("u", 2, indices=np.array([0, 2**63], dtype=np.uint64))),
+     r"'indices' holds np.uint64\(9223372036854775808\), out of range"),
     (dap(np.zeros(4), dim("b", 3, start=-1, stop=3, padding=(1, 0))),
      r"start -1 \(padding \(1, 0\)\) is below 0: the axis is not periodic"),
     (dap(np.zeros(4), dim("b", 3, start=-2, stop=2, padding=(1, 0), periodic=True)),
