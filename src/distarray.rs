@@ -40,7 +40,10 @@
 //! `true`, an index held by two processes is an error naming it and them. Either way, an index
 //! twice in one process's `indices` (the protocol has them locally unique), and an index no
 //! process holds, are errors. Only [`import_spmd`] sees other processes' indices: [`pieces`]
-//! and [`local_parts`] read one process's buffer as it stands.
+//! and [`local_parts`] read one process's buffer as it stands. It learns them as runs of
+//! consecutive indices, not index by index: what the ranks all-gather, and the work of
+//! deciding who reads what (a sweep over every process's runs by start), grow with the
+//! number of runs, so that a long list in a few runs costs as little as a block.
 //!
 //! ```
 //! use dlpart::distarray::{self, DimData, Distribution};
@@ -199,6 +202,22 @@ fn processes(n: usize) -> String {
     format!("{n} process{}", if n == 1 { "" } else { "es" })
 }
 
+/// The smallest global index in more than one of `runs` (`(first global index, length)`
+/// pairs, in any order), by a sweep over them sorted by start: an index two runs share begins
+/// at the later one's start, which then lies below the furthest end before it.
+fn first_overlap(runs: impl Iterator<Item = (usize, usize)>) -> Option<usize> {
+    let mut sorted: Vec<(usize, usize)> = runs.filter(|r| r.1 > 0).collect();
+    sorted.sort_unstable();
+    let mut end = 0;
+    for (start, len) in sorted {
+        if start < end {
+            return Some(start);
+        }
+        end = end.max(start + len);
+    }
+    None
+}
+
 fn error(axis: Option<(usize, char)>, found: impl Into<String>) -> Error {
     let at = axis.map(|(a, kind)| format!(" dim_data[{a}] ('{kind}')"));
     Error::dist_array(at.unwrap_or_default(), found)
@@ -310,21 +329,27 @@ impl DimData {
                         ),
                     ));
                 }
-                // Locally unique, as the protocol has them: the smallest repeated index, with
-                // the buffer positions that hold it.
-                let mut order: Vec<usize> = (0..extent).collect();
-                order.sort_by_key(|&k| (indices[k], k));
-                if let Some(w) = order.windows(2).find(|w| indices[w[0]] == indices[w[1]]) {
+                let runs = index_runs(indices, |_| true);
+                // Locally unique, as the protocol has them: else the smallest repeated index,
+                // with the first two buffer positions that hold it (found on the runs, not
+                // the indices one by one).
+                if let Some(g) = first_overlap(runs.iter().map(|r| (r.global, r.len))) {
+                    let mut at: Vec<usize> = runs
+                        .iter()
+                        .filter(|r| r.global <= g && g - r.global < r.len)
+                        .map(|r| r.local + (g - r.global))
+                        .collect();
+                    at.sort_unstable();
                     return Err(error(
                         where_,
                         format!(
-                            "global index {} is at positions {} and {} of this process's \
+                            "global index {g} is at positions {} and {} of this process's \
                              'indices' (the protocol has them locally unique)",
-                            indices[w[0]], w[0], w[1]
+                            at[0], at[1]
                         ),
                     ));
                 }
-                index_runs(indices, |_| true)
+                runs
             }
         };
         if size == 0 && coord == 0 {
@@ -609,7 +634,10 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// [`spmd::from_local`], so a rank whose buffer or dimension dictionaries are wrong makes
 /// every rank return the same error. An all-gather of the ranks' dictionaries comes first:
 /// along an unstructured axis, an index several processes hold is read from the one of lowest
-/// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs).
+/// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs). Each rank
+/// sends a few numbers per axis, and for an index list its runs of consecutive indices (the
+/// lowest rank at each coordinate; the others a fingerprint of theirs, which must match):
+/// bytes per run, not per index.
 pub fn import_spmd(
     comm: &dyn Communicator,
     buffer: &Tensor,
@@ -631,7 +659,9 @@ pub(crate) fn spmd_import(
         let axes = checked_runs(dims, buffer.shape(), comm.rank(), comm.size())?;
         Ok((buffer, dims, axes))
     });
-    let mine = checked.as_ref().map(|(_, dims, _)| encode_axes(dims));
+    let mine = checked
+        .as_ref()
+        .map(|(_, dims, axes)| encode_axes(dims, axes));
     let all = spmd::share(comm, CALL, mine.as_ref().map(Vec::as_slice).map_err(|e| *e))?;
     let (buffer, dims, mut axes) = checked.expect("a failed rank returned above");
     let shares = all
@@ -649,29 +679,68 @@ pub(crate) fn spmd_import(
     spmd::from_local_in(comm, CALL, parts.map(LocalParts::Placed), Some(&shape))
 }
 
-/// What a rank tells the others of one of its axes before it cuts its pieces.
+/// What a rank tells the others of one of its axes before it cuts its pieces: a few numbers
+/// per axis, and along an unstructured axis its index list as runs (a list compresses into
+/// its runs of consecutive indices), so that what the ranks gather grows with the runs, not
+/// with the indices.
 struct AxisShare {
     size: usize,
     procs: usize,
     coord: usize,
-    /// An unstructured axis's `indices` and `one_to_one`.
-    indices: Option<(Vec<usize>, bool)>,
+    kind: Shared,
 }
 
-fn encode_axes(dims: &[DimData]) -> Vec<u8> {
+/// The distribution's part of an [`AxisShare`].
+enum Shared {
+    /// Blocks or cyclic blocks.
+    Other,
+    /// An index list: `one_to_one`, a fingerprint of the list and `one_to_one` together
+    /// (which every rank at one coordinate must give alike), and the list as
+    /// `(first global index, length)` runs in buffer order. Only the lowest rank at its
+    /// coordinate along the axis (the one at coordinate 0 along every other axis) sends the
+    /// runs: the others' lists are the same when their fingerprints are.
+    Listed {
+        one_to_one: bool,
+        print: u64,
+        runs: Option<Vec<(usize, usize)>>,
+    },
+}
+
+/// This rank's [`AxisShare`]s: its dimension dictionaries `dims` and the runs `axes` read
+/// from them.
+fn encode_axes(dims: &[DimData], axes: &[Vec<Run>]) -> Vec<u8> {
     let mut w = Writer::default();
     w.usize(dims.len());
-    for d in dims {
+    for (a, (d, runs)) in dims.iter().zip(axes).enumerate() {
         w.usize(d.size)
             .usize(d.proc_grid_size)
             .usize(d.proc_grid_rank);
         match &d.distribution {
-            Distribution::Unstructured {
-                indices,
-                one_to_one,
-            } => w.u8(1).u8(u8::from(*one_to_one)).usizes(indices),
-            _ => w.u8(0),
-        };
+            Distribution::Block { .. } | Distribution::Cyclic { .. } => {
+                w.u8(0);
+            }
+            Distribution::Unstructured { one_to_one, .. } => {
+                // The runs of the list, in buffer order (the empty run of an empty axis is
+                // none of the list's).
+                let flat: Vec<usize> = runs
+                    .iter()
+                    .filter(|r| r.len > 0)
+                    .flat_map(|r| [r.global, r.len])
+                    .collect();
+                let mut listed = Writer::default();
+                listed.u8(u8::from(*one_to_one)).usizes(&flat);
+                let print = spmd::fingerprint(&listed.0);
+                let first_here = dims
+                    .iter()
+                    .enumerate()
+                    .all(|(b, e)| b == a || e.proc_grid_rank == 0);
+                w.u8(1).u8(u8::from(*one_to_one)).u64(print);
+                w.u8(u8::from(first_here));
+                if first_here {
+                    w.usizes(&flat);
+                }
+            }
+        }
     }
     w.0
 }
@@ -681,18 +750,30 @@ fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
     let mut axes = Vec::new();
     for _ in 0..n {
         let (size, procs, coord) = (r.usize()?, r.usize()?, r.usize()?);
-        let indices = match r.u8()? {
+        let kind = match r.u8()? {
             1 => {
                 let one_to_one = r.u8()? == 1;
-                Some((r.usizes()?, one_to_one))
+                let print = r.u64()?;
+                let runs = match r.u8()? {
+                    1 => {
+                        let flat = r.usizes()?;
+                        Some(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+                    }
+                    _ => None,
+                };
+                Shared::Listed {
+                    one_to_one,
+                    print,
+                    runs,
+                }
             }
-            _ => None,
+            _ => Shared::Other,
         };
         axes.push(AxisShare {
             size,
             procs,
             coord,
-            indices,
+            kind,
         });
     }
     Ok(axes)
@@ -736,8 +817,9 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
     for (a, &procs) in grid0.iter().enumerate() {
         let axis: Vec<&AxisShare> = shares.iter().map(|s| &s[a]).collect();
         let at = Some((a, 'u'));
+        let listed = |s: &AxisShare| matches!(s.kind, Shared::Listed { .. });
         let (listed, other): (Vec<usize>, Vec<usize>) =
-            (0..axis.len()).partition(|&r| axis[r].indices.is_some());
+            (0..axis.len()).partition(|&r| listed(axis[r]));
         match (listed.first(), other.first()) {
             (None, _) => {}
             (Some(&r0), Some(&r1)) => {
@@ -753,7 +835,9 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
 }
 
 /// [`read_from_lowest`] along one unstructured axis over `procs` coordinates (every rank's
-/// share of it in `axis`, `at` for messages): this rank's (`me`) runs in `runs`.
+/// share of it in `axis`, `at` for messages): this rank's (`me`) runs in `runs`. A sweep over
+/// every coordinate's runs, sorted by start, finds the indices no process holds and those
+/// several hold.
 fn read_listed(
     axis: &[&AxisShare],
     procs: usize,
@@ -768,13 +852,25 @@ fn read_listed(
             format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
         ));
     }
+    // (one_to_one, fingerprint, runs) of a rank's share: every share here is listed.
+    fn listed(s: &AxisShare) -> (bool, u64, Option<&[(usize, usize)]>) {
+        match &s.kind {
+            Shared::Listed {
+                one_to_one,
+                print,
+                runs,
+            } => (*one_to_one, *print, runs.as_deref()),
+            _ => unreachable!("read_listed reads unstructured axes"),
+        }
+    }
     // Each coordinate's indices, as the first rank there gives them: the others there (the
-    // processes along the other axes) give the same, as the protocol has it.
+    // processes along the other axes) give the same, as the protocol has it (the same
+    // fingerprint of indices and one_to_one).
     let mut first: Vec<Option<usize>> = vec![None; procs];
     for (r, share) in axis.iter().enumerate() {
         match first[share.coord] {
             None => first[share.coord] = Some(r),
-            Some(r0) if axis[r0].indices != share.indices => {
+            Some(r0) if listed(axis[r0]).1 != listed(share).1 => {
                 return Err(error(
                     at,
                     format!(
@@ -787,16 +883,24 @@ fn read_listed(
             Some(_) => {}
         }
     }
-    let mut held: Vec<(&[usize], bool)> = Vec::with_capacity(procs);
+    let mut held: Vec<(&[(usize, usize)], bool)> = Vec::with_capacity(procs);
     for (c, r) in first.iter().enumerate() {
-        let listed = r.and_then(|r| axis[r].indices.as_ref());
-        let Some((indices, one_to_one)) = listed else {
+        let Some(r) = *r else {
             return Err(error(
                 at,
                 format!("no rank is at proc_grid_rank {c} along it"),
             ));
         };
-        held.push((indices, *one_to_one));
+        let (one_to_one, _, listed_runs) = listed(axis[r]);
+        // The lowest rank at a coordinate is the one at coordinate 0 along the other axes,
+        // which sends its runs.
+        let Some(listed_runs) = listed_runs else {
+            return Err(error(
+                at,
+                format!("rank {r}, the first at proc_grid_rank {c} along it, sent no indices"),
+            ));
+        };
+        held.push((listed_runs, one_to_one));
     }
     let one_to_one = held[0].1;
     if let Some(c) = held.iter().position(|h| h.1 != one_to_one) {
@@ -810,57 +914,93 @@ fn read_listed(
             ),
         ));
     }
-    // Every (index, coordinate) pair, by index and then coordinate: each index's first pair
-    // names the lowest coordinate holding it, which it is read from.
-    let mut pairs: Vec<(usize, usize)> = held
+    // Every coordinate's runs as (start, end, coordinate), by start. A run starting beyond
+    // the furthest end before it leaves a gap; one starting below that end starts an index
+    // held twice, by another coordinate (a coordinate's own runs never overlap: its indices
+    // are locally unique). The first of each found is the lowest.
+    let mut spans: Vec<(usize, usize, usize)> = held
         .iter()
         .enumerate()
-        .flat_map(|(c, (indices, _))| indices.iter().map(move |&g| (g, c)))
+        .flat_map(|(c, (runs, _))| runs.iter().map(move |&(g, n)| (g, g + n, c)))
         .collect();
-    pairs.sort_unstable();
-    let mut lowest = Vec::with_capacity(pairs.len());
-    let mut k = 0;
-    while k < pairs.len() {
-        let g = pairs[k].0;
-        let n = pairs[k..].iter().take_while(|p| p.0 == g).count();
-        if g > lowest.len() {
-            return Err(error(
-                at,
-                format!(
-                    "global indices {}..{g} are held by no process",
-                    lowest.len()
-                ),
-            ));
+    spans.sort_unstable();
+    let (mut end, mut gap, mut twice) = (0, None, None);
+    for &(start, stop, _) in &spans {
+        if gap.is_none() && start > end {
+            gap = Some((end, start));
         }
-        if one_to_one && n > 1 {
-            let coords: Vec<usize> = pairs[k..k + n].iter().map(|p| p.1).collect();
-            return Err(error(
-                at,
-                format!(
-                    "global index {g} is held by the processes at proc_grid_rank {} along it, \
-                     and one_to_one is True",
-                    and_list(&coords)
-                ),
-            ));
+        if twice.is_none() && start < end {
+            twice = Some(start);
         }
-        lowest.push(pairs[k].1);
-        k += n;
+        end = end.max(stop);
     }
-    if lowest.len() < size {
+    if gap.is_none() && end < size {
+        gap = Some((end, size));
+    }
+    // The first fault by index: a shared index below the first gap (one_to_one true), or the gap.
+    if let Some(g) = twice.filter(|&g| one_to_one && gap.is_none_or(|(lo, _)| g < lo)) {
+        let mut coords: Vec<usize> = spans
+            .iter()
+            .filter(|&&(start, stop, _)| start <= g && g < stop)
+            .map(|s| s.2)
+            .collect();
+        coords.sort_unstable();
         return Err(error(
             at,
             format!(
-                "global indices {}..{size} are held by no process",
-                lowest.len()
+                "global index {g} is held by the processes at proc_grid_rank {} along it, \
+                 and one_to_one is True",
+                and_list(&coords)
             ),
+        ));
+    }
+    if let Some((lo, hi)) = gap {
+        return Err(error(
+            at,
+            format!("global indices {lo}..{hi} are held by no process"),
         ));
     }
     let coord = axis[me].coord;
     if size > 0 {
-        let (indices, _) = held[coord];
-        *runs = index_runs(indices, |at| lowest[indices[at]] == coord);
+        // The indices of lower coordinates, merged into disjoint spans: this rank's runs
+        // (its list is its coordinate's) less those.
+        let mut lower: Vec<(usize, usize)> = Vec::new();
+        for &(start, stop, _) in spans.iter().filter(|s| s.2 < coord) {
+            match lower.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(stop),
+                _ => lower.push((start, stop)),
+            }
+        }
+        *runs = runs_outside(runs, &lower);
     }
     Ok(())
+}
+
+/// The parts of `runs` (in their order, each cut in ascending order) outside `taken`, disjoint
+/// `(start, end)` spans of global indices sorted by start.
+fn runs_outside(runs: &[Run], taken: &[(usize, usize)]) -> Vec<Run> {
+    let mut out = Vec::new();
+    for r in runs {
+        let (mut at, end) = (r.global, r.global + r.len);
+        // The first span ending past `at`, then each one after it that starts before `end`.
+        let mut k = taken.partition_point(|&(_, stop)| stop <= at);
+        while at < end {
+            let (start, stop) = match taken.get(k) {
+                Some(&(start, stop)) if start < end => (start, stop),
+                _ => (end, end),
+            };
+            if start > at {
+                out.push(Run {
+                    global: at,
+                    local: r.local + (at - r.global),
+                    len: start - at,
+                });
+            }
+            at = at.max(stop);
+            k += 1;
+        }
+    }
+    out
 }
 
 /// `True` or `False`, as the protocol's Python dicts write them.

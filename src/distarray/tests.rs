@@ -753,3 +753,249 @@ fn a_block_start_beyond_isize_max_is_refused_as_given() {
     };
     assert_eq!(last, expected);
 }
+
+/// Every rank's partitions of `pa` as sorted `(global start, length)` pairs of a 1-d array.
+fn boxes_1d(pa: &PartitionedArray) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = pa
+        .locals()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let part = pa.at(p).unwrap();
+            (part.start[0], part.shape[0])
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// A communicator that records the bytes this rank puts into each all-gather.
+struct Counting<'a> {
+    inner: &'a dyn Communicator,
+    gathered: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Communicator for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.gathered.lock().unwrap().push(bytes.len());
+        self.inner.all_gather(bytes)
+    }
+
+    fn all_to_all_v(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        segments: &crate::spmd::Segments<'_>,
+    ) -> Result<()> {
+        self.inner.all_to_all_v(send, recv, segments)
+    }
+}
+
+#[test]
+fn long_index_lists_cost_metadata_by_their_runs() {
+    // 4 ranks, each listing 1.5 * N consecutive indices from r * N on (the last cut at the
+    // axis's end), in order: one run each, overlapping the next rank's. What the ranks
+    // all-gather stays a few hundred bytes, where the indices are megabytes.
+    const N: usize = 1 << 18;
+    let size = 4 * N;
+    let results = on_four(|comm| {
+        let counting = Counting {
+            inner: comm,
+            gathered: Default::default(),
+        };
+        let r = comm.rank();
+        let indices: Vec<usize> = (r * N..(r * N + 3 * N / 2).min(size)).collect();
+        let buffer = Tensor::zeros(&[indices.len()], crate::DType::UInt8)?;
+        let d = DimData::new(size, Distribution::unstructured(indices)).on_grid(4, r);
+        let clock = std::time::Instant::now();
+        let pa = import_spmd(&counting, &buffer, &[d])?;
+        let took = clock.elapsed();
+        let gathered = counting.gathered.into_inner().unwrap();
+        Ok((boxes_1d(&pa), gathered, took))
+    });
+    for (r, result) in results.into_iter().enumerate() {
+        let (boxes, gathered, took) = result.unwrap();
+        eprintln!(
+            "rank {r}: import_spmd of {} indices took {took:?}",
+            3 * N / 2
+        );
+        // Each index from the lowest rank holding it: rank r reads from r * N + N / 2 on
+        // (rank 0 from 0), up to where rank r + 1's own begin.
+        let lo = if r == 0 { 0 } else { r * N + N / 2 };
+        let hi = (r * N + 3 * N / 2).min(size);
+        assert_eq!(boxes, [(lo, hi - lo)], "rank {r}");
+        let most = gathered.iter().max().copied().unwrap_or(0);
+        assert!(
+            most < 512,
+            "rank {r} put {gathered:?} bytes into its all-gathers"
+        );
+    }
+}
+
+/// The smallest index several of `lists` hold, or the first gap, by brute force over every
+/// index: each index's holders (coordinates, ascending), from which `import_spmd` must read
+/// the lowest.
+fn holders(size: usize, lists: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let mut held = vec![Vec::new(); size];
+    for (c, list) in lists.iter().enumerate() {
+        for &g in list {
+            held[g].push(c);
+        }
+    }
+    held
+}
+
+/// Runs of consecutive buffer positions holding consecutive indices, of the positions `keep`
+/// takes, by brute force: `(global start, length)`.
+fn kept_runs(list: &[usize], keep: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    for (k, &g) in list.iter().enumerate() {
+        if !keep(g) {
+            continue;
+        }
+        match out.last_mut() {
+            Some((start, local, len)) if *local + *len == k && *start + *len == g => *len += 1,
+            _ => out.push((g, k, 1)),
+        }
+    }
+    let mut runs: Vec<(usize, usize)> = out.into_iter().map(|(g, _, n)| (g, n)).collect();
+    runs.sort_unstable();
+    runs
+}
+
+#[test]
+fn runs_shared_by_ranks_are_read_from_the_lowest_against_each_index() {
+    // Random lists of long runs over 4 ranks, overlapping each other, in random buffer order,
+    // sometimes leaving indices out: what each rank reads (or the error every rank returns)
+    // against each index's holders found one by one.
+    for seed in 1..80u64 {
+        let mut rng = Rng(seed * 0x9e37_79b9 + 7);
+        let size = 1 + rng.below(60);
+        let one_to_one = rng.below(3) == 0;
+        let lists: Vec<Vec<usize>> = (0..4)
+            .map(|_| {
+                let mut mine = vec![false; size];
+                for _ in 0..rng.below(4) {
+                    let start = rng.below(size);
+                    let len = 1 + rng.below(size - start);
+                    mine[start..start + len].iter_mut().for_each(|m| *m = true);
+                }
+                // The runs of the list in a random order, some of them reversed.
+                let mut runs: Vec<Vec<usize>> = Vec::new();
+                for g in (0..size).filter(|&g| mine[g]) {
+                    match runs.last_mut() {
+                        Some(run) if *run.last().unwrap() + 1 == g => run.push(g),
+                        _ => runs.push(vec![g]),
+                    }
+                }
+                for i in (1..runs.len()).rev() {
+                    runs.swap(i, rng.below(i + 1));
+                }
+                for run in &mut runs {
+                    if rng.below(4) == 0 {
+                        run.reverse();
+                    }
+                }
+                runs.concat()
+            })
+            .collect();
+        let held = holders(size, &lists);
+        let fault = (0..size).find(|&g| held[g].is_empty() || one_to_one && held[g].len() > 1);
+        let expected: std::result::Result<Vec<Vec<(usize, usize)>>, String> = match fault {
+            Some(g) if held[g].is_empty() => {
+                let next = (g..size).find(|&h| !held[h].is_empty()).unwrap_or(size);
+                Err(format!("global indices {g}..{next} are held by no process"))
+            }
+            Some(g) => {
+                let coords: Vec<String> = held[g].iter().map(ToString::to_string).collect();
+                let (last, head) = coords.split_last().unwrap();
+                Err(format!(
+                    "global index {g} is held by the processes at proc_grid_rank {} and {last} \
+                     along it, and one_to_one is True",
+                    head.join(", ")
+                ))
+            }
+            None => Ok((0..4)
+                .map(|c| kept_runs(&lists[c], |g| held[g][0] == c))
+                .collect()),
+        };
+        let results = on_four(|comm| {
+            let r = comm.rank();
+            let values: Vec<f64> = lists[r].iter().map(|&g| (1000 * r + g) as f64).collect();
+            let buffer = Tensor::from(ndarray::Array1::from(values));
+            let d = DimData::new(
+                size,
+                Distribution::Unstructured {
+                    indices: lists[r].clone(),
+                    one_to_one,
+                },
+            )
+            .on_grid(4, r);
+            let pa = import_spmd(comm, &buffer, &[d])?;
+            let t = crate::spmd::assemble(comm, &pa, None, None, false)?;
+            Ok((boxes_1d(&pa), t.unwrap().to_array::<f64>()?))
+        });
+        for (r, result) in results.into_iter().enumerate() {
+            match (&expected, result) {
+                (Ok(boxes), Ok((got, t))) => {
+                    assert_eq!(got, boxes[r], "seed {seed} rank {r}");
+                    let want: Vec<f64> =
+                        (0..size).map(|g| (1000 * held[g][0] + g) as f64).collect();
+                    assert_eq!(t.as_slice().unwrap(), want, "seed {seed} rank {r}");
+                }
+                (Err(found), Err(e)) => assert_eq!(
+                    e.to_string(),
+                    format!("__distarray__ dim_data[0] ('u'): {found}"),
+                    "seed {seed} rank {r}"
+                ),
+                (want, got) => panic!(
+                    "seed {seed} rank {r}: expected {want:?}, got {:?}",
+                    got.map(|g| g.0)
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn an_index_twice_in_one_list_is_named_with_its_first_two_positions() {
+    // Random lists of runs with repeats, against the smallest repeated index and its first two
+    // positions found one by one.
+    for seed in 1..200u64 {
+        let mut rng = Rng(seed * 0x2545_f491 + 3);
+        let size = 2 + rng.below(30);
+        let mut list: Vec<usize> = Vec::new();
+        for _ in 0..1 + rng.below(5) {
+            let start = rng.below(size);
+            let len = 1 + rng.below((size - start).min(8));
+            list.extend(start..start + len);
+        }
+        let mut positions = vec![Vec::new(); size];
+        for (k, &g) in list.iter().enumerate() {
+            positions[g].push(k);
+        }
+        let twice = (0..size).find(|&g| positions[g].len() > 1);
+        let d = DimData::new(size, Distribution::unstructured(list.clone()));
+        match (twice, d.runs(0, list.len())) {
+            (None, Ok(runs)) => assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), list.len()),
+            (Some(g), Err(e)) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "__distarray__ dim_data[0] ('u'): global index {g} is at positions {} and {} \
+                     of this process's 'indices' (the protocol has them locally unique)",
+                    positions[g][0], positions[g][1]
+                ),
+                "seed {seed}: {list:?}"
+            ),
+            (want, got) => panic!("seed {seed}: {list:?}: expected {want:?}, got {got:?}"),
+        }
+    }
+}

@@ -69,7 +69,7 @@ pub(crate) use moved::to_in;
 pub use mpi_comm::MpiComm;
 pub use take::{gather, scatter};
 pub use thread::ThreadComm;
-pub(crate) use wire::{Reader, Writer};
+pub(crate) use wire::{fingerprint, Reader, Writer};
 
 use std::ops::Range;
 

@@ -12,8 +12,10 @@ out, and checks against numpy: the array read from it (shape, partitions that ar
 buffer), assembled on rank 0 and repartitioned; then the array put in one block per rank over
 the same process grid, whose ``__distarray__`` must describe exactly that block and read back
 the same. Afterwards: an index several ranks hold, with different values, is read from the
-lowest rank, and is an error on every rank when one_to_one is True; a rank whose process-grid
-coordinates disagree with its rank makes every rank raise `dlpart.ProtocolError`.
+lowest rank, and is an error on every rank when one_to_one is True; long index lists of a
+million consecutive indices per rank, overlapping, are read from the lowest rank too; a rank
+whose process-grid coordinates disagree with its rank makes every rank raise
+`dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -178,6 +180,23 @@ def shared_indices_are_read_from_the_lowest_rank():
         raise AssertionError("an index held twice was accepted with one_to_one True")
 
 
+def long_contiguous_lists_are_read_as_runs():
+    # Each rank lists 1.5 * N consecutive indices from rank * N on (the last cut at the end),
+    # overlapping the next rank's: each index is read from the lowest rank holding it, and
+    # the ranks exchange runs, not 12 MB of indices each.
+    n = 1 << 20
+    total = size * n
+    indices = np.arange(rank * n, min(rank * n + 3 * n // 2, total), dtype=np.int64)
+    buffer = np.zeros(len(indices), dtype=np.uint8)
+    d = {"__version__": "0.10.0", "buffer": buffer,
+         "dim_data": ({"dist_type": "u", "size": total, "proc_grid_size": size,
+                       "proc_grid_rank": rank, "indices": indices},)}
+    a = dlpart.mpi.from_distarray(d, comm)
+    lo = 0 if rank == 0 else rank * n + n // 2
+    mine = [(a.partitions[p].start, a.partitions[p].shape) for p in a.locals]
+    assert mine == [((lo,), (int(indices[-1]) + 1 - lo,))], mine
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -204,5 +223,6 @@ def layouts_without_one_block_per_rank_are_refused():
 
 
 run(check_case, shared_indices_are_read_from_the_lowest_rank,
+    long_contiguous_lists_are_read_as_runs,
     disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
