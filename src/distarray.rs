@@ -31,6 +31,13 @@
 //! (`proc_grid_size` 1, which the protocol allows periodic and padded) both ends are the same
 //! block's.
 //!
+//! Communication padding, between processes or wrapping around, is at most as wide as the
+//! indices the neighbouring process owns (the protocol's rule): an error naming the axis, the
+//! padding and the neighbour's count otherwise, wherever the neighbour's share is known. On
+//! one process along the axis the wrap-around neighbour is the block itself, which every
+//! reader checks ([`DimData::runs`]); across processes, [`import_spmd`] checks it from every
+//! rank's dictionaries, and that the ranks agree on `periodic`.
+//!
 //! **`one_to_one`** (unstructured axes, absent meaning `false`). When `false`, a global index
 //! may be in the `indices` of several processes along the axis: dlpart reads it from the
 //! process with the lowest `proc_grid_rank` along the axis that holds it, and leaves the
@@ -199,7 +206,12 @@ pub struct Piece {
 
 /// `"1 process"`, `"4 processes"`.
 fn processes(n: usize) -> String {
-    format!("{n} process{}", if n == 1 { "" } else { "es" })
+    count_of(n, "process", "processes")
+}
+
+/// `"1 index"`, `"4 indices"`: `n` of `one` or `many`.
+fn count_of(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// The smallest global index in more than one of `runs` (`(first global index, length)`
@@ -254,8 +266,9 @@ impl DimData {
     }
 
     /// The runs of this axis (`axis`, for messages) in a buffer of `extent` along it, in
-    /// buffer order. Checks the dictionary against itself and the buffer; an axis of length 0
-    /// has one empty run, at the process of coordinate 0.
+    /// buffer order. Checks the dictionary against itself and the buffer (on a process grid of
+    /// one along the axis, a block's wrap-around padding against its own indices too); an axis
+    /// of length 0 has one empty run, at the process of coordinate 0.
     pub fn runs(&self, axis: usize, extent: usize) -> Result<Vec<Run>> {
         let (size, procs, coord) = (self.size, self.proc_grid_size, self.proc_grid_rank);
         let where_ = Some((axis, self.distribution.dist_type()));
@@ -362,6 +375,18 @@ impl DimData {
         Ok(runs)
     }
 
+    /// The widths of a block's communication padding (the neighbours' indices, the wrap-around
+    /// one's included) at its low and its high end: 0 at an end whose padding is boundary
+    /// padding (at an end of the process grid, inside the array).
+    fn communication_padding(&self, start: isize, stop: usize, padding: [usize; 2]) -> [usize; 2] {
+        let low = self.proc_grid_rank > 0 || start < 0;
+        let high = self.proc_grid_rank + 1 < self.proc_grid_size || stop > self.size;
+        [
+            if low { padding[0] } else { 0 },
+            if high { padding[1] } else { 0 },
+        ]
+    }
+
     /// The run of a block (none when it holds only padding), after checking its dictionary
     /// against the buffer's `extent` along the axis (see the module docs on `periodic`).
     fn block_run(
@@ -434,12 +459,7 @@ impl DimData {
         }
         // Communication padding (a neighbour's indices, the wrap-around one's included) is left
         // out; boundary padding (at the ends of the grid, inside the array) is part of it.
-        let left = if coord > 0 || low_wraps {
-            padding[0]
-        } else {
-            0
-        };
-        let right = if !last || high_wraps { padding[1] } else { 0 };
+        let [left, right] = self.communication_padding(start, stop, padding);
         if left as i128 + right as i128 > extent as i128 {
             return Err(error(
                 where_,
@@ -447,6 +467,24 @@ impl DimData {
             ));
         }
         let len = extent - left - right;
+        // Communication padding is at most as wide as the neighbour's indices (the protocol's
+        // rule). On one process the wrap-around neighbour is this block: checked here; across
+        // processes, `import_spmd` checks it once it has every rank's dictionaries.
+        if procs == 1 {
+            let ends = [(low_wraps, left, "low"), (high_wraps, right, "high")];
+            if let Some(&(_, width, end)) = ends.iter().find(|e| e.0 && e.1 > len) {
+                return Err(error(
+                    where_,
+                    format!(
+                        "start {start}, stop {stop}, padding {pad}: the communication padding \
+                         of {width} at the {end} end (the wrap-around neighbour's indices) is \
+                         wider than the {} its neighbour owns (this process, the only one along \
+                         the axis; the protocol has it at most that)",
+                        count_of(len, "index", "indices")
+                    ),
+                ));
+            }
+        }
         // At least 0: `start` is, or it is `-padding[0]` and `left` is `padding[0]`.
         let global = usize::try_from(lo + left as i128).expect("checked above");
         Ok((len > 0).then_some(Run {
@@ -634,10 +672,11 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// [`spmd::from_local`], so a rank whose buffer or dimension dictionaries are wrong makes
 /// every rank return the same error. An all-gather of the ranks' dictionaries comes first:
 /// along an unstructured axis, an index several processes hold is read from the one of lowest
-/// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs). Each rank
-/// sends a few numbers per axis, and for an index list its runs of consecutive indices (the
-/// lowest rank at each coordinate; the others a fingerprint of theirs, which must match):
-/// bytes per run, not per index.
+/// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs); along a block
+/// axis, communication padding wider than the indices its neighbour owns, and ranks that
+/// disagree on `periodic`, are errors. Each rank sends a few numbers per axis, and for an
+/// index list its runs of consecutive indices (the lowest rank at each coordinate; the others
+/// a fingerprint of theirs, which must match): bytes per run, not per index.
 pub fn import_spmd(
     comm: &dyn Communicator,
     buffer: &Tensor,
@@ -687,13 +726,24 @@ struct AxisShare {
     size: usize,
     procs: usize,
     coord: usize,
+    /// The indices this process owns along the axis as it reads its own buffer (the lengths
+    /// of its runs; what the protocol's `num_owned_indices` counts, a block's communication
+    /// padding left out).
+    owned: usize,
     kind: Shared,
 }
 
 /// The distribution's part of an [`AxisShare`].
 enum Shared {
-    /// Blocks or cyclic blocks.
-    Other,
+    /// A block: `periodic`, its `padding` (for messages) and the widths of its communication
+    /// padding at each end ([`DimData::communication_padding`]).
+    Block {
+        periodic: bool,
+        padding: [usize; 2],
+        communication: [usize; 2],
+    },
+    /// Cyclic blocks.
+    Cyclic,
     /// An index list: `one_to_one`, a fingerprint of the list and `one_to_one` together
     /// (which every rank at one coordinate must give alike), and the list as
     /// `(first global index, length)` runs in buffer order. Only the lowest rank at its
@@ -712,11 +762,23 @@ fn encode_axes(dims: &[DimData], axes: &[Vec<Run>]) -> Vec<u8> {
     let mut w = Writer::default();
     w.usize(dims.len());
     for (a, (d, runs)) in dims.iter().zip(axes).enumerate() {
+        let owned: usize = runs.iter().map(|r| r.len).sum();
         w.usize(d.size)
             .usize(d.proc_grid_size)
-            .usize(d.proc_grid_rank);
+            .usize(d.proc_grid_rank)
+            .usize(owned);
         match &d.distribution {
-            Distribution::Block { .. } | Distribution::Cyclic { .. } => {
+            &Distribution::Block {
+                start,
+                stop,
+                padding,
+                periodic,
+            } => {
+                let [low, high] = d.communication_padding(start, stop, padding);
+                w.u8(2).u8(u8::from(periodic));
+                w.usize(padding[0]).usize(padding[1]).usize(low).usize(high);
+            }
+            Distribution::Cyclic { .. } => {
                 w.u8(0);
             }
             Distribution::Unstructured { one_to_one, .. } => {
@@ -749,8 +811,13 @@ fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
     let n = r.usize()?;
     let mut axes = Vec::new();
     for _ in 0..n {
-        let (size, procs, coord) = (r.usize()?, r.usize()?, r.usize()?);
+        let (size, procs, coord, owned) = (r.usize()?, r.usize()?, r.usize()?, r.usize()?);
         let kind = match r.u8()? {
+            2 => Shared::Block {
+                periodic: r.u8()? == 1,
+                padding: [r.usize()?, r.usize()?],
+                communication: [r.usize()?, r.usize()?],
+            },
             1 => {
                 let one_to_one = r.u8()? == 1;
                 let print = r.u64()?;
@@ -767,12 +834,13 @@ fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
                     runs,
                 }
             }
-            _ => Shared::Other,
+            _ => Shared::Cyclic,
         };
         axes.push(AxisShare {
             size,
             procs,
             coord,
+            owned,
             kind,
         });
     }
@@ -791,10 +859,12 @@ fn and_list(items: &[usize]) -> String {
     }
 }
 
-/// Along each unstructured axis, from every rank's [`AxisShare`]s: checks that the ranks
-/// agree on it and that every global index is held, then cuts this rank's (`me`) runs there
-/// down to the indices it is the lowest coordinate to hold (see the module docs on
-/// `one_to_one`).
+/// Along each axis, from every rank's [`AxisShare`]s: checks that the ranks agree on the
+/// process grid, and on each axis what one rank cannot check alone. Along an unstructured
+/// axis: that every global index is held, then cuts this rank's (`me`) runs there down to
+/// the indices it is the lowest coordinate to hold (see the module docs on `one_to_one`).
+/// Along a block axis: that the ranks agree on `periodic`, and that each communication
+/// padding is at most as wide as the indices its neighbour owns.
 fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>]) -> Result<()> {
     // One process grid on every rank, or the coordinates below are not of one grid.
     let grid = |s: &[AxisShare]| s.iter().map(|a| a.procs).collect::<Vec<_>>();
@@ -821,7 +891,12 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
         let (listed, other): (Vec<usize>, Vec<usize>) =
             (0..axis.len()).partition(|&r| listed(axis[r]));
         match (listed.first(), other.first()) {
-            (None, _) => {}
+            (None, _) => {
+                // Ranks along the axis (the ranks are the grid's coordinates in C order, every
+                // rank checked its own) are `stride` apart.
+                let stride = grid0[a + 1..].iter().product();
+                check_blocks(&axis, procs, stride, a)?;
+            }
             (Some(&r0), Some(&r1)) => {
                 return Err(error(
                     at,
@@ -829,6 +904,71 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
                 ))
             }
             (Some(_), None) => read_listed(&axis, procs, me, at, &mut axes[a])?,
+        }
+    }
+    Ok(())
+}
+
+/// `True` or `False` of a rank's share of a block axis, `None` for other distributions.
+fn periodic_of(share: &AxisShare) -> Option<bool> {
+    match share.kind {
+        Shared::Block { periodic, .. } => Some(periodic),
+        _ => None,
+    }
+}
+
+/// [`read_from_lowest`] along axis `a`, not unstructured, over `procs` coordinates `stride`
+/// ranks apart (every rank's share of it in `axis`): the ranks reading it as blocks agree on
+/// `periodic`, and each communication padding is at most as wide as the indices its
+/// neighbour owns (the protocol's rule; the wrap-around neighbour's on a periodic axis).
+fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> Result<()> {
+    let at = Some((a, 'b'));
+    let mut blocks = (0..axis.len()).filter_map(|r| Some((r, periodic_of(axis[r])?)));
+    if let Some((r0, periodic)) = blocks.next() {
+        if let Some((r, _)) = blocks.find(|&(_, p)| p != periodic) {
+            return Err(error(
+                at,
+                format!(
+                    "periodic is {} at proc_grid_rank {} (rank {r0}) but {} at proc_grid_rank {} \
+                     (rank {r}): it speaks for the whole axis",
+                    py_bool(periodic),
+                    axis[r0].coord,
+                    py_bool(!periodic),
+                    axis[r].coord
+                ),
+            ));
+        }
+    }
+    for (r, share) in axis.iter().enumerate() {
+        let Shared::Block {
+            padding,
+            communication,
+            ..
+        } = share.kind
+        else {
+            continue;
+        };
+        let c = share.coord;
+        for (end, width, next) in [
+            ("low", communication[0], (c + procs - 1) % procs),
+            ("high", communication[1], (c + 1) % procs),
+        ] {
+            // The neighbour along the axis: this rank with coordinate `next` there.
+            let n = r - c * stride + next * stride;
+            let owned = axis[n].owned;
+            if width > owned {
+                return Err(error(
+                    at,
+                    format!(
+                        "rank {r} (proc_grid_rank {c} along it) has padding {}: the \
+                         communication padding of {width} at its {end} end is wider than the {} \
+                         its neighbour owns, rank {n} at proc_grid_rank {next} (the protocol \
+                         has it at most that)",
+                        tuple_string(&padding),
+                        count_of(owned, "index", "indices")
+                    ),
+                ));
+            }
         }
     }
     Ok(())

@@ -271,9 +271,10 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     padding kept (on a ``periodic`` axis, as `dlpart.from_distarray` says). An index of an
     unstructured axis that several ranks hold (``one_to_one`` absent or False) is read from the
     lowest rank holding it (its value, where the copies differ), the others' copies left out;
-    with ``one_to_one=True`` it is a `dlpart.ProtocolError` on every rank. The ranks exchange
-    each index list as its runs of consecutive indices: the metadata grows with the runs, not
-    with the indices."""
+    with ``one_to_one=True`` it is a `dlpart.ProtocolError` on every rank. So is
+    communication padding wider than the indices the neighbouring rank owns, and ranks that
+    disagree on ``periodic``. The ranks exchange each index list as its runs of consecutive
+    indices: the metadata grows with the runs, not with the indices."""
     from . import _distarray
 
     c = _comm(comm)

@@ -218,11 +218,11 @@ fn deal(rng: &mut Rng, n: usize, procs: usize) -> Vec<(DimData, Vec<usize>)> {
             let points: Vec<usize> = [vec![0], cuts, vec![n]].concat();
             (0..procs)
                 .map(|c| {
-                    // Communication padding: a neighbour's index on each inner side, if any.
-                    let left = usize::from(c > 0 && points[c] > 0 && points[c] < points[c + 1]);
-                    let right = usize::from(
-                        c + 1 < procs && points[c + 1] < n && points[c] < points[c + 1],
-                    );
+                    // Communication padding: a neighbour's index on each inner side where both
+                    // blocks there hold some (at most as many as the neighbour owns).
+                    let held = |k: usize| points[k] < points[k + 1];
+                    let left = usize::from(c > 0 && held(c - 1) && held(c));
+                    let right = usize::from(c + 1 < procs && held(c + 1) && held(c));
                     let (lo, hi) = (points[c] - left, points[c + 1] + right);
                     let d = DimData::new(
                         n,
@@ -998,4 +998,139 @@ fn an_index_twice_in_one_list_is_named_with_its_first_two_positions() {
             (want, got) => panic!("seed {seed}: {list:?}: expected {want:?}, got {got:?}"),
         }
     }
+}
+
+#[test]
+fn wrap_around_padding_on_one_process_is_at_most_what_it_owns() {
+    // 2 indices, with 3 of padding at an end that wraps around: wider than the 2 indices its
+    // neighbour (this process) owns. As wide as them is fine.
+    let bad = [
+        (
+            periodic(2, -3, 5, [3, 3]),
+            8,
+            "start -3, stop 5, padding (3, 3): the communication padding of 3 at the low end",
+        ),
+        (
+            periodic(2, 0, 5, [0, 3]),
+            5,
+            "start 0, stop 5, padding (0, 3): the communication padding of 3 at the high end",
+        ),
+    ];
+    for (d, extent, found) in bad {
+        let e = d.runs(0, extent).unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "__distarray__ dim_data[0] ('b'): {found} (the wrap-around neighbour's indices) \
+                 is wider than the 2 indices its neighbour owns (this process, the only one \
+                 along the axis; the protocol has it at most that)"
+            )
+        );
+    }
+    let run = Run {
+        global: 0,
+        local: 2,
+        len: 2,
+    };
+    assert_eq!(periodic(2, -2, 4, [2, 2]).runs(0, 6).unwrap(), [run]);
+}
+
+#[test]
+fn padding_wider_than_the_neighbours_share_fails_every_rank() {
+    let expect_all = |results: Vec<Result<PartitionedArray>>, found: &str| {
+        for r in results {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), "ProtocolError");
+            assert_eq!(e.to_string(), format!("__distarray__ {found}"));
+        }
+    };
+    // 8 indices, two per rank, periodic with a halo of one that wraps around; rank 0's halo
+    // is 3 wide, its neighbours own 2.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let d = match r {
+                0 => periodic(8, -3, 5, [3, 3]),
+                _ => periodic(8, 2 * r as isize - 1, 2 * r + 3, [1, 1]),
+            };
+            let buffer = Tensor::zeros(&[if r == 0 { 8 } else { 4 }], crate::DType::Float64)?;
+            import_spmd(comm, &buffer, &[d.on_grid(4, r)])
+        }),
+        "dim_data[0] ('b'): rank 0 (proc_grid_rank 0 along it) has padding (3, 3): the \
+         communication padding of 3 at its low end is wider than the 2 indices its neighbour \
+         owns, rank 3 at proc_grid_rank 3 (the protocol has it at most that)",
+    );
+    // Irregular blocks [0, 3), [3, 4), [4, 6), [6, 8): rank 2's padding reaches past rank 1,
+    // which owns 1 index, into rank 0's.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let points = [0, 3, 4, 6, 8];
+            let (start, padding) = if r == 2 {
+                (2, [2, 0])
+            } else {
+                (points[r], [0, 0])
+            };
+            let d = DimData::new(
+                8,
+                Distribution::Block {
+                    start: start as isize,
+                    stop: points[r + 1],
+                    padding,
+                    periodic: false,
+                },
+            );
+            let buffer = Tensor::zeros(&[points[r + 1] - start], crate::DType::Float64)?;
+            import_spmd(comm, &buffer, &[d.on_grid(4, r)])
+        }),
+        "dim_data[0] ('b'): rank 2 (proc_grid_rank 2 along it) has padding (2, 0): the \
+         communication padding of 2 at its low end is wider than the 1 index its neighbour \
+         owns, rank 1 at proc_grid_rank 1 (the protocol has it at most that)",
+    );
+    // A 2x2 grid, periodic rows [0, 5) and [5, 6): the first's halo of 2 wraps around to the
+    // second, which owns 1. The neighbour of rank 0 along the rows is rank 2.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let (i, j) = (r / 2, r % 2);
+            let (start, stop, padding) = if i == 0 {
+                (-2, 5, [2, 0])
+            } else {
+                (5, 6, [0, 0])
+            };
+            let rows = periodic(6, start, stop, padding);
+            let dims = [
+                rows.on_grid(2, i),
+                DimData::new(2, Distribution::block(j, j + 1).unwrap()).on_grid(2, j),
+            ];
+            let buffer = Tensor::zeros(
+                &[(stop as isize - start) as usize, 1],
+                crate::DType::Float64,
+            )?;
+            import_spmd(comm, &buffer, &dims)
+        }),
+        "dim_data[0] ('b'): rank 0 (proc_grid_rank 0 along it) has padding (2, 0): the \
+         communication padding of 2 at its low end is wider than the 1 index its neighbour \
+         owns, rank 2 at proc_grid_rank 1 (the protocol has it at most that)",
+    );
+    // periodic speaks for the whole axis.
+    expect_all(
+        on_four(|comm| {
+            let r = comm.rank();
+            let d = DimData::new(
+                8,
+                Distribution::Block {
+                    start: 2 * r as isize,
+                    stop: 2 * r + 2,
+                    padding: [0, 0],
+                    periodic: r == 2,
+                },
+            );
+            let buffer = Tensor::zeros(&[2], crate::DType::Float64)?;
+            import_spmd(comm, &buffer, &[d.on_grid(4, r)])
+        }),
+        "dim_data[0] ('b'): periodic is False at proc_grid_rank 0 (rank 0) but True at \
+         proc_grid_rank 2 (rank 2): it speaks for the whole axis",
+    );
 }

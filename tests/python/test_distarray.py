@@ -153,6 +153,10 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
      r"9223372036854775807\)$"),
     (dap(np.zeros(2), dim("u", 2, indices=np.array([0, 2**63], dtype=np.uint64))),
      r"'indices' holds np.uint64\(9223372036854775808\), out of range"),
+    # Wrap-around padding wider than the block (its own neighbour on one process) owns.
+    (dap(np.zeros(8), dim("b", 2, start=-3, stop=5, padding=(3, 3), periodic=True)),
+     r"start -3, stop 5, padding \(3, 3\): the communication padding of 3 at the low end .* "
+     r"wider than the 2 indices its neighbour owns"),
     (dap(np.zeros(4), dim("b", 3, start=-1, stop=3, padding=(1, 0))),
      r"start -1 \(padding \(1, 0\)\) is below 0: the axis is not periodic"),
     (dap(np.zeros(4), dim("b", 3, start=-2, stop=2, padding=(1, 0), periodic=True)),

@@ -13,8 +13,9 @@ buffer), assembled on rank 0 and repartitioned; then the array put in one block 
 the same process grid, whose ``__distarray__`` must describe exactly that block and read back
 the same. Afterwards: an index several ranks hold, with different values, is read from the
 lowest rank, and is an error on every rank when one_to_one is True; long index lists of a
-million consecutive indices per rank, overlapping, are read from the lowest rank too; a rank
-whose process-grid coordinates disagree with its rank makes every rank raise
+million consecutive indices per rank, overlapping, are read from the lowest rank too;
+communication padding wider than the neighbour's indices, ranks disagreeing on periodic, and
+a rank whose process-grid coordinates disagree with its rank make every rank raise
 `dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
@@ -197,6 +198,36 @@ def long_contiguous_lists_are_read_as_runs():
     assert mine == [((lo,), (int(indices[-1]) + 1 - lo,))], mine
 
 
+def padding_wider_than_the_neighbours_share_fails_every_rank():
+    # 8 indices, two per rank, periodic with a halo of one wrapping around; rank 0's halo is 3
+    # wide, where each neighbour owns 2.
+    lo, hi, pad = (-3, 5, (3, 3)) if rank == 0 else (2 * rank - 1, 2 * rank + 3, (1, 1))
+    d = {"__version__": "0.10.0", "buffer": np.zeros(hi - lo),
+         "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
+                       "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pad,
+                       "periodic": True},)}
+    try:
+        dlpart.mpi.from_distarray(d, comm)
+    except dlpart.ProtocolError as e:
+        assert ("rank 0 (proc_grid_rank 0 along it) has padding (3, 3): the communication "
+                "padding of 3 at its low end is wider than the 2 indices its neighbour owns, "
+                f"rank {size - 1}") in str(e), e
+    else:
+        raise AssertionError("padding wider than the neighbour's indices was accepted")
+    # Ranks that disagree on periodic.
+    d = {"__version__": "0.10.0", "buffer": np.zeros(2),
+         "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
+                       "proc_grid_rank": rank, "start": 2 * rank, "stop": 2 * rank + 2,
+                       "periodic": rank == 1},)}
+    try:
+        dlpart.mpi.from_distarray(d, comm)
+    except dlpart.ProtocolError as e:
+        assert "periodic is False at proc_grid_rank 0 (rank 0) but True at proc_grid_rank 1" \
+            in str(e), e
+    else:
+        raise AssertionError("ranks disagreeing on periodic were accepted")
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -224,5 +255,6 @@ def layouts_without_one_block_per_rank_are_refused():
 
 run(check_case, shared_indices_are_read_from_the_lowest_rank,
     long_contiguous_lists_are_read_as_runs,
+    padding_wider_than_the_neighbours_share_fails_every_rank,
     disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
