@@ -112,7 +112,7 @@ miri_skip=(
 )
 miri_shard_a=(backend::cpu::tests::copy:: backend::cpu::tests::index:: backend::cpu::tests::backend::
     backend::cpu::tests::slabs:: backend::cpu::tests::direct:: backend::cpu::tests::repart::
-    backend::cpu::normalise:: tensor:: access:: ops:: spmd::tests_ spmd::tests::rounds::)
+    backend::cpu::normalise:: tensor:: spmd::tests_)
 miri_shard() { # $1 = log file; the rest: test filters
     local log=$1
     shift
