@@ -252,17 +252,18 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         let copied = unsafe { backend.copy_plan(plan, &srcs, &dsts) };
         return waited_for(backend.as_ref(), copied);
     }
+    // The copies run in batches, one per executing device: every host source and target is
+    // claimed before the first, so that a claim refused in a later batch (another host
+    // device's, or a crossing's) finds nothing written yet.
+    let _scope = crate::access::scope(
+        "partition copy",
+        crate::access::numbered("source partition", srcs.iter().copied()),
+        crate::access::numbered("target partition", dsts.iter().copied()),
+    )?;
     let crossings = crossing::Crossings::of(plan, &srcs, &dsts);
-    let (_scope, arrived) = match crossings.is_empty() {
-        true => (None, Vec::new()),
-        false => {
-            let scope = crate::access::scope(
-                "partition copy",
-                crate::access::numbered("source partition", srcs.iter().copied()),
-                crate::access::numbered("target partition", dsts.iter().copied()),
-            )?;
-            (Some(scope), crossings.send(&srcs, backends)?)
-        }
+    let arrived = match crossings.is_empty() {
+        true => Vec::new(),
+        false => crossings.send(&srcs, backends)?,
     };
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
     plan.ops().visit(|op| {

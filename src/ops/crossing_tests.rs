@@ -388,6 +388,37 @@ fn a_target_held_by_a_view_is_refused_before_any_target_is_written() {
     );
 }
 
+/// The same where nothing crosses devices but the copies still run in several batches (each
+/// box stays in its memory: kDLCPU, kDLCPU:1 and a GPU; the kDLCPU batch runs first): a held
+/// `kDLCPU:1` target is refused before the `kDLCPU` one is written.
+#[test]
+fn a_target_held_by_a_view_is_refused_before_any_batch_runs_without_crossings() {
+    let gpu = emu(95);
+    let a = Tensor::from_ndarray(reference());
+    let sg = Grid::from_splits(&[6, 4], vec![vec![0, 2, 4, 6], vec![0, 4]]).unwrap();
+    let devices = [Device::CPU, cpu1(), gpu];
+    let rows = |i: usize| a.view(&[2 * i, 0], &[2, 4]).unwrap();
+    let src: Vec<Tensor> = (0..3)
+        .map(|i| to_device(&rows(i), devices[i]).unwrap())
+        .collect();
+    let plan = Plan::new(&sg, &sg).unwrap();
+    let blank_rows =
+        |d: Device| to_device(&Tensor::from_slice(&[-1i32; 8], &[2, 4]).unwrap(), d).unwrap();
+    let into: Vec<Tensor> = devices.iter().map(|&d| blank_rows(d)).collect();
+    let view = into[1].as_array::<i32>().unwrap();
+    let e = repartition_into(&plan, &src, &into, false).unwrap_err();
+    assert!(matches!(e, Error::Buffer { .. }), "{e:?}");
+    drop(view);
+    assert!(into.iter().all(untouched), "a target was written: {e}");
+    repartition_into(&plan, &src, &into, false).unwrap();
+    for (i, t) in into.iter().enumerate() {
+        let want = reference()
+            .slice(ndarray::s![2 * i..2 * i + 2, ..])
+            .to_owned();
+        assert_eq!(values::<i32>(t), want.into_dyn(), "target {i}");
+    }
+}
+
 /// A pair whose host side is beyond what the device's cache keeps for reuse goes through
 /// ordinary `kDLCPU` memory, both ways, and takes no pinned memory: each box arrives as the
 /// source holds it.
