@@ -214,20 +214,43 @@ fn count_of(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// The smallest global index in more than one of `runs` (`(first global index, length)`
-/// pairs, in any order), by a sweep over them sorted by start: an index two runs share begins
-/// at the later one's start, which then lies below the furthest end before it.
-fn first_overlap(runs: impl Iterator<Item = (usize, usize)>) -> Option<usize> {
-    let mut sorted: Vec<(usize, usize)> = runs.filter(|r| r.1 > 0).collect();
-    sorted.sort_unstable();
-    let mut end = 0;
-    for (start, len) in sorted {
-        if start < end {
-            return Some(start);
+/// What a sweep over spans of global indices finds (see [`sweep`]).
+struct Sweep {
+    /// The smallest index two spans share.
+    twice: Option<usize>,
+    /// The first indices from 0 that no span holds, as `lo..hi`.
+    gap: Option<(usize, usize)>,
+    /// The furthest end of a span.
+    end: usize,
+}
+
+/// Sweeps `spans` (`(start, end)` of global indices, sorted by start; empty ones are
+/// skipped): a span starting beyond the furthest end before it leaves a gap, and one starting
+/// below that end starts an index held twice. The first of each found is the lowest.
+fn sweep(spans: impl Iterator<Item = (usize, usize)>) -> Sweep {
+    let mut found = Sweep {
+        twice: None,
+        gap: None,
+        end: 0,
+    };
+    for (start, stop) in spans.filter(|&(start, stop)| start < stop) {
+        if found.gap.is_none() && start > found.end {
+            found.gap = Some((found.end, start));
         }
-        end = end.max(start + len);
+        if found.twice.is_none() && start < found.end {
+            found.twice = Some(start);
+        }
+        found.end = found.end.max(stop);
     }
-    None
+    found
+}
+
+/// The smallest global index in more than one of `runs` (`(first global index, length)`
+/// pairs, in any order).
+fn first_overlap(runs: impl Iterator<Item = (usize, usize)>) -> Option<usize> {
+    let mut sorted: Vec<(usize, usize)> = runs.map(|(g, n)| (g, g + n)).collect();
+    sorted.sort_unstable();
+    sweep(sorted.into_iter()).twice
 }
 
 fn error(axis: Option<(usize, char)>, found: impl Into<String>) -> Error {
@@ -342,7 +365,7 @@ impl DimData {
                         ),
                     ));
                 }
-                let runs = index_runs(indices, |_| true);
+                let runs = index_runs(indices);
                 // Locally unique, as the protocol has them: else the smallest repeated index,
                 // with the first two buffer positions that hold it (found on the runs, not
                 // the indices one by one).
@@ -495,17 +518,13 @@ impl DimData {
     }
 }
 
-/// The runs of an index list, in buffer order, of the positions `keep` takes: a run ends
-/// wherever the next position kept is not the next one in the buffer, or its index is not one
+/// The runs of an index list, in buffer order: a run ends wherever the next index is not one
 /// more than this one's.
-fn index_runs(indices: &[usize], keep: impl Fn(usize) -> bool) -> Vec<Run> {
+fn index_runs(indices: &[usize]) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for (local, &global) in indices.iter().enumerate() {
-        if !keep(local) {
-            continue;
-        }
         match runs.last_mut() {
-            Some(r) if r.local + r.len == local && r.global + r.len == global => r.len += 1,
+            Some(r) if r.global + r.len == global => r.len += 1,
             _ => runs.push(Run {
                 global,
                 local,
@@ -601,7 +620,7 @@ pub fn pieces(
     nprocs: usize,
 ) -> Result<(Vec<Piece>, Vec<usize>)> {
     let axes = checked_runs(dims, extents, rank, nprocs)?;
-    Ok((combinations(&axes), dims.iter().map(|d| d.size).collect()))
+    Ok((combinations(&axes), global_shape(dims)))
 }
 
 /// This process's partitions of a DAP array, `(global start, view of buffer)` pairs, and the
@@ -612,12 +631,21 @@ pub fn local_parts(
     rank: usize,
     nprocs: usize,
 ) -> Result<(Placed, Vec<usize>)> {
-    let (pieces, shape) = pieces(dims, buffer.shape(), rank, nprocs)?;
-    let parts = pieces
+    let axes = checked_runs(dims, buffer.shape(), rank, nprocs)?;
+    Ok((views(buffer, &axes)?, global_shape(dims)))
+}
+
+/// `(global start, view of buffer)` of each combination of runs of `axes`, in C order.
+fn views(buffer: &Tensor, axes: &[Vec<Run>]) -> Result<Placed> {
+    combinations(axes)
         .into_iter()
         .map(|p| Ok((p.start, buffer.view(&p.local, &p.shape)?)))
-        .collect::<Result<_>>()?;
-    Ok((parts, shape))
+        .collect()
+}
+
+/// The global shape the dimension dictionaries give.
+fn global_shape(dims: &[DimData]) -> Vec<usize> {
+    dims.iter().map(|d| d.size).collect()
 }
 
 /// The array of a DAP buffer held by this one process (every `proc_grid_size` 1): one
@@ -653,13 +681,9 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
         }
         splits.push(points);
     }
-    let shape: Vec<usize> = dims.iter().map(|d| d.size).collect();
-    let grid = Grid::from_splits(&shape, splits)?;
+    let grid = Grid::from_splits(&global_shape(dims), splits)?;
     // Views of the buffer cut at the grid's own slabs: exactly its boxes, in its dtype.
-    let tensors = combinations(&axes)
-        .into_iter()
-        .map(|p| buffer.view(&p.local, &p.shape))
-        .collect::<Result<Vec<_>>>()?;
+    let tensors = views(buffer, &axes)?.into_iter().map(|(_, t)| t).collect();
     Ok(PartitionedArray::from_tensors_unchecked(
         grid,
         tensors,
@@ -710,12 +734,8 @@ pub(crate) fn spmd_import(
         .collect::<Result<Vec<_>>>()?;
     // Decided from the same bytes on every rank: the same verdict everywhere.
     read_from_lowest(&shares, comm.rank(), &mut axes)?;
-    let shape: Vec<usize> = dims.iter().map(|d| d.size).collect();
-    let parts = combinations(&axes)
-        .into_iter()
-        .map(|p| Ok((p.start, buffer.view(&p.local, &p.shape)?)))
-        .collect::<Result<Placed>>();
-    spmd::from_local_in(comm, CALL, parts.map(LocalParts::Placed), Some(&shape))
+    let parts = views(buffer, &axes).map(LocalParts::Placed);
+    spmd::from_local_in(comm, CALL, parts, Some(&global_shape(dims)))
 }
 
 /// What a rank tells the others of one of its axes before it cuts its pieces: a few numbers
@@ -1054,26 +1074,20 @@ fn read_listed(
             ),
         ));
     }
-    // Every coordinate's runs as (start, end, coordinate), by start. A run starting beyond
-    // the furthest end before it leaves a gap; one starting below that end starts an index
-    // held twice, by another coordinate (a coordinate's own runs never overlap: its indices
-    // are locally unique). The first of each found is the lowest.
+    // Every coordinate's runs as (start, end, coordinate), by start: an index held twice is
+    // held by two coordinates (a coordinate's own runs never overlap: its indices are locally
+    // unique).
     let mut spans: Vec<(usize, usize, usize)> = held
         .iter()
         .enumerate()
         .flat_map(|(c, (runs, _))| runs.iter().map(move |&(g, n)| (g, g + n, c)))
         .collect();
     spans.sort_unstable();
-    let (mut end, mut gap, mut twice) = (0, None, None);
-    for &(start, stop, _) in &spans {
-        if gap.is_none() && start > end {
-            gap = Some((end, start));
-        }
-        if twice.is_none() && start < end {
-            twice = Some(start);
-        }
-        end = end.max(stop);
-    }
+    let Sweep {
+        twice,
+        mut gap,
+        end,
+    } = sweep(spans.iter().map(|&(start, stop, _)| (start, stop)));
     if gap.is_none() && end < size {
         gap = Some((end, size));
     }
@@ -1223,17 +1237,17 @@ pub fn describe(
     let dims = (0..array.ndim())
         .map(|a| {
             let start = held.start[a];
-            if isize::try_from(start).is_err() {
-                return Err(error(
+            let distribution = Distribution::block(start, start + held.shape[a]).map_err(|_| {
+                error(
                     None,
                     format!("partition start {start} along axis {a} is beyond isize::MAX"),
-                ));
-            }
+                )
+            })?;
             Ok(DimData {
                 size: array.shape()[a],
                 proc_grid_size: tiling[a],
                 proc_grid_rank: held.position[a],
-                distribution: Distribution::block(start, start + held.shape[a])?,
+                distribution,
             })
         })
         .collect::<Result<_>>()?;
