@@ -393,7 +393,7 @@ fn a_target_held_by_a_view_is_refused_before_any_target_is_written() {
 /// `kDLCPU:1` target is refused before the `kDLCPU` one is written.
 #[test]
 fn a_target_held_by_a_view_is_refused_before_any_batch_runs_without_crossings() {
-    let gpu = emu(95);
+    let gpu = emu(88);
     let a = Tensor::from_ndarray(reference());
     let sg = Grid::from_splits(&[6, 4], vec![vec![0, 2, 4, 6], vec![0, 4]]).unwrap();
     let devices = [Device::CPU, cpu1(), gpu];
