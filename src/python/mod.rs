@@ -39,8 +39,6 @@ fn install_logger(py: Python<'_>) {
     }
 }
 
-/// Re-reads the levels of the `dlpart` loggers; call it after changing them while the
-/// program runs (the Rust side caches each logger's level when it first logs).
 /// This node's address as other nodes reach it (see `crate::host::this_host`), for
 /// `dlpart._location`.
 #[pyfunction]
@@ -48,6 +46,8 @@ fn _this_host() -> String {
     crate::host::this_host()
 }
 
+/// Re-reads the levels of the `dlpart` loggers; call it after changing them while the
+/// program runs (the Rust side caches each logger's level when it first logs).
 #[pyfunction]
 fn reload_log_levels() {
     if let Some(h) = LOG_RESET.get() {
