@@ -1230,7 +1230,6 @@ impl PyPartitioned {
                 }
             }
             reported.sort_unstable_by_key(|&(f, _)| f);
-            reported.dedup_by_key(|&mut (f, _)| f);
         }
         let mut state = self.slot();
         let (new, data): (Vec<usize>, Vec<_>) = flats
