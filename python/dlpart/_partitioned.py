@@ -425,9 +425,7 @@ class PartitionedArray:
         first index; serving partitions on another device need ``transfer=True``, unless both
         are host memory (JAX's ``kDLCPU:k``, pinned, managed: read in place, needing no CUDA).
         Of an array of handles, only the partitions holding an index are fetched."""
-        from ._functions import _indices
-
-        idx = _indices(indices)
+        idx = _core._indices_tensor(indices)  # read once, for the serving check and the gather
         self._fetch_serving(idx, axis, "gather")
         return PartitionedArray._wrap(self._core.gather(idx, axis, transfer))
 
@@ -457,9 +455,7 @@ class PartitionedArray:
         ``values`` may view this array's own memory: they are read as they were before the
         call, as numpy's fancy assignment does. Of an array of handles, only the partitions
         holding an index are fetched."""
-        from ._functions import _indices
-
-        idx = _indices(indices)
+        idx = _core._indices_tensor(indices)  # read once, for the serving check and the scatter
         self._fetch_serving(idx, axis, "scatter")
         self._core.scatter(values, idx, axis, transfer)
 
@@ -489,10 +485,13 @@ class PartitionedArray:
         return _repartition_by_namespace(self, whole, [target], transfer, "assemble")[0]
 
 
-_NATIVE = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged", "kDLCUDA"}
-
 # Memory the host reads and writes directly (`Device::is_host_accessible` in Rust).
 _HOST = {"kDLCPU", "kDLCUDAHost", "kDLROCMHost", "kDLCUDAManaged"}
+
+_NATIVE = _HOST | {"kDLCUDA"}
+
+# The GPUs whose memory torch holds.
+_TORCH_GPUS = {"kDLCUDA", "kDLROCM"}
 
 
 def _crosses(a: Device, b: Device) -> bool:
@@ -791,7 +790,7 @@ def _framework_of(x) -> Optional[str]:
 
 
 def _to_numpy(t):
-    if t.device.kind not in ("kDLCPU", "kDLCUDAHost", "kDLCUDAManaged", "kDLROCMHost"):
+    if t.device.kind not in _HOST:
         raise DeviceError(f"numpy cannot hold data on {t.device}: name the device's framework")
     return t.__array__()  # a view; a dtype numpy lacks is a TypeError saying so
 
@@ -825,7 +824,7 @@ def _to_jax(t):
         device = _jax_cpu_device(t.device)
         if t.readonly:
             return jax.device_put(_to_numpy(t), device)
-    elif t.readonly and t.device.kind in ("kDLCUDA", "kDLROCM"):
+    elif t.readonly and t.device.kind in _TORCH_GPUS:
         t = t.copy()
     # JAX places what it imports on the device `__dlpack_device__` names.
     return jnp.from_dlpack(t)

@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .. import DeviceError, PartitionedArray, ProtocolError, Tensor
 from .. import from_partitioned as _import
-from .._partitioned import _HOST, _converter, _rank_arg, _to_numpy, _to_torch
+from .._partitioned import _HOST, _TORCH_GPUS, _converter, _rank_arg, _to_numpy, _to_torch
 from .._types import PartitionedDict
 
 __all__ = ["HeatPartitioned", "heat_splits", "to_heat"]
@@ -41,10 +41,6 @@ def _rank(comm) -> int:
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         return MPI.COMM_WORLD.Get_rank()
     return 0
-
-
-# The GPUs whose memory torch holds (heat's GPU device is a torch CUDA device).
-_TORCH_GPUS = ("kDLCUDA", "kDLROCM")
 
 
 # The element types heat has (``heat.core.types``): it refuses the others (bfloat16, float8,
