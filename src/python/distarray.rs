@@ -37,9 +37,9 @@ fn integer<T: Int>(value: &Bound<'_, PyAny>, what: &str, at: &str, lo: i128) -> 
         Error::dist_array(
             at,
             format!(
-                "{what} = {} is out of range (expected an int from {lo} to {})",
+                "{what} = {} is out of range {}",
                 described(value),
-                T::RANGE.1
+                super::ints::expected_range(lo, T::RANGE.1)
             ),
         )
     })
@@ -179,9 +179,9 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
             Some(x) => Error::dist_array(
                 at,
                 format!(
-                    "'indices' holds {}, out of range (expected an int from 0 to {})",
+                    "'indices' holds {}, out of range {}",
                     described(&x),
-                    i64::MAX
+                    super::ints::expected_range(0, i64::MAX)
                 ),
             ),
             None => Error::dist_array(at, "'indices' is not a sequence of integers"),

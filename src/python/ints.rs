@@ -39,6 +39,11 @@ pub(crate) enum Refusal {
     Index,
 }
 
+/// `"(expected an int from {lo} to {hi})"`, the end of every out-of-range message.
+pub(crate) fn expected_range(lo: impl std::fmt::Display, hi: impl std::fmt::Display) -> String {
+    format!("(expected an int from {lo} to {hi})")
+}
+
 /// The error for `obj`, an int the argument `name` reads as a `T` and which `T` does not
 /// hold, with the conversion's `OverflowError` as its cause.
 fn out_of_range<T: Int>(obj: &Bound<'_, PyAny>, name: &str, how: Refusal, cause: PyErr) -> PyErr {
@@ -46,7 +51,7 @@ fn out_of_range<T: Int>(obj: &Bound<'_, PyAny>, name: &str, how: Refusal, cause:
         .str()
         .map_or_else(|_| super::partitioned::described(obj), |s| s.to_string());
     let (lo, hi) = T::RANGE;
-    let msg = format!("{name}: {value} is out of range (expected an int from {lo} to {hi})");
+    let msg = format!("{name}: {value} is out of range {}", expected_range(lo, hi));
     let e = match how {
         Refusal::Value => PyValueError::new_err(msg),
         Refusal::Index => PyIndexError::new_err(msg),
