@@ -516,6 +516,15 @@ fn periodic_end_padding_is_read_as_the_sizes_count_it() {
 }
 
 /// `f(comm)` on 4 ranks over threads, every rank's result.
+/// Every rank failed with the same `ProtocolError`, `__distarray__ {found}`.
+fn failed_everywhere(results: Vec<Result<PartitionedArray>>, found: &str) {
+    for r in results {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(e.to_string(), format!("__distarray__ {found}"));
+    }
+}
+
 fn on_four<T: Send>(f: impl Fn(&dyn Communicator) -> Result<T> + Sync) -> Vec<Result<T>> {
     ThreadComm::run(4, |comm| f(comm))
 }
@@ -627,14 +636,7 @@ fn a_shared_index_is_read_from_the_lowest_rank_across_axes() {
 #[test]
 fn shared_indices_that_break_the_protocol_fail_every_rank() {
     let expect_all = |results: Vec<Result<PartitionedArray>>, found: &str| {
-        for r in results {
-            let e = r.unwrap_err();
-            assert_eq!(e.kind(), "ProtocolError");
-            assert_eq!(
-                e.to_string(),
-                format!("__distarray__ dim_data[0] ('u'): {found}")
-            );
-        }
+        failed_everywhere(results, &format!("dim_data[0] ('u'): {found}"))
     };
     // one_to_one true: an index two processes hold names both.
     expect_all(
@@ -840,9 +842,8 @@ fn long_index_lists_cost_metadata_by_their_runs() {
     }
 }
 
-/// The smallest index several of `lists` hold, or the first gap, by brute force over every
-/// index: each index's holders (coordinates, ascending), from which `import_spmd` must read
-/// the lowest.
+/// Each index's holders among `lists` (coordinates, ascending), by brute force over every
+/// index: `import_spmd` must read it from the lowest.
 fn holders(size: usize, lists: &[Vec<usize>]) -> Vec<Vec<usize>> {
     let mut held = vec![Vec::new(); size];
     for (c, list) in lists.iter().enumerate() {
@@ -1038,16 +1039,9 @@ fn wrap_around_padding_on_one_process_is_at_most_what_it_owns() {
 
 #[test]
 fn padding_wider_than_the_neighbours_share_fails_every_rank() {
-    let expect_all = |results: Vec<Result<PartitionedArray>>, found: &str| {
-        for r in results {
-            let e = r.unwrap_err();
-            assert_eq!(e.kind(), "ProtocolError");
-            assert_eq!(e.to_string(), format!("__distarray__ {found}"));
-        }
-    };
     // 8 indices, two per rank, periodic with a halo of one that wraps around; rank 0's halo
     // is 3 wide, its neighbours own 2.
-    expect_all(
+    failed_everywhere(
         on_four(|comm| {
             let r = comm.rank();
             let d = match r {
@@ -1063,7 +1057,7 @@ fn padding_wider_than_the_neighbours_share_fails_every_rank() {
     );
     // Irregular blocks [0, 3), [3, 4), [4, 6), [6, 8): rank 2's padding reaches past rank 1,
     // which owns 1 index, into rank 0's.
-    expect_all(
+    failed_everywhere(
         on_four(|comm| {
             let r = comm.rank();
             let points = [0, 3, 4, 6, 8];
@@ -1090,7 +1084,7 @@ fn padding_wider_than_the_neighbours_share_fails_every_rank() {
     );
     // A 2x2 grid, periodic rows [0, 5) and [5, 6): the first's halo of 2 wraps around to the
     // second, which owns 1. The neighbour of rank 0 along the rows is rank 2.
-    expect_all(
+    failed_everywhere(
         on_four(|comm| {
             let r = comm.rank();
             let (i, j) = (r / 2, r % 2);
@@ -1115,7 +1109,7 @@ fn padding_wider_than_the_neighbours_share_fails_every_rank() {
          owns, rank 2 at proc_grid_rank 1 (the protocol has it at most that)",
     );
     // periodic speaks for the whole axis.
-    expect_all(
+    failed_everywhere(
         on_four(|comm| {
             let r = comm.rank();
             let d = DimData::new(
