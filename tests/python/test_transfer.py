@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import dlpart
+from test_gather_scatter import HOST_KINDS as GATHER_HOST_KINDS, _labelled
 
 
 def test_to_same_device_is_a_contiguous_copy():
@@ -218,15 +219,7 @@ def test_every_transfer_path_reports_a_device_without_kernels_as_backend_unavail
 
 # Host memory of kinds other than plain kDLCPU: ordinary memory labelled so (the CPU reads
 # and writes every kind alike), and JAX's emulated host device kDLCPU:1.
-HOST_KINDS = {"kDLCUDAHost": (3, 0), "kDLCUDAManaged": (13, 0), "kDLROCMHost": (11, 0),
-              "kDLCPU:1": (1, 1)}
-
-
-def _labelled(a, device):
-    """A dlpart copy of float64 ``a`` whose DLPack device is ``device``."""
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    return dlpart.from_dlpack(dlpart._core._testing.make_capsule(
-        a.tobytes(), list(a.shape), dtype=(2, 64, 1), device=device))
+HOST_KINDS = {**GATHER_HOST_KINDS, "kDLCPU:1": (1, 1)}
 
 
 def _mixed(x, device):
