@@ -550,16 +550,26 @@ pub(super) use crate::ops::box_view;
 struct Note {
     device: bool,
     host: bool,
-    rounds: usize,
     tuning: Rounds,
 }
 
 impl Note {
-    /// As the agreement carries it: five numbers.
+    /// As the agreement carries it: four numbers.
     fn write(&self) -> String {
         let Rounds { bytes, min_bytes } = self.tuning;
         let (d, h) = (u8::from(self.device), u8::from(self.host));
-        format!("{d} {h} {} {bytes} {min_bytes}", self.rounds)
+        format!("{d} {h} {bytes} {min_bytes}")
+    }
+
+    /// The number of rounds the noting rank makes its buffers for before the agreement, in
+    /// an exchange in which the busiest pair of ranks moves `largest` bytes (the same on
+    /// every rank, from the global plan): several only where it sees the whole exchange in
+    /// host memory, as many as its own round size asks.
+    fn guess(&self, largest: usize) -> usize {
+        match self.host {
+            true => self.tuning.count(largest),
+            false => 1,
+        }
     }
 
     /// Rank `rank`'s note, written by [`Note::write`]; an error naming it otherwise (the
@@ -567,10 +577,9 @@ impl Note {
     fn read(note: &str, rank: usize) -> Result<Note> {
         let numbers: Option<Vec<usize>> = note.split(' ').map(|n| n.parse().ok()).collect();
         match numbers.as_deref() {
-            Some(&[d @ 0..=1, h @ 0..=1, rounds, bytes, min_bytes]) if rounds > 0 => Ok(Note {
+            Some(&[d @ 0..=1, h @ 0..=1, bytes, min_bytes]) => Ok(Note {
                 device: d == 1,
                 host: h == 1,
-                rounds,
                 tuning: Rounds { bytes, min_bytes },
             }),
             _ => Err(Error::protocol(
@@ -617,11 +626,10 @@ struct Stage {
     /// see [`Stage::settle`]): 1 packs everything before the ranks agree, more (host memory
     /// only) pack round by round after.
     rounds: usize,
-    /// Whether this rank sees every rank's side of the exchange in host memory: the global
-    /// metadata's devices, and its own targets'.
-    host: bool,
-    /// This rank's round size (`DLPART_MPI_ROUND_BYTES`, or a test's).
-    tuning: Rounds,
+    /// What this rank notes in the agreement: whether its side is in device memory, whether
+    /// it sees every rank's side in host memory (the global metadata's devices, and its own
+    /// targets'), and its round size (`DLPART_MPI_ROUND_BYTES`, or a test's).
+    note: Note,
     /// The most bytes one rank sends another, from the global plan: the same on every rank.
     largest: usize,
     /// The buffer each round is received into when not in place.
@@ -774,10 +782,12 @@ impl Stage {
         let host = (0..pa.len()).all(|i| on_host(pa.device_of(i)))
             && target.devices.iter().all(|&d| on_host(Some(d)));
         let largest = pairs.into_values().max().unwrap_or(0);
-        let rounds = match host {
-            true => tuning.count(largest),
-            false => 1,
+        let note = Note {
+            device: device.is_some_and(|d| !d.is_host_accessible()),
+            host,
+            tuning: *tuning,
         };
+        let rounds = note.guess(largest);
         let send_in_place = send_place.is_some();
         let total: usize = seg_bytes.iter().sum();
         let send = match (total, device, send_place) {
@@ -830,8 +840,7 @@ impl Stage {
             send_in_place,
             recv_in_place,
             rounds,
-            host,
-            tuning: *tuning,
+            note,
             largest,
             recv_buf: None,
             buffers: None,
@@ -920,25 +929,21 @@ impl Stage {
 
     /// What this rank tells the others in the agreement and they cannot know themselves:
     /// whether its side of the exchange is in device memory (where its work after the
-    /// exchange can fail on its own), whether it sees the whole exchange in host memory, its
-    /// round size and the number of rounds it guessed from them (see [`Stage::settle`]).
+    /// exchange can fail on its own), whether it sees the whole exchange in host memory and
+    /// its round size, from which every rank knows the number of rounds it guessed (see
+    /// [`Stage::settle`]).
     fn note(&self) -> String {
-        Note {
-            device: self.device.is_some_and(|d| !d.is_host_accessible()),
-            host: self.host,
-            rounds: self.rounds,
-            tuning: self.tuning,
-        }
-        .write()
+        self.note.write()
     }
 
     /// After the agreement (`peers`, with every rank's [`Stage::note`]), the number of rounds
     /// every rank takes: several only when every rank's side is in host memory, as many as
     /// rank 0's round size asks (the ranks' `DLPART_MPI_ROUND_BYTES` may differ). A rank
     /// whose guess was another makes its buffers again, and then, since that can fail on it
-    /// alone, the ranks confirm (all of them, as every rank knows every guess) before any
-    /// bytes move. Returns whether the ranks confirm the exchange's outcome after it: when
-    /// some rank's side is in device memory.
+    /// alone, the ranks confirm (all of them, as every rank knows every guess: [`Note::guess`]
+    /// from the rank's note and the plan's busiest pair) before any bytes move. Returns
+    /// whether the ranks confirm the exchange's outcome after it: when some rank's side is in
+    /// device memory.
     fn settle(&mut self, comm: &dyn Communicator, peers: &Peers) -> Result<bool> {
         let notes = (peers.notes.iter().enumerate())
             .map(|(rank, n)| Note::read(n, rank))
@@ -947,7 +952,7 @@ impl Stage {
             true => notes[0].tuning.count(self.largest),
             false => 1,
         };
-        if notes.iter().any(|n| n.rounds != rounds) {
+        if notes.iter().any(|n| n.guess(self.largest) != rounds) {
             let made = match self.rounds == rounds {
                 true => Ok(()),
                 false => self.prepare(comm, rounds),
