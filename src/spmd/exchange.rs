@@ -790,15 +790,14 @@ impl Stage {
         let rounds = note.guess(largest);
         let send_in_place = send_place.is_some();
         let total: usize = seg_bytes.iter().sum();
-        let send = match (total, device, send_place) {
-            (0, _, _) | (_, None, _) => None,
-            (_, _, Some((t, at))) => {
+        let send = match (device, send_place) {
+            (Some(_), Some((t, at))) if total > 0 => {
                 for p in (0..size).filter(|&p| p != me && send_counts[p] > 0) {
                     send_displs[p] = at[segment_of(p)];
                 }
                 Some(t)
             }
-            // Packed by `prepare`, as the rounds ask.
+            // Nothing to send, or packed by `prepare`, as the rounds ask.
             _ => None,
         };
         let mut w = Writer::default();
