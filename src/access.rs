@@ -389,12 +389,11 @@ fn claim(op: &'static str, mut list: Vec<Part<'_>>) -> Result<Claim> {
             ranges: &ranges,
             gapped: &gapped,
         };
-        if let Some(((i, a), (j, b))) = conflict(mine, theirs) {
+        if let Some(((i, a), (_, b))) = conflict(mine, theirs) {
             let what = if a.write { "write" } else { "read" };
             let by = if b.write { "written" } else { "read" };
             let (lo, hi) = (a.lo.max(b.lo), a.hi.min(b.hi));
-            let (role, theirs) = (ranges[i].role, other.ranges[j].role);
-            let (tensor, other) = (mine_of[i], other.op);
+            let (role, theirs, tensor, other) = (a.role, b.role, mine_of[i], other.op);
             return Err(Error::buffer(format!(
                 "{op}: cannot {what} its {role}, {tensor}: host memory {lo:#x}..{hi:#x} of \
                  it is being {by} at the same time by {other} (its {theirs}), a dlpart call \
