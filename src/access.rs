@@ -211,10 +211,11 @@ pub(crate) fn scope<'a>(
 }
 
 /// This thread's [`Scope`]s set aside until the guard is dropped: around code a collective
-/// operation calls but does not control (a [`crate::spmd::Communicator`]'s methods, which may
-/// run a program's own code on this thread), whose claims then meet the scopes' memory as any
-/// other code's do. A view such code took of that memory, and kept, would otherwise refuse
-/// the operation's own later claims on this rank alone, after the ranks agreed to go on.
+/// operation calls but does not control (a [`crate::spmd::Communicator`]'s `host` and the
+/// calls that move bytes, which may run a program's own code on this thread), whose claims
+/// then meet the scopes' memory as any other code's do. A view such code took of that
+/// memory, and kept, would otherwise refuse the operation's own later claims on this rank
+/// alone, after the ranks agreed to go on.
 ///
 /// Dropped on the thread that made it (it is not `Send`).
 #[must_use = "the scopes are set aside only while the guard lives"]

@@ -70,7 +70,12 @@ pub(crate) fn header(call: &str) -> Writer {
 /// Every rank's `bytes` (the [`Communicator::all_gather`] of a collective), checked to hold
 /// one part per rank: a communicator that returns another count is an error, not a panic
 /// or a misread. The call runs with this thread's claims scopes set aside
-/// ([`crate::access::suspend`]), as every call into a communicator does.
+/// ([`crate::access::suspend`]), as do the other communicator calls that can come while a
+/// scope is held and run a program's code on this thread: `host` (in [`agree`]) and the
+/// all-to-alls (`Segments::exchange`). `rank`, `size` and `accepts_device` are called under
+/// the scopes: the first two only report the communicator's place, and `accepts_device` is
+/// asked only about a device that is not host memory, where every source and target of an
+/// exchange then lives, so that its scope claims no memory (a gather holds none).
 pub(crate) fn gathered(comm: &dyn Communicator, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
     let all = {
         let _aside = crate::access::suspend();

@@ -81,10 +81,13 @@ use crate::tensor::Tensor;
 /// rank makes in the same order. Implementations move bytes only; dlpart plans, packs and
 /// checks.
 ///
-/// dlpart calls these methods while its collective holds the memory it reads and writes:
-/// code of the implementation's own that reads or writes that memory through dlpart
-/// ([`Tensor::as_array`], another dlpart operation) is refused with [`Error::Buffer`], as it
-/// would be on another thread.
+/// dlpart calls these methods while its collective holds the memory it reads and writes.
+/// Code of the implementation's own in [`Communicator::host`] and the calls that move bytes
+/// that reads or writes that memory through dlpart ([`Tensor::as_array`], another dlpart
+/// operation) is refused with [`Error::Buffer`], as it would be on another thread.
+/// [`Communicator::rank`], [`Communicator::size`] and [`Communicator::accepts_device`] are
+/// meant only to answer: dlpart calls them as its own code, and does not set its claims
+/// aside for them.
 pub trait Communicator: Sync {
     /// This rank, in `0..size()`.
     fn rank(&self) -> usize;
