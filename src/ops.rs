@@ -75,11 +75,7 @@ pub fn repartition<S: Borrow<Tensor>>(
     let out = match dst_devices.first() {
         // One device, the common case: the backend's tensors are the targets, in order.
         Some(&dev) if dst_devices.iter().all(|&d| d == dev) => {
-            let backend = match backends.get(&dev) {
-                Some(b) => b.clone(),
-                None => backend_for(dev)?,
-            };
-            backend.empty_many(&shapes, dtype)?
+            backend_of(&backends, dev)?.empty_many(&shapes, dtype)?
         }
         _ => {
             let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
@@ -88,10 +84,8 @@ pub fn repartition<S: Borrow<Tensor>>(
             }
             let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
             for (dev, targets) in by_device {
-                let backend = match backends.get(&dev) {
-                    Some(b) => b.clone(),
-                    None => backend_for(dev)?, // targets that receive no bytes (empty partitions)
-                };
+                // A device whose targets receive no bytes (empty partitions) is looked up here.
+                let backend = backend_of(&backends, dev)?;
                 let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j]).collect();
                 for (j, t) in targets
                     .into_iter()
@@ -172,6 +166,16 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
 
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;
 
+/// The backend of `device`, resolved by `check_devices` or, for a device that sends or
+/// receives no bytes (the CPU executing copies between two kinds of host memory, a device
+/// whose targets are all empty), looked up now.
+fn backend_of(backends: &Backends, device: Device) -> Result<Arc<dyn Backend>> {
+    match backends.get(&device) {
+        Some(b) => Ok(b.clone()),
+        None => backend_for(device),
+    }
+}
+
 /// Refuses device crossings without `transfer` (moves between host memory of any kinds are
 /// plain copies, not crossings: [`one_memory`]), and resolves the backend of every device
 /// that sends or receives bytes, before anything is allocated or written. With `transfer`,
@@ -244,10 +248,7 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         _ => None,
     };
     if let Some(dev) = whole {
-        let backend = match backends.get(&dev) {
-            Some(b) => b.clone(),
-            None => backend_for(dev)?,
-        };
+        let backend = backend_of(backends, dev)?;
         // SAFETY: this function's contract.
         let copied = unsafe { backend.copy_plan(plan, &srcs, &dsts) };
         return waited_for(backend.as_ref(), copied);
@@ -296,7 +297,7 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
             });
     }
     for (&dev, jobs) in &batches {
-        let backend = crossing::backend_of(backends, dev)?;
+        let backend = backend_of(backends, dev)?;
         // SAFETY: the boxes of disjoint targets are disjoint, and no target shares memory with
         // a source (this function's contract) or with the buffers the crossing boxes arrived
         // in, which dlpart just allocated.

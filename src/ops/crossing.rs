@@ -20,9 +20,8 @@
 //! were. The bytes that cross are held twice while they move, once on each side.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use super::{one_memory, waited_for, Backends};
+use super::{backend_of, one_memory, waited_for, Backends};
 use crate::backend::cuda::pinned_cache_limit;
 use crate::backend::{backend_for, Backend, BoxCopy};
 use crate::device::Device;
@@ -66,15 +65,6 @@ pub(super) fn executor(a: Device, b: Device) -> Device {
         a
     } else {
         Device::CPU
-    }
-}
-
-/// The backend of `device`, resolved by `check_devices` or, for the CPU executing copies
-/// between two kinds of host memory, looked up now (that never fails).
-pub(super) fn backend_of(backends: &Backends, device: Device) -> Result<Arc<dyn Backend>> {
-    match backends.get(&device) {
-        Some(b) => Ok(b.clone()),
-        None => backend_for(device),
     }
 }
 
