@@ -487,19 +487,39 @@ pub fn gather(
     axis: usize,
     out: Option<&Tensor>,
 ) -> Result<Tensor> {
-    gather_tensor(src, &*indices.index_tensor()?, axis, out)
+    gather_tensor(src, &*indices.index_tensor()?, axis, out, None)
 }
 
-/// [`gather`] of indices in a tensor.
+/// [`gather`] of indices in a tensor. Without `out`, the result is a new tensor on `new_on`
+/// when given (allocated before the gather), else on the device the gathering backend
+/// allocates it on as it gathers (see [`gather`]).
 fn gather_tensor(
     src: &Tensor,
     indices: &Tensor,
     axis: usize,
     out: Option<&Tensor>,
+    new_on: Option<Device>,
 ) -> Result<Tensor> {
+    debug_assert!(out.is_none() || new_on.is_none(), "out, or a new tensor");
     check_axis(src, axis, "source")?;
     let backend = backend_for(crate::backend::result_device(src.device()))?;
     let (list, one) = index_list(indices)?;
+    let new;
+    let out = match new_on {
+        Some(device) => {
+            let shape = match one {
+                true => without_axis(src.shape(), axis),
+                false => {
+                    let mut shape = src.shape().to_vec();
+                    shape[axis] = list.shape()[0];
+                    shape
+                }
+            };
+            new = backend_for(device)?.empty(&shape, src.dtype())?;
+            Some(&new)
+        }
+        None => out,
+    };
     if !one {
         let out = backend.gather_from_caller(src, indices, axis, out)?;
         backend.synchronize()?;
@@ -517,19 +537,8 @@ fn gather_tensor(
 /// pinned memory, which needs CUDA and which no one but the next copy reads. `indices` is a
 /// 1-d list, or one index (the axis dropped, as in [`gather`]).
 pub(crate) fn gather_scratch(src: &Tensor, indices: &Tensor, axis: usize) -> Result<Tensor> {
-    check_axis(src, axis, "source")?;
-    let (list, one) = index_list(indices)?;
-    let shape = match one {
-        true => without_axis(src.shape(), axis),
-        false => {
-            let mut shape = src.shape().to_vec();
-            shape[axis] = list.shape()[0];
-            shape
-        }
-    };
-    let out = crate::backend::scratch_backend(src.device())?.empty(&shape, src.dtype())?;
-    gather_tensor(src, indices, axis, Some(&out))?;
-    Ok(out)
+    let scratch = crate::backend::scratch_device(src.device());
+    gather_tensor(src, indices, axis, None, Some(scratch))
 }
 
 /// `indices` as the 1-d list the backends take, and whether it is one index: a 0-d tensor,
