@@ -20,7 +20,6 @@ use crate::plan::Plan;
 use crate::tensor::{Axes, Tensor};
 
 mod crossing;
-pub(crate) use crossing::box_view;
 
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on

@@ -553,6 +553,50 @@ impl Tensor {
         t
     }
 
+    /// A C-order tensor of `shape` at byte `offset` of this contiguous buffer, sharing its
+    /// memory and owner: one box of a packed buffer (a repartition's crossing, an SPMD
+    /// exchange's send and receive buffers). Callers lay their boxes out inside the buffer.
+    pub(crate) fn box_view(&self, offset: usize, shape: &[usize]) -> Tensor {
+        debug_assert!(
+            self.is_contiguous()
+                && (shape.iter().product::<usize>() * self.dtype.itemsize())
+                    .checked_add(offset)
+                    .is_some_and(|end| end <= self.nbytes()),
+            "a box of shape {shape:?} at byte {offset} of {self:?}"
+        );
+        // SAFETY: callers lay the boxes out inside the contiguous buffer: `offset` plus the
+        // box's bytes is at most `self.nbytes()`, so every element of the C-order view lies
+        // inside this tensor's memory, which its owner, cloned into the view, keeps alive.
+        // Device addresses are only offset, never dereferenced here.
+        unsafe {
+            Tensor::from_raw_parts(
+                self.data.wrapping_add(offset),
+                shape.to_vec(),
+                contiguous_strides(shape),
+                self.dtype,
+                self.device,
+                false,
+                self.owner.clone(),
+            )
+        }
+    }
+
+    /// [`Tensor::box_view`]s of boxes of `shapes` that lie one after the other in this
+    /// contiguous buffer, the first at byte `start`.
+    pub(crate) fn box_views<'a, S: AsRef<[usize]> + 'a>(
+        &'a self,
+        start: usize,
+        shapes: impl IntoIterator<Item = S> + 'a,
+    ) -> impl Iterator<Item = Tensor> + 'a {
+        let itemsize = self.dtype.itemsize();
+        shapes.into_iter().scan(start, move |at, shape| {
+            let shape = shape.as_ref();
+            let view = self.box_view(*at, shape);
+            *at += shape.iter().product::<usize>() * itemsize;
+            Some(view)
+        })
+    }
+
     /// A view of the box `start .. start + shape`, sharing this tensor's memory.
     pub fn view(&self, start: &[usize], shape: &[usize]) -> Result<Self> {
         if start.len() != self.ndim() || shape.len() != self.ndim() {

@@ -28,35 +28,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::plan::{self, Plan};
-use crate::tensor::{contiguous_strides, Tensor};
-
-/// A C-order tensor of `shape` at byte `offset` of the contiguous buffer `buf`, sharing its
-/// memory and owner: one box of a packed buffer (a repartition's crossing, an SPMD exchange's
-/// send and receive buffers). Callers lay their boxes out inside `buf`.
-pub(crate) fn box_view(buf: &Tensor, offset: usize, shape: &[usize]) -> Tensor {
-    debug_assert!(
-        buf.is_contiguous()
-            && (shape.iter().product::<usize>() * buf.dtype().itemsize())
-                .checked_add(offset)
-                .is_some_and(|end| end <= buf.nbytes()),
-        "a box of shape {shape:?} at byte {offset} of {buf:?}"
-    );
-    // SAFETY: callers lay the boxes out inside the contiguous buffer: `offset` plus the box's
-    // bytes is at most `buf.nbytes()`, so every element of the C-order view lies inside
-    // `buf`'s memory, which `buf.owner()` keeps alive. Device addresses are only offset,
-    // never dereferenced here.
-    unsafe {
-        Tensor::from_raw_parts(
-            buf.data_ptr().wrapping_add(offset),
-            shape.to_vec(),
-            contiguous_strides(shape),
-            buf.dtype(),
-            buf.device(),
-            false,
-            buf.owner().clone(),
-        )
-    }
-}
+use crate::tensor::Tensor;
 
 /// The device whose backend copies from memory on `a` into memory on `b`, one memory: the
 /// device itself, or the CPU between host memory of two kinds.
@@ -158,7 +130,7 @@ impl Crossings {
             buffers.push((packed, arrived));
         }
         let views: Vec<Vec<Tensor>> = (self.pairs.iter().zip(&buffers))
-            .map(|(p, (packed, _))| boxes_of(p, packed))
+            .map(|(p, (packed, _))| boxes_of(p, packed).collect())
             .collect();
         let mut packs: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
         for (p, views) in self.pairs.iter().zip(&views) {
@@ -194,23 +166,15 @@ impl Crossings {
         }
         let mut out = Vec::with_capacity(self.pairs.iter().map(|p| p.ops.len()).sum());
         for (p, (_, arrived)) in self.pairs.iter().zip(&buffers) {
-            out.extend(boxes_of(p, arrived).into_iter().zip(&p.ops));
+            out.extend(boxes_of(p, arrived).zip(&p.ops));
         }
         Ok(out)
     }
 }
 
 /// Each of `pair`'s boxes as a view of `buf`, one after the other in the order of its copies.
-fn boxes_of(pair: &Pair, buf: &Tensor) -> Vec<Tensor> {
-    let itemsize = buf.dtype().itemsize();
-    let mut at = 0;
-    (pair.ops.iter())
-        .map(|op| {
-            let view = box_view(buf, at, &op.shape);
-            at += op.numel() * itemsize;
-            view
-        })
-        .collect()
+fn boxes_of<'a>(pair: &'a Pair, buf: &'a Tensor) -> impl Iterator<Item = Tensor> + 'a {
+    buf.box_views(0, pair.ops.iter().map(|op| &op.shape))
 }
 
 #[cfg(all(test, feature = "kernel-host-tests"))]

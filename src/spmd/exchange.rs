@@ -542,8 +542,6 @@ pub(super) fn rank_device(
     Ok(found)
 }
 
-pub(super) use crate::ops::box_view;
-
 /// What a rank notes about its side of an exchange in the agreement (see [`Stage::note`]):
 /// what the others cannot know, and must agree on from every rank's note.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -866,7 +864,7 @@ impl Stage {
             self.send = None;
         }
         self.rounds = rounds;
-        let (itemsize, dtype) = (self.itemsize, self.dtype);
+        let dtype = self.dtype;
         let elements = |lists: &[Vec<BoxCopy>]| {
             let totals: Vec<usize> = lists
                 .iter()
@@ -889,7 +887,7 @@ impl Stage {
             self.send = Some(match rounds {
                 1 => {
                     let buf = backend.empty(&[total], dtype)?;
-                    pack(&*backend, &buf, &self.segments, &self.sources, itemsize)?;
+                    pack(&*backend, &buf, &self.segments, &self.sources)?;
                     buf
                 }
                 _ => backend.empty(&[elements(&self.segments)], dtype)?,
@@ -1053,11 +1051,8 @@ impl Stage {
         };
         let mut out = Vec::new();
         for (p, ops) in self.recvs.iter().enumerate() {
-            let mut at = self.recv_displs[p];
-            for op in ops {
-                out.push((box_view(recv, at, &op.shape), op));
-                at += op.numel() * self.itemsize;
-            }
+            let shapes = ops.iter().map(|op| &op.shape);
+            out.extend(recv.box_views(self.recv_displs[p], shapes).zip(ops));
         }
         out
     }
@@ -1114,14 +1109,9 @@ fn pack(
     buf: &Tensor,
     segments: &[Vec<BoxCopy>],
     sources: &[Option<Tensor>],
-    itemsize: usize,
 ) -> Result<()> {
-    let mut views = Vec::new();
-    let mut at = 0;
-    for op in segments.iter().flatten() {
-        views.push(box_view(buf, at, &op.shape));
-        at += op.numel() * itemsize;
-    }
+    let shapes = segments.iter().flatten().map(|op| &op.shape);
+    let views: Vec<Tensor> = buf.box_views(0, shapes).collect();
     let jobs: Vec<Job<'_>> = segments
         .iter()
         .flatten()

@@ -13,8 +13,8 @@ use crate::partitioned::PartitionedArray;
 use crate::tensor::Tensor;
 
 use super::exchange::{
-    agreed, box_view, check_own_data, confirmed, dtype_of, own_data, owners, prefix, rank_device,
-    spmd_array, Buffers,
+    agreed, check_own_data, confirmed, dtype_of, own_data, owners, prefix, rank_device, spmd_array,
+    Buffers,
 };
 use super::wire::{fingerprint, Writer};
 use super::{Communicator, Segments, Traffic};
@@ -198,13 +198,10 @@ pub fn gather(
             0 => None,
             _ => {
                 let buf = crate::backend::scratch_backend(dev)?.empty(&[total / item], dtype)?;
-                let mut at = 0;
-                for &(j, s) in sends.iter().flatten() {
-                    let shp = piece(j, s);
-                    let view = box_view(&buf, at, &shp);
+                let views = buf.box_views(0, sends.iter().flatten().map(|&(j, s)| piece(j, s)));
+                for (&(j, s), view) in sends.iter().flatten().zip(views) {
                     let part = on_device(own_data(pa, source(j, s), me)?, dev)?;
                     ops::gather(&part, &index_tensor(&slabs.local[s])?, axis, Some(&view))?;
-                    at += view.nbytes();
                 }
                 Some(buf)
             }
@@ -269,14 +266,15 @@ pub fn gather(
             ops::scatter(&picked, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
         }
         if let Some(recv) = &recv {
+            let piece = |&(j, s): &(usize, usize)| {
+                let mut shp = p.grid.region_at(j).shape;
+                shp[axis] = p.slabs.at[s].len();
+                shp
+            };
             for (peer, list) in p.recvs.iter().enumerate() {
-                let mut at = p.recv_displs[peer];
-                for &(j, s) in list {
-                    let mut shp = p.grid.region_at(j).shape;
-                    shp[axis] = p.slabs.at[s].len();
-                    let view = box_view(recv, at, &shp);
+                let views = recv.box_views(p.recv_displs[peer], list.iter().map(piece));
+                for (&(j, s), view) in list.iter().zip(views) {
                     ops::scatter(&view, &index_tensor(&p.slabs.at[s])?, out_of(j), axis)?;
-                    at += view.nbytes();
                 }
             }
         }

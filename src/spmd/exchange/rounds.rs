@@ -23,7 +23,7 @@ use crate::plan::BoxCopy;
 use crate::tensor::Tensor;
 
 use super::super::Communicator;
-use super::{box_view, pack, prefix, Segments, Stage};
+use super::{pack, prefix, Segments, Stage};
 
 /// How host exchanges are cut into rounds. The defaults suit real use; tests shrink them so
 /// that small arrays take many rounds.
@@ -252,14 +252,8 @@ impl Stage {
                 }
                 // One call per peer, so that each stays under the streaming-store threshold.
                 for (s, list) in pieces.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
-                    let view = box_view(buf, seg_start[s], &[seg_bytes[s] / isz]);
-                    pack(
-                        &*backend,
-                        &view,
-                        std::slice::from_ref(list),
-                        &self.sources,
-                        isz,
-                    )?;
+                    let view = buf.box_view(seg_start[s], &[seg_bytes[s] / isz]);
+                    pack(&*backend, &view, std::slice::from_ref(list), &self.sources)?;
                 }
             }
             let pieces: Vec<Vec<BoxCopy>> = recvs.iter().map(|c| c.pieces(k)).collect();
@@ -303,11 +297,8 @@ impl Stage {
     ) -> Result<()> {
         let mut views = Vec::new();
         for (p, ops) in pieces.iter().enumerate() {
-            let mut at = displs[p];
-            for op in ops {
-                views.push((box_view(buf, at, &op.shape), op));
-                at += op.numel() * self.itemsize;
-            }
+            let shapes = ops.iter().map(|op| &op.shape);
+            views.extend(buf.box_views(displs[p], shapes).zip(ops));
         }
         let jobs: Vec<Job<'_>> = views
             .iter()
