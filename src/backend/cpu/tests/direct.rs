@@ -100,17 +100,7 @@ fn a_long_gather_from_pinned_memory_into_host_memory_makes_no_pinned_memory() {
     let pinned = crate::device::Device::new(crate::device::DeviceType::CudaHost, 0).unwrap();
     // SAFETY: `backing`'s memory, whose owner the view shares, labelled as pinned host memory,
     // which the CPU reads as it reads any host memory.
-    let src = unsafe {
-        Tensor::from_raw_parts(
-            backing.data_ptr(),
-            vec![len],
-            vec![1],
-            backing.dtype(),
-            pinned,
-            false,
-            backing.owner().clone(),
-        )
-    };
+    let src = unsafe { backing.labelled(pinned) };
     let mut rng = Rng(23);
     let idx = pattern(&mut rng, 3, count(), len);
     let it = Tensor::from_slice(&idx, &[idx.len()]).unwrap();
