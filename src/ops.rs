@@ -869,13 +869,13 @@ mod tests {
         ] {
             let device = Device::new(kind, 0).unwrap();
             // SAFETY: host memory labelled as another kind of it, which the CPU reads alike.
-            let there = unsafe { labelled(&t, device) };
+            let there = unsafe { t.labelled(device) };
             let out = repartition(&plan, &[there], &[Device::CPU], false).unwrap();
             assert_eq!(out[0].device(), Device::CPU);
             assert_eq!(values_of(&out[0]), vec![0, 1, 2, 3], "{device}");
             let backing = Tensor::zeros(&[4], DType::Int32).unwrap();
             // SAFETY: as above; the CPU writes it alike.
-            let target = unsafe { labelled(&backing, device) };
+            let target = unsafe { backing.labelled(device) };
             repartition_into(&plan, std::slice::from_ref(&t), &[target], false).unwrap();
             assert_eq!(values_of(&backing), vec![0, 1, 2, 3], "{device}");
         }
@@ -934,7 +934,7 @@ mod tests {
         let host = arange(&[2, 3]);
         let backing = arange(&[2, 3]);
         // SAFETY: never read or written under this label: every path refuses it first.
-        let there = unsafe { labelled(&backing, one_api) };
+        let there = unsafe { backing.labelled(one_api) };
         for (from, to) in [(&host, one_api), (&there, Device::CPU)] {
             let e = to_device(from, to).unwrap_err();
             let moved = format!("transfer {} -> {to}", from.device());
@@ -958,7 +958,7 @@ mod tests {
             "scatter of values there",
         );
         // SAFETY: as above.
-        let rows_there = unsafe { labelled(&rows, one_api) };
+        let rows_there = unsafe { rows.labelled(one_api) };
         unavailable(
             gather(&host, &rows_there, 0, Some(&row)).unwrap_err(),
             "gather by indices there",
@@ -1074,15 +1074,6 @@ mod tests {
         );
     }
 
-    /// `t`'s memory, layout and owner under the label `device`.
-    ///
-    /// # Safety
-    /// `device` must be host-accessible for the tensor to be read or written.
-    unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
-        // SAFETY: this function's contract is `Tensor::labelled`'s.
-        unsafe { t.labelled(device) }
-    }
-
     fn values_of(t: &Tensor) -> Vec<i32> {
         t.to_array::<i32>().unwrap().into_raw_vec_and_offset().0
     }
@@ -1099,7 +1090,7 @@ mod tests {
             let device = Device::new(kind, 0).unwrap();
             let backing = arange(&[4, 3]);
             // SAFETY: host memory of another kind, which the CPU reads and writes alike.
-            let there = unsafe { labelled(&backing, device) };
+            let there = unsafe { backing.labelled(device) };
             let values = Tensor::from_slice(&[-1i32, -2, -3], &[1, 3]).unwrap();
             scatter(&values, rows(&[2]), &there, 0).unwrap();
             let mut want: Vec<i32> = (0..12).collect();
@@ -1133,7 +1124,7 @@ mod tests {
             let device = Device::new(kind, 0).unwrap();
             let backing = arange(&[4, 3]);
             // SAFETY: host memory of another kind, which the CPU reads and writes alike.
-            let there = unsafe { labelled(&backing, device) };
+            let there = unsafe { backing.labelled(device) };
             // numpy.take(arange(12).reshape(4, 3), [3, -4, 1], 0)
             let got = gather(&there, &rows, 0, None).unwrap();
             assert_eq!(
@@ -1168,7 +1159,7 @@ mod tests {
         let host = arange(&[2, 3]);
         let block = Tensor::from_slice(&[-1i32; 3], &[1, 3]).unwrap();
         // SAFETY: never read or written: the devices are refused first.
-        let on_gpu = unsafe { labelled(&block, Device::cuda(0)) };
+        let on_gpu = unsafe { block.labelled(Device::cuda(0)) };
         let e = gather(&host, &rows, 0, Some(&on_gpu)).unwrap_err();
         assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
         assert!(e.to_string().contains("kDLCPU -> kDLCUDA:0"), "{e}");

@@ -22,16 +22,6 @@ fn kinds() -> [Device; 4] {
     ]
 }
 
-/// `t`'s memory labelled as memory of `device`.
-///
-/// # Safety
-/// `device` is host memory, which the CPU reads and writes as it does `t`'s, or the result is
-/// never read nor written (an operation refuses it first).
-unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
-    // SAFETY: this function's contract is `Tensor::labelled`'s.
-    unsafe { t.labelled(device) }
-}
-
 /// `a[i, j] = 10 i + j` of shape (6, `cols`), as an ndarray reference.
 fn reference(cols: usize) -> ArrayD<i32> {
     Array2::from_shape_fn((6, cols), |(i, j)| (10 * i + j) as i32).into_dyn()
@@ -43,7 +33,7 @@ fn mixed(a: &ArrayD<i32>, device: Device) -> PartitionedArray {
     let bottom = Tensor::from(a.slice_axis(Axis(0), (3..6).into()).to_owned());
     // SAFETY: `device` is host memory of some kind, or (kDLCUDA:0) refused before any access
     // by the operations these tests run.
-    let bottom = unsafe { labelled(&bottom, device) };
+    let bottom = unsafe { bottom.labelled(device) };
     PartitionedArray::new(
         Grid::from_splits(a.shape(), vec![vec![0, 3, 6], vec![0, a.shape()[1]]]).unwrap(),
         vec![Data::Tensor(top), Data::Tensor(bottom)],
@@ -103,7 +93,7 @@ fn repartition_into_between_host_kinds_needs_no_transfer() {
         // SAFETY: `device` is host memory of some kind, or refused before any access.
         let there: Vec<Tensor> = zeros
             .iter()
-            .map(|t| unsafe { labelled(t, device) })
+            .map(|t| unsafe { t.labelled(device) })
             .collect();
         let grid = Grid::from_splits(&[6, 4], vec![vec![0, 6], vec![0, 2, 4]]).unwrap();
         (
@@ -213,7 +203,7 @@ fn scatter_between_host_kinds_needs_no_transfer_nor_cuda() {
             let pa = mixed(&a, parts);
             let backing = Tensor::from(vals.clone());
             // SAFETY: `values` is host memory of some kind.
-            let there = unsafe { labelled(&backing, values) };
+            let there = unsafe { backing.labelled(values) };
             pa.scatter(&there, rows, 0, false).unwrap();
             assert_eq!(
                 pa.assemble(Some(Device::CPU), false)
@@ -226,7 +216,7 @@ fn scatter_between_host_kinds_needs_no_transfer_nor_cuda() {
     }
     let backing = Tensor::from(vals.clone());
     // SAFETY: never read: the move to the partitions is refused first.
-    let on_gpu = unsafe { labelled(&backing, Device::cuda(0)) };
+    let on_gpu = unsafe { backing.labelled(Device::cuda(0)) };
     let pa = mixed(&a, Device::CPU);
     let e = pa.scatter(&on_gpu, rows, 0, false).unwrap_err();
     assert!(is_move_refused(&e, "kDLCUDA:0 -> kDLCPU"), "{e}");

@@ -18,16 +18,6 @@ fn reference() -> ArrayD<i32> {
     Array2::from_shape_fn((8, 2), |(i, j)| (10 * i + j) as i32).into_dyn()
 }
 
-/// `t`'s memory labelled as memory of `device`.
-///
-/// # Safety
-/// `device` is host memory, which the CPU reads and writes as it does `t`'s, or the result is
-/// never read nor written (an operation refuses it first).
-unsafe fn labelled(t: &Tensor, device: Device) -> Tensor {
-    // SAFETY: this function's contract is `Tensor::labelled`'s.
-    unsafe { t.labelled(device) }
-}
-
 /// Rank `r` of 2 holds rows `4r..4r + 4` of `a` as two row blocks: the first in memory of
 /// `first`, the second in memory of `second`.
 fn blocks(comm: &ThreadComm, a: &ArrayD<i32>, first: Device, second: Device) -> PartitionedArray {
@@ -35,7 +25,7 @@ fn blocks(comm: &ThreadComm, a: &ArrayD<i32>, first: Device, second: Device) -> 
     let rows = |k: usize, device: Device| {
         let t = Tensor::from(a.slice_axis(Axis(0), (k..k + 2).into()).to_owned());
         // SAFETY: `device` is host memory of some kind, or refused before any access.
-        unsafe { labelled(&t, device) }
+        unsafe { t.labelled(device) }
     };
     from_stacked(comm, vec![rows(4 * me, first), rows(4 * me + 2, second)], 0).unwrap()
 }
@@ -81,7 +71,7 @@ fn every_operation_moves_data_between_host_kinds_without_transfer() {
             // Into targets of the other kind, and back into kDLCPU ones.
             let backing = Tensor::zeros(&[4, 2], DType::Int32).unwrap();
             // SAFETY: host memory of some kind.
-            let there = from_stacked(comm, vec![unsafe { labelled(&backing, device) }], 0);
+            let there = from_stacked(comm, vec![unsafe { backing.labelled(device) }], 0);
             let there = there.unwrap();
             repartition_into(comm, &cols, &there, false).unwrap();
             let plain = from_stacked(comm, vec![Tensor::zeros(&[4, 2], DType::Int32).unwrap()], 0);
@@ -94,7 +84,7 @@ fn every_operation_moves_data_between_host_kinds_without_transfer() {
             // Values of the other kind write both kinds of partitions.
             let vals = Tensor::from(values.clone());
             // SAFETY: host memory of some kind.
-            let vals = unsafe { labelled(&vals, device) };
+            let vals = unsafe { vals.labelled(device) };
             scatter(comm, &pa, &vals, written, 0).unwrap();
             (
                 whole(comm, &cols),
