@@ -398,9 +398,6 @@ fn new_memory_is_never_plain_memory_labelled_pinned_or_managed() {
     }
 }
 
-/// Partitions on a device without dlpart kernels (kDLOneAPI) cannot be moved by dlpart at
-/// all: `to`, and a repartition or assemble onto another device, say so (BackendUnavailable)
-/// with or without transfer, rather than ask for a transfer that could not run.
 /// `e` is the BackendUnavailable error of kDLOneAPI:0, named.
 fn assert_unavailable(e: Error) {
     assert!(
@@ -416,6 +413,9 @@ fn assert_unavailable(e: Error) {
     assert!(e.to_string().contains("no kernels for kDLOneAPI:0"), "{e}");
 }
 
+/// Partitions on a device without dlpart kernels (kDLOneAPI) cannot be moved by dlpart at
+/// all: `to`, and a repartition or assemble onto another device, say so (BackendUnavailable)
+/// with or without transfer, rather than ask for a transfer that could not run.
 #[test]
 fn data_on_a_device_without_kernels_is_refused_by_name_not_sent_to_transfer() {
     let (t, _) = global(&[4, 2]);
@@ -449,13 +449,7 @@ fn gather_and_scatter_across_a_device_without_kernels_are_refused_by_name() {
         // Host values into rows 0 (host) and 3 (kDLOneAPI).
         assert_unavailable(scatter_rows_0_and_3(&p0, p1.clone(), transfer).unwrap_err());
         // Rows 0 and 3 gathered onto the device of row 0 (the host).
-        let pa = PartitionedArray::new(
-            Grid::even(&[4, 2], &[2, 1]).unwrap(),
-            vec![Data::Tensor(p0.clone()), Data::Tensor(p1.clone())],
-            vec![vec![], vec![]],
-            None,
-        )
-        .unwrap();
+        let pa = two_row_blocks(&p0, p1.clone());
         let rows = Tensor::from_slice(&[0i64, 3], &[2]).unwrap();
         assert_unavailable(pa.gather(&rows, 0, transfer).unwrap_err());
         // Values on such a device into host partitions.
@@ -494,13 +488,7 @@ fn scatter_writes_host_partitions_of_any_kind_from_host_values() {
         // numpy: a = full((4, 2), -7); a[[0, 3]] = [[1, 2], [3, 4]]
         assert_eq!(got(&p0), vec![1.0, 2.0, -7.0, -7.0], "{device}");
         assert_eq!(got(&other), vec![-7.0, -7.0, 3.0, 4.0], "{device}");
-        let pa = PartitionedArray::new(
-            Grid::even(&[4, 2], &[2, 1]).unwrap(),
-            vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
-            vec![vec![], vec![]],
-            None,
-        )
-        .unwrap();
+        let pa = two_row_blocks(&p0, p1);
         // A 0-d value, broadcast: a[2] = 0.5
         let half = Tensor::from_slice(&[0.5f32], &[]).unwrap();
         pa.scatter(&half, 2i64, 0, false).unwrap();
@@ -661,16 +649,21 @@ fn scatter_refused_by_a_partition_in_use_writes_nothing() {
     assert_eq!(t.to_array::<i32>().unwrap(), want.into_dyn());
 }
 
-/// Scatters float32 values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row
-/// blocks, `p0` over rows 0..2 and `p1` over rows 2..4.
-fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2], transfer: bool) -> Result<()> {
-    let pa = PartitionedArray::new(
+/// A 4x2 array of two row blocks, `p0` over rows 0..2 and `p1` over rows 2..4.
+fn two_row_blocks(p0: &Tensor, p1: Tensor) -> PartitionedArray {
+    PartitionedArray::new(
         Grid::even(&[4, 2], &[2, 1]).unwrap(),
         vec![Data::Tensor(p0.clone()), Data::Tensor(p1)],
         vec![vec![], vec![]],
         None,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Scatters float32 values `1..=4` (two rows) into rows `rows` of a 4x2 array of two row
+/// blocks, `p0` over rows 0..2 and `p1` over rows 2..4.
+fn scatter_rows(p0: &Tensor, p1: Tensor, rows: &[i64; 2], transfer: bool) -> Result<()> {
+    let pa = two_row_blocks(p0, p1);
     let values = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
     pa.scatter(
         &values,
