@@ -260,20 +260,13 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         crate::access::numbered("source partition", srcs.iter().copied()),
         crate::access::numbered("target partition", dsts.iter().copied()),
     )?;
-    let crossings = crossing::Crossings::of(plan, &srcs, &dsts);
-    let arrived = match crossings.is_empty() {
-        true => Vec::new(),
-        false => crossings.send(&srcs, backends)?,
-    };
+    // The copies within one memory go into the batches as the plan is walked for the
+    // crossings; the crossing boxes join them once they have arrived.
     let mut batches: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
-    plan.ops().visit(|op| {
+    let crossings = crossing::Crossings::of(plan, &srcs, &dsts, |op| {
         let (src, dst) = (srcs[op.src], dsts[op.dst]);
-        let (s, d) = (src.device(), dst.device());
-        if !one_memory(s, d) {
-            return; // arrived, unpacked below
-        }
         batches
-            .entry(crossing::executor(s, d))
+            .entry(crossing::executor(src.device(), dst.device()))
             .or_default()
             .push(BoxCopy {
                 src,
@@ -283,6 +276,10 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
                 shape: op.shape.clone(),
             });
     });
+    let arrived = match crossings.is_empty() {
+        true => Vec::new(),
+        false => crossings.send(&srcs, backends)?,
+    };
     for (view, op) in &arrived {
         let dst = dsts[op.dst];
         (batches.entry(crossing::executor(view.device(), dst.device())))

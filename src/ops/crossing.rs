@@ -59,12 +59,19 @@ pub(super) struct Crossings {
 
 impl Crossings {
     /// The copies of `plan` from `src` into `dst` between devices that are not one memory;
-    /// none when every copy stays within one memory.
-    pub(super) fn of(plan: &Plan, src: &[&Tensor], dst: &[&Tensor]) -> Self {
+    /// none when every copy stays within one memory. Each copy that does is handed to
+    /// `within`, in the plan's order, in the same walk over the plan.
+    pub(super) fn of(
+        plan: &Plan,
+        src: &[&Tensor],
+        dst: &[&Tensor],
+        mut within: impl FnMut(&plan::BoxCopy),
+    ) -> Self {
         let mut pairs: BTreeMap<(Device, Device), Pair> = BTreeMap::new();
         plan.ops().visit(|op| {
             let (from, to) = (src[op.src].device(), dst[op.dst].device());
             if one_memory(from, to) {
+                within(op);
                 return;
             }
             let pair = pairs.entry((from, to)).or_insert_with(|| Pair {

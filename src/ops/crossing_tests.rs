@@ -433,11 +433,11 @@ fn crossings_beyond_the_pinned_cache_go_through_ordinary_host_memory() {
     let dst = [blank(gpu), blank(Device::CPU)];
     let dsts: Vec<&Tensor> = dst.iter().collect();
     // Once through first, for the device's job-table scratch (pinned memory it keeps).
-    let crossings = super::Crossings::of(&plan, &srcs, &dsts);
+    let crossings = super::Crossings::of(&plan, &srcs, &dsts, |_| {});
     crossings.send(&srcs, &backends).unwrap();
     be.release_staging();
     let before = be.emulated_pinned();
-    let crossings = super::Crossings::of(&plan, &srcs, &dsts).pinned_up_to(0);
+    let crossings = super::Crossings::of(&plan, &srcs, &dsts, |_| {}).pinned_up_to(0);
     let arrived = crossings.send(&srcs, &backends).unwrap();
     assert_eq!(
         be.emulated_pinned().allocs,
