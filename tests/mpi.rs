@@ -21,7 +21,9 @@
 //! A failed check aborts every rank (MPI_Abort), so none waits; each rank prints
 //! `ok <rank>: <checks> checks in <cases> cases` when all passed, and exits 1 when it made no
 //! check at all. `DLPART_MPI_MESSAGE_BYTES` cuts the messages (and all-gathers) smaller: the
-//! value given is rank 0's, and the other ranks set other values, which they must not use.
+//! value given is rank 0's, and the other ranks set other values before MPI starts (each
+//! learns its rank from the launcher's environment), which they must not use: every
+//! communicator's first call, an all-to-all-v before any all-gather, moves the right bytes.
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::panic::{self, AssertUnwindSafe};
@@ -67,7 +69,30 @@ macro_rules! check_eq {
     }};
 }
 
+/// This process's rank as the launcher tells it in the environment (Open MPI's, PMIx's or
+/// MPICH's variable), readable before MPI starts.
+fn launcher_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
 fn main() {
+    // The ranks' DLPART_MPI_MESSAGE_BYTES may differ, and every rank must cut by rank 0's:
+    // the other ranks are given other values here, while this process has one thread and
+    // before MPI starts (which may start threads of its own that read the environment).
+    let cut = std::env::var("DLPART_MPI_MESSAGE_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let own_cut = cut.map(|n| {
+        let r = launcher_rank().expect(
+            "DLPART_MPI_MESSAGE_BYTES is set, but no launcher's rank variable \
+             (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK) gives the ranks their own values",
+        );
+        let own = n * (r + 1) + r;
+        std::env::set_var("DLPART_MPI_MESSAGE_BYTES", own.to_string());
+        (r, own)
+    });
     let universe = dlpart::mpi::initialize().expect("MPI is initialized once");
     let world = universe.world();
     let mut args = std::env::args()
@@ -76,21 +101,21 @@ fn main() {
     let cases = args.next().unwrap_or(300);
     let seed = args.next().unwrap_or(20240611);
     let rank = world.rank();
-    // The ranks' DLPART_MPI_MESSAGE_BYTES may differ, and every rank must cut by rank 0's:
-    // the other ranks are given other values here, before dlpart reads it (once, when the
-    // first MpiComm is made).
-    let cut = std::env::var("DLPART_MPI_MESSAGE_BYTES").ok();
-    if let (Some(n), r @ 1..) = (cut.and_then(|v| v.trim().parse::<usize>().ok()), rank) {
-        let r = r as usize;
-        std::env::set_var("DLPART_MPI_MESSAGE_BYTES", (n * (r + 1) + r).to_string());
-    }
     let run = panic::catch_unwind(AssertUnwindSafe(|| {
+        if let (Some((r, own)), Some(n)) = (own_cut, cut) {
+            check_eq!(r, rank as usize, "the launcher's rank is MPI's");
+            check!(
+                rank == 0 || own != n,
+                "rank {rank} set its own message size {own}, not rank 0's {n}"
+            );
+        }
         let comm = MpiComm::new(&world).unwrap();
         check_eq!(
             (comm.rank(), comm.size()),
             (world.rank() as usize, world.size() as usize),
             "MpiComm's rank and size"
         );
+        first_call_is_an_all_to_all_v(&comm, cut);
         communicator_bytes(&comm, seed);
         for case in 0..cases {
             let mut rng = Rng(seed ^ (case + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
@@ -145,6 +170,53 @@ fn gather_strings(world: &SimpleCommunicator, s: &str) -> Vec<String> {
 /// The byte of rank `r`'s send buffer at `i`.
 fn byte(r: usize, i: usize) -> u8 {
     (r * 53 + i * 7 + 11) as u8
+}
+
+/// The first call of a new `MpiComm`, an all-to-all-v before any all-gather, cuts its
+/// messages by rank 0's `DLPART_MPI_MESSAGE_BYTES` (`cut`, where given) as every later call
+/// does, whatever the other ranks set: segments of several messages each, cut at other
+/// points than any other rank's own value would cut them, arrive whole on every rank.
+fn first_call_is_an_all_to_all_v(comm: &MpiComm, cut: Option<usize>) {
+    let (me, n) = (comm.rank(), comm.size());
+    // Rank `f` sends rank `t` `len(f, t)` bytes (none to itself): at least three messages
+    // of rank 0's size when it is small.
+    let len = |f: usize, t: usize| {
+        if f == t {
+            0
+        } else {
+            3 * cut.unwrap_or(8).min(64) + 5 * f + 3 * t + 1
+        }
+    };
+    let displs = |counts: &[usize]| -> Vec<usize> {
+        counts
+            .iter()
+            .scan(0, |at, &c| {
+                let d = *at;
+                *at += c;
+                Some(d)
+            })
+            .collect()
+    };
+    let send_counts: Vec<usize> = (0..n).map(|t| len(me, t)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|f| len(f, me)).collect();
+    let (send_displs, recv_displs) = (displs(&send_counts), displs(&recv_counts));
+    // Rank f's send buffer holds byte(f, i) at i: what rank t receives from f is the run at
+    // f's displacement for t.
+    let send: Vec<u8> = (0..send_counts.iter().sum()).map(|i| byte(me, i)).collect();
+    let mut recv = vec![0xeeu8; recv_counts.iter().sum()];
+    let segments = Segments {
+        send_counts: &send_counts,
+        send_displs: &send_displs,
+        recv_counts: &recv_counts,
+        recv_displs: &recv_displs,
+    };
+    comm.all_to_all_v(&send, &mut recv, &segments).unwrap();
+    let mut want = Vec::new();
+    for f in 0..n {
+        let at: usize = (0..me).map(|t| len(f, t)).sum();
+        want.extend((at..at + len(f, me)).map(|i| byte(f, i)));
+    }
+    check_eq!(recv, want, "the first call, an all-to-all-v");
 }
 
 /// `MpiComm`'s all-gather and all-to-all-v themselves, against the bytes each rank knows the

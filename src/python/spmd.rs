@@ -1,19 +1,19 @@
 //! The SPMD functions of `dlpart.mpi`: the Rust [`crate::spmd`] collectives over an mpi4py
 //! communicator. [`MpiComm`] implements [`Communicator`] by calling the communicator's own
-//! `allgather` (each rank's bytes with its `DLPART_MPI_MESSAGE_BYTES`: every rank cuts its
-//! messages by rank 0's), and `Isend`, `Irecv` and `Request.Waitall` between the ranks that
-//! have bytes for each other, with the GIL held; the data buffers are dlpart's, lent to MPI as
-//! memoryviews, so the bytes are copied only by packing and unpacking.
+//! `allgather` (of each rank's bytes alone), and `Isend`, `Irecv` and `Request.Waitall`
+//! between the ranks that have bytes for each other, cut into messages by rank 0's
+//! `DLPART_MPI_MESSAGE_BYTES` (broadcast once, when the communicator is made), with the GIL
+//! held; the data buffers are dlpart's, lent to MPI as memoryviews, so the bytes are copied
+//! only by packing and unpacking.
 
 use std::ffi::c_char;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::spmd::p2p::{messages, MESSAGE_BYTES, TAG};
+use crate::spmd::p2p::{messages, MessageBytes, TAG};
 use crate::spmd::{self, Communicator, LocalParts, Segments, Traffic};
 
 use super::device::device_arg;
@@ -30,25 +30,36 @@ pub struct MpiComm {
     host: String,
     /// Whether MPI takes CUDA device pointers (`MPI.Query_cuda_support()`).
     cuda_aware: bool,
-    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES` ([`MESSAGE_BYTES`]),
-    /// as the last all-gather carried it (this rank's own before the first), so that every
-    /// rank cuts its segments alike though the variable may differ between the ranks.
-    cut: AtomicUsize,
+    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES`, broadcast when the
+    /// communicator was made, so that every rank cuts its segments alike though the variable
+    /// may differ between the ranks.
+    cut: MessageBytes,
 }
 
 #[pymethods]
 impl MpiComm {
-    /// Wraps `comm` (an `mpi4py.MPI.Comm`), whose `Get_rank()` and `Get_size()` are read once.
+    /// Wraps `comm` (an `mpi4py.MPI.Comm`), whose `Get_rank()` and `Get_size()` are read once
+    /// (collective: every rank makes it). Rank 0's `DLPART_MPI_MESSAGE_BYTES` reaches every
+    /// rank by one `comm.bcast(value, root=0)`, here and never again: every exchange through
+    /// this communicator cuts its messages by it, the first included.
     #[new]
     #[pyo3(signature = (comm, host, cuda_aware=false))]
     fn new(comm: &Bound<'_, PyAny>, host: String, cuda_aware: bool) -> PyResult<Self> {
+        let rank = comm.call_method0("Get_rank")?.extract()?;
+        let size = comm.call_method0("Get_size")?.extract()?;
+        let cut = MessageBytes::agree(|mine| {
+            comm.call_method1("bcast", (mine,))
+                .and_then(|root| root.extract::<u64>())
+                .map_err(|e| mpi_error("bcast of the message size", e))
+        })
+        .map_err(to_py)?;
         Ok(MpiComm {
-            rank: comm.call_method0("Get_rank")?.extract()?,
-            size: comm.call_method0("Get_size")?.extract()?,
+            rank,
+            size,
             comm: comm.clone().unbind(),
             host,
             cuda_aware,
-            cut: AtomicUsize::new(*MESSAGE_BYTES),
+            cut,
         })
     }
 
@@ -123,8 +134,7 @@ impl MpiComm {
             })
             .map_err(|e| mpi_error("import mpi4py.MPI", e))?;
         // Every buffer object first (what can fail before anything is posted).
-        let cut = self.cut.load(Ordering::Relaxed);
-        let plan = messages(self.rank, segments, lens.0, lens.1, cut)?;
+        let plan = messages(self.rank, segments, lens.0, lens.1, self.cut)?;
         let mut posts = Vec::with_capacity(plan.len());
         for m in &plan {
             let buf = if m.send {
@@ -179,22 +189,16 @@ impl Communicator for MpiComm {
         self.host.clone()
     }
 
-    /// Every rank's bytes, each with the rank's cut of messages: rank 0's is the cut of the
-    /// all-to-all-v calls that follow, on every rank.
+    /// Every rank's bytes, by the communicator's `allgather` of a `bytes` object.
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let all = Python::attach(|py| {
+        Python::attach(|py| {
             let all = self
                 .comm
                 .bind(py)
-                .call_method1("allgather", ((*MESSAGE_BYTES, PyBytes::new(py, bytes)),))?;
-            all.extract::<Vec<(usize, Vec<u8>)>>()
+                .call_method1("allgather", (PyBytes::new(py, bytes),))?;
+            all.extract::<Vec<Vec<u8>>>()
         })
-        .map_err(|e| mpi_error("allgather", e))?;
-        if let Some(&(cut, _)) = all.first() {
-            self.cut
-                .store(cut.clamp(1, i32::MAX as usize), Ordering::Relaxed);
-        }
-        Ok(all.into_iter().map(|(_, b)| b).collect())
+        .map_err(|e| mpi_error("allgather", e))
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {

@@ -108,6 +108,15 @@ pub trait Communicator: Sync {
     /// and `dlpart.mpi` send point-to-point messages between the ranks with bytes for each
     /// other). Send ranges may overlap (the same bytes to several ranks); receive ranges do
     /// not.
+    ///
+    /// dlpart hands each peer's segment whole and never cuts an exchange into messages for an
+    /// implementation, so no message size of dlpart's can differ between the ranks of a
+    /// custom communicator. `MpiComm` and `dlpart.mpi` cut by rank 0's
+    /// `DLPART_MPI_MESSAGE_BYTES`, broadcast once when the communicator is made (their cutting
+    /// code takes no other value), so the first call cuts as the later ones do. An
+    /// implementation that cuts segments itself must likewise fix its cut by a collective
+    /// call when it is made, not read a setting of each rank's when called: a receive cut
+    /// otherwise than its send fails or mixes bytes.
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()>;
 
     /// Whether [`Communicator::all_to_all_v_device`] takes buffers on `device` (a CUDA-aware

@@ -8,7 +8,6 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mpi::datatype::Equivalence;
@@ -19,7 +18,7 @@ use mpi::traits::{AsRaw, Communicator as _};
 
 use crate::error::{Error, Result};
 
-use super::p2p::{messages, MESSAGE_BYTES, TAG};
+use super::p2p::{messages, MessageBytes, TAG};
 use super::{Communicator, Segments};
 
 /// dlpart's [`Communicator`] over the ranks of an MPI communicator (feature `mpi`, through the
@@ -28,7 +27,8 @@ use super::{Communicator, Segments};
 ///
 /// [`MpiComm::new`] duplicates the communicator it is given (`MPI_Comm_dup`, collective), so
 /// that dlpart's messages never meet the program's own (a wildcard receive the program leaves
-/// pending included), and sets `MPI_ERRORS_RETURN` on that duplicate only: an MPI error in
+/// pending included), broadcasts rank 0's message size on it (below), and sets
+/// `MPI_ERRORS_RETURN` on that duplicate only: an MPI error in
 /// dlpart's calls is an [`Error::Backend`] naming the call (`"mpi error in MPI_Waitall (Irecv
 /// of bytes 0..512 from rank 2): ..."`) on the rank that met it, not an abort. MPI itself
 /// gives no promise that the other ranks learn of it. The `MpiComm` owns the duplicate and
@@ -41,9 +41,10 @@ use super::{Communicator, Segments};
 /// as nonblocking point-to-point messages only between the ranks that have bytes for each
 /// other (a sparse plan touches only its peers), waited for together. A peer's bytes beyond 1
 /// GiB travel as several messages (MPI's counts are C ints), and an all-gather of more than
-/// that in several rounds; `DLPART_MPI_MESSAGE_BYTES` sets the cut, for tests (rank 0's, which
-/// every all-gather carries to the other ranks, cuts that all-gather and the all-to-all-v
-/// calls after it on every rank). [`host`] is
+/// that in several rounds; `DLPART_MPI_MESSAGE_BYTES` sets the cut, for tests. The ranks may
+/// set it differently, and a receive must be cut as its send is: [`MpiComm::new`] broadcasts
+/// rank 0's value (`MPI_Bcast`, once), and every rank cuts every call by it, an all-to-all-v
+/// made before any all-gather included. [`host`] is
 /// this node's address as other nodes reach it: the first address of the host name or of a
 /// network interface that is not loopback, else `127.0.0.1` (as in `dlpart.mpi`).
 ///
@@ -93,9 +94,9 @@ pub struct MpiComm {
     any_thread: bool,
     /// Held during each call into MPI: one at a time.
     calls: Mutex<()>,
-    /// The most bytes of one message: rank 0's `MESSAGE_BYTES`, as the last all-gather
-    /// carried it (this rank's own before the first), so that every rank cuts alike.
-    cut: AtomicUsize,
+    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES`, broadcast when the
+    /// communicator was made, so that every rank cuts alike.
+    cut: MessageBytes,
     /// Not `Send` whatever MPI's handle type (a pointer in Open MPI, an `int` in MPICH): the
     /// communicator is freed on the thread that made it.
     _not_send: std::marker::PhantomData<*const ()>,
@@ -185,6 +186,22 @@ impl MpiComm {
         // MPI_ERRORS_RETURN (rsmpi's constant) lives as long as MPI.
         let rc = unsafe { ffi::MPI_Comm_set_errhandler(own.as_raw(), ffi::RSMPI_ERRORS_RETURN) };
         check(rc, || "MPI_Comm_set_errhandler".into())?;
+        let cut = MessageBytes::agree(|mine| {
+            let mut value = mine;
+            // SAFETY: one u64 at `value`, sent from rank 0 and received on every other rank,
+            // on the live duplicate `own` (collective: every rank makes its `MpiComm`).
+            let rc = unsafe {
+                ffi::MPI_Bcast(
+                    (&mut value as *mut u64).cast::<c_void>(),
+                    1,
+                    u64::equivalent_datatype().as_raw(),
+                    0,
+                    own.as_raw(),
+                )
+            };
+            check(rc, || "MPI_Bcast of the message size".into())?;
+            Ok(value)
+        })?;
         Ok(MpiComm {
             rank: own.rank() as usize,
             size: own.size() as usize,
@@ -192,7 +209,7 @@ impl MpiComm {
             host: crate::host::this_host(),
             any_thread,
             calls: Mutex::new(()),
-            cut: AtomicUsize::new(*MESSAGE_BYTES),
+            cut,
             _not_send: std::marker::PhantomData,
         })
     }
@@ -275,18 +292,18 @@ impl Communicator for MpiComm {
         let n = self.size;
         let byte = u8::equivalent_datatype().as_raw();
         let count = u64::equivalent_datatype().as_raw();
-        // Each rank's byte count and its cut of messages (its DLPART_MPI_MESSAGE_BYTES).
-        let mine = [bytes.len() as u64, *MESSAGE_BYTES as u64];
-        let mut heads = vec![0u64; 2 * n];
-        // SAFETY: two u64 sent from `mine`, two received from each of the `n` ranks into
-        // `heads` (2n elements), on a live communicator.
+        // Each rank's byte count.
+        let mine = bytes.len() as u64;
+        let mut heads = vec![0u64; n];
+        // SAFETY: one u64 sent from `mine`, one received from each of the `n` ranks into
+        // `heads` (n elements), on a live communicator.
         let rc = unsafe {
             ffi::MPI_Allgather(
-                mine.as_ptr().cast::<c_void>(),
-                2,
+                (&mine as *const u64).cast::<c_void>(),
+                1,
                 count,
                 heads.as_mut_ptr().cast::<c_void>(),
-                2,
+                1,
                 count,
                 self.raw(),
             )
@@ -294,17 +311,13 @@ impl Communicator for MpiComm {
         check(rc, || "MPI_Allgather of the byte counts".into())?;
         let lens = heads
             .iter()
-            .step_by(2)
             .map(|&l| usize::try_from(l))
             .collect::<std::result::Result<Vec<usize>, _>>()
             .map_err(|_| Error::buffer("an all-gather of more bytes than this rank can address"))?;
-        // Rank 0's cut, on every rank: the variable may be set differently on the ranks.
-        let cut =
-            usize::try_from(heads[1]).map_or(i32::MAX as usize, |c| c.clamp(1, i32::MAX as usize));
-        self.cut.store(cut, Ordering::Relaxed);
         // Rounds of at most `max` bytes from each rank, so that every count and displacement of
-        // a round fits MPI's C ints; every rank cuts the same way (the lengths are gathered).
-        let max = cut.min(i32::MAX as usize / n).max(1);
+        // a round fits MPI's C ints; every rank cuts the same way (the lengths are gathered,
+        // the message size agreed when the communicator was made).
+        let max = self.cut.get().min(i32::MAX as usize / n).max(1);
         let rounds = lens.iter().max().map_or(0, |&l| l.div_ceil(max));
         let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| Vec::with_capacity(l)).collect();
         let mut buf = Vec::new();
@@ -354,8 +367,7 @@ impl Communicator for MpiComm {
     }
 
     fn all_to_all_v(&self, send: &[u8], recv: &mut [u8], segments: &Segments<'_>) -> Result<()> {
-        let cut = self.cut.load(Ordering::Relaxed);
-        let plan = messages(self.rank, segments, send.len(), recv.len(), cut)?;
+        let plan = messages(self.rank, segments, send.len(), recv.len(), self.cut)?;
         let _call = self.enter("MPI_Isend")?;
         let byte = u8::equivalent_datatype().as_raw();
         let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());

@@ -1,7 +1,7 @@
 //! The point-to-point messages by which dlpart's MPI communicators carry an all-to-all-v
 //! (`dlpart.mpi` over mpi4py, and `MpiComm` over rsmpi): messages only between the
 //! ranks with bytes for each other, each peer's segment cut into messages of at most
-//! [`MESSAGE_BYTES`], the same way by the rank that sends it and the rank that receives it.
+//! [`MessageBytes`], the same way by the rank that sends it and the rank that receives it.
 
 use std::sync::LazyLock;
 
@@ -9,13 +9,10 @@ use crate::error::{Error, Result};
 
 use super::Segments;
 
-/// The most bytes one message carries: MPI counts are C ints, so a peer's segment beyond this
-/// travels as several messages. `DLPART_MPI_MESSAGE_BYTES` (read once, at least 1) sets it for
-/// tests; 1 GiB by default, never more than `i32::MAX`. A rank's receives must be cut as its
-/// peers' sends are, and the variable may be set differently on the ranks: dlpart's
-/// communicators carry each rank's value in every all-gather and cut by rank 0's (every
-/// exchange of dlpart's starts with an all-gather, the ranks' agreement).
-pub(crate) static MESSAGE_BYTES: LazyLock<usize> = LazyLock::new(|| {
+/// This rank's own `DLPART_MPI_MESSAGE_BYTES` (read once, at least 1; 1 GiB by default, never
+/// more than `i32::MAX`): what it offers when a communicator agrees on its [`MessageBytes`].
+/// Never a cut by itself: the variable may be set differently on the ranks.
+static OWN_MESSAGE_BYTES: LazyLock<usize> = LazyLock::new(|| {
     let set = std::env::var("DLPART_MPI_MESSAGE_BYTES").ok();
     message_bytes(set.as_deref())
 });
@@ -25,6 +22,33 @@ fn message_bytes(set: Option<&str>) -> usize {
         .filter(|&n| n > 0)
         .unwrap_or(1 << 30)
         .min(i32::MAX as usize)
+}
+
+/// The most bytes one message carries, agreed by every rank of one communicator: MPI counts
+/// are C ints, so a peer's segment beyond this travels as several messages (1 GiB by default;
+/// `DLPART_MPI_MESSAGE_BYTES` sets it, for tests). A rank's receives must be cut as its peers'
+/// sends are, and the variable may be set differently on the ranks, so the only way to get a
+/// `MessageBytes` is [`MessageBytes::agree`]: rank 0's value, which a collective call hands to
+/// every rank once, when the communicator is made. [`messages`] cuts by nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MessageBytes(usize);
+
+impl MessageBytes {
+    /// Rank 0's `DLPART_MPI_MESSAGE_BYTES` on every rank: `from_root` is the communicator's
+    /// broadcast from rank 0 (collective: every rank calls it once, at the same point), given
+    /// this rank's own value (only rank 0's travels) and returning rank 0's. A value out of
+    /// range (0, or beyond `i32::MAX`) is brought into it the same way on every rank.
+    pub fn agree(from_root: impl FnOnce(u64) -> Result<u64>) -> Result<MessageBytes> {
+        let root = from_root(*OWN_MESSAGE_BYTES as u64)?;
+        Ok(MessageBytes(
+            usize::try_from(root).map_or(i32::MAX as usize, |n| n.clamp(1, i32::MAX as usize)),
+        ))
+    }
+
+    /// The bytes.
+    pub fn get(self) -> usize {
+        self.0
+    }
 }
 
 /// The tag of dlpart's messages, on the communicator's duplicate that dlpart makes for itself
@@ -60,16 +84,18 @@ impl Message {
 /// them: every receive first (so that every message finds its receive), then the sends.
 /// After `me`'s own segment (empty in dlpart's plans), receives go to the ranks below it
 /// first and sends to the ranks above it first, so the ranks do not all start with the same
-/// peer. Every rank cuts its segments with the same `max`, and MPI's messages between two
-/// ranks with one tag do not overtake, so each receive meets the send of the same bytes.
+/// peer. Every rank cuts its segments with the same `max` (agreed: see [`MessageBytes`]), and
+/// MPI's messages between two ranks with one tag do not overtake, so each receive meets the
+/// send of the same bytes.
 /// A nonempty segment outside its buffer (`send_len` or `recv_len` bytes) is an error.
 pub(crate) fn messages(
     me: usize,
     segments: &Segments<'_>,
     send_len: usize,
     recv_len: usize,
-    max: usize,
+    max: MessageBytes,
 ) -> Result<Vec<Message>> {
+    let max = max.get();
     let n = segments.send_counts.len();
     let mut out = Vec::new();
     for send in [false, true] {
@@ -112,6 +138,11 @@ mod tests {
         }
     }
 
+    /// The cut rank 0 hands every rank: `n`.
+    fn cut(n: usize) -> MessageBytes {
+        MessageBytes::agree(|_| Ok(n as u64)).unwrap()
+    }
+
     fn m(send: bool, peer: usize, at: usize, len: usize) -> Message {
         Message {
             send,
@@ -129,7 +160,7 @@ mod tests {
             (&[2, 0, 0, 10], &[10, 0, 0, 0]),
             (&[7, 0, 0, 3], &[0, 7, 7, 7]),
         );
-        let got = messages(1, &s, 12, 10, 3).unwrap();
+        let got = messages(1, &s, 12, 10, cut(3)).unwrap();
         let want = vec![
             // Receives: from rank 0 first (the rank below), then 3.
             m(false, 0, 0, 3),
@@ -146,7 +177,7 @@ mod tests {
         assert_eq!(got, want);
         // Every segment's messages cover it exactly, whatever the cut.
         for max in 1..12 {
-            let got = messages(1, &s, 12, 10, max).unwrap();
+            let got = messages(1, &s, 12, 10, cut(max)).unwrap();
             for (send, counts, displs) in [
                 (true, [2, 0, 0, 10], [10, 0, 0, 0]),
                 (false, [7, 0, 0, 3], [0, 7, 7, 7]),
@@ -171,20 +202,20 @@ mod tests {
     #[test]
     fn a_segment_outside_its_buffer_is_an_error_naming_it() {
         let s = segments((&[0, 4], &[0, 0]), (&[0, 5], &[0, 6]));
-        let e = messages(0, &s, 4, 10, 8).unwrap_err().to_string();
+        let e = messages(0, &s, 4, 10, cut(8)).unwrap_err().to_string();
         assert!(
             e.contains("rank 0: segment 1 lies outside the exchange's buffers"),
             "{e}"
         );
         // Empty segments may point anywhere; an end past usize is outside too.
         let s = segments((&[0, 0], &[99, 99]), (&[0, 1], &[0, usize::MAX]));
-        assert!(messages(0, &s, 0, 10, 8).is_err());
+        assert!(messages(0, &s, 0, 10, cut(8)).is_err());
         assert!(messages(
             0,
             &segments((&[0, 0], &[99, 99]), (&[0, 0], &[5, 5])),
             0,
             0,
-            8
+            cut(8)
         )
         .is_ok());
     }
@@ -196,5 +227,28 @@ mod tests {
         assert_eq!(message_bytes(Some("0")), 1 << 30);
         assert_eq!(message_bytes(Some("lots")), 1 << 30);
         assert_eq!(message_bytes(Some("99999999999")), i32::MAX as usize);
+    }
+
+    #[test]
+    fn the_message_size_is_rank_0_s_offered_by_each_rank_within_mpi_s_int_counts() {
+        // Each rank offers its own value; what comes back from the broadcast is the cut.
+        let mut offered = None;
+        let got = MessageBytes::agree(|mine| {
+            offered = Some(mine);
+            Ok(203)
+        });
+        assert_eq!(got.unwrap().get(), 203);
+        assert_eq!(offered, Some(*OWN_MESSAGE_BYTES as u64));
+        assert_eq!(cut(0).get(), 1);
+        assert_eq!(
+            MessageBytes::agree(|_| Ok(u64::MAX)).unwrap().get(),
+            i32::MAX as usize
+        );
+        // A failed broadcast is the agreement's error.
+        let e = MessageBytes::agree(|_| Err(Error::buffer("bcast of 8 bytes failed")));
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("bcast of 8 bytes failed"));
     }
 }
