@@ -14,8 +14,9 @@ RuntimeError that names it (``rank N: KeyboardInterrupt``). The logic
 is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
 ``allgather`` moves the metadata and whose ``Isend`` and ``Irecv`` move the data, only between
 ranks that have bytes for each other, each peer's bytes in messages of at most 1 GiB (MPI counts
-are C ints). They run on dlpart's own duplicate of the communicator, made by the first dlpart
-call on it and cached on it, so they never meet the program's own messages.
+are C ints; rank 0's ``DLPART_MPI_MESSAGE_BYTES`` sets another size, for tests, broadcast to
+every rank once). They run on dlpart's own duplicate of the communicator, made by the first
+dlpart call on it and cached on it, so they never meet the program's own messages.
 
 Device buffers go to MPI directly when it is CUDA-aware (``MPI.Query_cuda_support()``), else
 through pinned (page-locked) host memory, which the GPU copies to and from at the bus's rate.
@@ -67,21 +68,24 @@ class Traffic(NamedTuple):
 _KEYVAL = None
 
 
-def _own(comm):
-    """dlpart's duplicate of ``comm``, for its point-to-point messages, which then never meet
-    the program's own receives (a wildcard ``Irecv`` pending on ``comm`` included). Made on
-    first use by ``comm.Dup()``, collective as the dlpart call making it, and cached on
-    ``comm`` as an MPI attribute (freed with ``comm``), as MPI libraries do."""
+def _own(comm, make):
+    """dlpart's communicator over ``comm``: ``make(dup)`` over dlpart's duplicate of it, for
+    its point-to-point messages, which then never meet the program's own receives (a wildcard
+    ``Irecv`` pending on ``comm`` included). Made on first use (``comm.Dup()`` and the
+    message size's broadcast, collective as the dlpart call making it) and cached on ``comm``
+    as an MPI attribute (its duplicate freed with ``comm``), as MPI libraries do: later calls
+    on ``comm`` reuse it and agree on nothing again. An object that is not an mpi4py
+    communicator is wrapped as it is, by every call."""
     global _KEYVAL
     from mpi4py import MPI
 
     if not isinstance(comm, MPI.Comm):
-        return comm
+        return make(comm)
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_own)
     own = comm.Get_attr(_KEYVAL)
     if own is None:
-        own = comm.Dup()
+        own = make(comm.Dup())
         comm.Set_attr(_KEYVAL, own)
     return own
 
@@ -89,8 +93,8 @@ def _own(comm):
 def _free_own(comm, keyval, own) -> None:
     from mpi4py import MPI
 
-    if not MPI.Is_finalized() and own != MPI.COMM_NULL:
-        own.Free()
+    if not MPI.Is_finalized() and own.comm != MPI.COMM_NULL:
+        own.comm.Free()
 
 
 def _comm(comm) -> _core._MpiComm:
@@ -105,14 +109,18 @@ def _comm(comm) -> _core._MpiComm:
         raise TypeError("dlpart's collective calls need an intracommunicator: merge the "
                         "intercommunicator's groups first (comm.Merge())")
 
-    cuda_aware = False
-    query = getattr(MPI, "Query_cuda_support", None)
-    if query is not None:
-        try:
-            cuda_aware = bool(query())
-        except Exception:  # noqa: BLE001 - an MPI without the extension is not CUDA-aware
-            cuda_aware = False
-    return _core._MpiComm(_own(comm), this_host(), cuda_aware)
+    def make(own):
+        cuda_aware = False
+        query = getattr(MPI, "Query_cuda_support", None)
+        if query is not None:
+            try:
+                cuda_aware = bool(query())
+            except Exception:  # noqa: BLE001 - an MPI without the extension is not CUDA-aware
+                cuda_aware = False
+        # Collective: broadcasts rank 0's DLPART_MPI_MESSAGE_BYTES, the cut of every exchange.
+        return _core._MpiComm(own, this_host(), cuda_aware)
+
+    return _own(comm, make)
 
 
 def _same_ranks(a: _core._MpiComm, b: _core._MpiComm) -> bool:

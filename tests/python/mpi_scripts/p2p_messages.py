@@ -7,6 +7,9 @@
   segment travels as several messages, cut at odd offsets), and the data equals numpy's.
   The caller's value is rank 0's; the script gives every other rank another before dlpart
   reads it, and every rank cuts by rank 0's, as the receives must match the sends.
+- The ranks agree on that size once, by one ``bcast`` from rank 0 when dlpart first uses the
+  communicator (and never again: later calls reuse dlpart's communicator over it), and every
+  ``allgather`` carries this rank's bytes alone (a ``bytes`` object, no message size).
 - dlpart's messages never meet the program's own: a wildcard ``Irecv`` (any source, any tag)
   left pending on COMM_WORLD across dlpart's exchanges receives the program's message, not
   dlpart's, and dlpart's results are right.
@@ -28,15 +31,27 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 MESSAGE = int(os.environ["DLPART_MPI_MESSAGE_BYTES"])
 # Read by dlpart once, when its first communicator is made: another cut on each other rank.
-os.environ["DLPART_MPI_MESSAGE_BYTES"] = str(MESSAGE * (rank + 1) + rank)
+OWN = MESSAGE * (rank + 1) + rank
+os.environ["DLPART_MPI_MESSAGE_BYTES"] = str(OWN)
 
 
 class Counting(MPI.Intracomm):
-    """COMM_WORLD's duplicate counting the messages posted on it (dlpart's own duplicate of it
-    is a Counting too: mpi4py's Dup keeps the class)."""
+    """COMM_WORLD's duplicate counting the messages posted on it and its collective calls
+    (dlpart's own duplicate of it is a Counting too: mpi4py's Dup keeps the class)."""
 
     sends: list = []
     recvs: list = []
+    gathers: list = []
+    bcasts: list = []
+
+    def allgather(self, sendobj):
+        Counting.gathers.append(sendobj)
+        return super().allgather(sendobj)
+
+    def bcast(self, obj, root=0):
+        got = super().bcast(obj, root)
+        Counting.bcasts.append((obj, root, got))
+        return got
 
     def Isend(self, buf, dest, tag=0):
         Counting.sends.append((dest, len(memoryview(buf[0]).cast("B"))))
@@ -65,7 +80,12 @@ def check_case(case, seed):
     # Row blocks; the target shifts every cut by a random amount, so each rank talks to one
     # or two neighbours (a sparse plan), or deals blocks round-robin (a dense one).
     points = np.linspace(0, n, size + 1).astype(int)
+    Counting.gathers.clear()
     a = dlpart.mpi.from_local(whole[points[rank]:points[rank + 1]], counting, axis=0)
+    # One allgather of metadata, this rank's bytes alone; the message size was broadcast
+    # once, from rank 0, by the first case's from_local (this rank offering its own).
+    assert len(Counting.gathers) == 1, Counting.gathers
+    assert Counting.bcasts == [(OWN, 0, MESSAGE)], Counting.bcasts
     Counting.sends.clear()
     Counting.recvs.clear()
     if case % 2:
@@ -82,6 +102,8 @@ def check_case(case, seed):
     assert sent[rank] == received[rank] == 0
     got = out.assemble(root=None)
     assert np.array_equal(np.asarray(got), whole)
+    assert all(type(g) is bytes for g in Counting.gathers), [type(g) for g in Counting.gathers]
+    assert len(Counting.bcasts) == 1, Counting.bcasts
 
 
 def program_messages_stay_the_programs():
