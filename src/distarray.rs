@@ -38,6 +38,17 @@
 //! reader checks ([`DimData::runs`]); across processes, [`import_spmd`] checks it from every
 //! rank's dictionaries, and that the ranks agree on `periodic`.
 //!
+//! The two sides of a boundary between neighbours are as wide as each other (the protocol's
+//! rule: the high padding of `proc_grid_rank` `i` is the low padding of `i + 1`). On a periodic
+//! axis the ends of the process grid are neighbours across the wrap-around: the last process's
+//! high padding is as wide as the first's low padding, whichever way each end is read above.
+//! The protocol leaves that open for an end counted in `size`; its prose calls all end padding
+//! of a periodic axis communication padding, so dlpart holds both ends to the rule (on one
+//! process, the block's two ends; [`DimData::runs`] checks that). On an axis that is not
+//! periodic the ends are boundary padding, each as wide as it likes. Unequal widths are an
+//! error naming the axis, both processes and both paddings; [`import_spmd`] checks them from
+//! every rank's dictionaries.
+//!
 //! **`one_to_one`** (unstructured axes, absent meaning `false`). When `false`, a global index
 //! may be in the `indices` of several processes along the axis: dlpart reads it from the
 //! process with the lowest `proc_grid_rank` along the axis that holds it, and leaves the
@@ -507,6 +518,22 @@ impl DimData {
                     ),
                 ));
             }
+            // The two ends of a periodic axis face each other across the wrap-around, here
+            // the block's own: as wide as each other, whether each wraps or is counted in size
+            // (the rule `check_blocks` applies across processes).
+            if periodic && padding[0] != padding[1] {
+                return Err(error(
+                    where_,
+                    format!(
+                        "start {start}, stop {stop}, padding {pad} on a periodic axis: the \
+                         communication padding across the wrap-around is {} wide at the high \
+                         end of proc_grid_rank 0 and {} at the low end of its neighbour, \
+                         proc_grid_rank 0 (this process, the only one along the axis; the \
+                         protocol has the two equal)",
+                        padding[1], padding[0]
+                    ),
+                ));
+            }
         }
         // At least 0: `start` is, or it is `-padding[0]` and `left` is `padding[0]`.
         let global = usize::try_from(lo + left as i128).expect("checked above");
@@ -697,8 +724,9 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// every rank return the same error. An all-gather of the ranks' dictionaries comes first:
 /// along an unstructured axis, an index several processes hold is read from the one of lowest
 /// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs); along a block
-/// axis, communication padding wider than the indices its neighbour owns, and ranks that
-/// disagree on `periodic`, are errors. Each rank sends a few numbers per axis, and for an
+/// axis, communication padding wider than the indices its neighbour owns, padding unequal to
+/// its neighbour's across a boundary, and ranks that disagree on `periodic`, are errors; so are
+/// ranks that give one axis different `dist_type`s. Each rank sends a few numbers per axis, and for an
 /// index list its runs of consecutive indices (the lowest rank at each coordinate; the others
 /// a fingerprint of theirs, which must match): bytes per run, not per index.
 pub fn import_spmd(
@@ -774,6 +802,17 @@ enum Shared {
         print: u64,
         runs: Option<Vec<(usize, usize)>>,
     },
+}
+
+impl Shared {
+    /// The protocol's `dist_type` of the share.
+    fn dist_type(&self) -> char {
+        match self {
+            Shared::Block { .. } => 'b',
+            Shared::Cyclic => 'c',
+            Shared::Listed { .. } => 'u',
+        }
+    }
 }
 
 /// This rank's [`AxisShare`]s: its dimension dictionaries `dims` and the runs `axes` read
@@ -883,8 +922,9 @@ fn and_list(items: &[usize]) -> String {
 /// process grid, and on each axis what one rank cannot check alone. Along an unstructured
 /// axis: that every global index is held, then cuts this rank's (`me`) runs there down to
 /// the indices it is the lowest coordinate to hold (see the module docs on `one_to_one`).
-/// Along a block axis: that the ranks agree on `periodic`, and that each communication
-/// padding is at most as wide as the indices its neighbour owns.
+/// Along a block axis: that the ranks agree on `periodic`, that each communication padding is
+/// at most as wide as the indices its neighbour owns, and as wide as its neighbour's across
+/// their boundary. Along every axis, first: that every rank gives it the same `dist_type`.
 fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>]) -> Result<()> {
     // One process grid on every rank, or the coordinates below are not of one grid.
     let grid = |s: &[AxisShare]| s.iter().map(|a| a.procs).collect::<Vec<_>>();
@@ -906,24 +946,31 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
     }
     for (a, &procs) in grid0.iter().enumerate() {
         let axis: Vec<&AxisShare> = shares.iter().map(|s| &s[a]).collect();
-        let at = Some((a, 'u'));
-        let listed = |s: &AxisShare| matches!(s.kind, Shared::Listed { .. });
-        let (listed, other): (Vec<usize>, Vec<usize>) =
-            (0..axis.len()).partition(|&r| listed(axis[r]));
-        match (listed.first(), other.first()) {
-            (None, _) => {
+        // One dist_type along the axis: a dictionary at another coordinate describes the
+        // other coordinates' shares of the same distribution (and the protocol has the
+        // dictionaries at one coordinate identical).
+        let kind = axis[0].kind.dist_type();
+        if let Some(r) = (0..axis.len()).find(|&r| axis[r].kind.dist_type() != kind) {
+            return Err(Error::dist_array(
+                format!(" dim_data[{a}]"),
+                format!(
+                    "dist_type is '{kind}' at proc_grid_rank {} (rank 0) but '{}' at \
+                     proc_grid_rank {} (rank {r}): an axis has one dist_type on every process",
+                    axis[0].coord,
+                    axis[r].kind.dist_type(),
+                    axis[r].coord
+                ),
+            ));
+        }
+        match kind {
+            'u' => read_listed(&axis, procs, me, Some((a, kind)), &mut axes[a])?,
+            'b' => {
                 // Ranks along the axis (the ranks are the grid's coordinates in C order, every
                 // rank checked its own) are `stride` apart.
                 let stride = grid0[a + 1..].iter().product();
                 check_blocks(&axis, procs, stride, a)?;
             }
-            (Some(&r0), Some(&r1)) => {
-                return Err(error(
-                    at,
-                    format!("rank {r0} reads the axis as unstructured, rank {r1} does not"),
-                ))
-            }
-            (Some(_), None) => read_listed(&axis, procs, me, at, &mut axes[a])?,
+            _ => {}
         }
     }
     Ok(())
@@ -937,10 +984,11 @@ fn periodic_of(share: &AxisShare) -> Option<bool> {
     }
 }
 
-/// [`read_from_lowest`] along axis `a`, not unstructured, over `procs` coordinates `stride`
-/// ranks apart (every rank's share of it in `axis`): the ranks reading it as blocks agree on
-/// `periodic`, and each communication padding is at most as wide as the indices its
-/// neighbour owns (the protocol's rule; the wrap-around neighbour's on a periodic axis).
+/// [`read_from_lowest`] along block axis `a`, over `procs` coordinates `stride` ranks apart
+/// (every rank's share of it in `axis`): the ranks agree on `periodic`, each communication
+/// padding is at most as wide as the indices its neighbour owns, and as wide as the
+/// neighbour's padding facing it (the protocol's rules; the wrap-around neighbour's on a
+/// periodic axis).
 fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> Result<()> {
     let at = Some((a, 'b'));
     let mut blocks = (0..axis.len()).filter_map(|r| Some((r, periodic_of(axis[r])?)));
@@ -959,6 +1007,9 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
             ));
         }
     }
+    // The neighbour along the axis of rank `r` (at coordinate `c`): the rank at coordinate
+    // `next` there, at the same coordinates along the other axes.
+    let neighbour = |r: usize, c: usize, next: usize| r - c * stride + next * stride;
     for (r, share) in axis.iter().enumerate() {
         let Shared::Block {
             padding,
@@ -973,8 +1024,7 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
             ("low", communication[0], (c + procs - 1) % procs),
             ("high", communication[1], (c + 1) % procs),
         ] {
-            // The neighbour along the axis: this rank with coordinate `next` there.
-            let n = r - c * stride + next * stride;
+            let n = neighbour(r, c, next);
             let owned = axis[n].owned;
             if width > owned {
                 return Err(error(
@@ -986,6 +1036,54 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
                          has it at most that)",
                         tuple_string(&padding),
                         count_of(owned, "index", "indices")
+                    ),
+                ));
+            }
+        }
+    }
+    // The two sides of each boundary between neighbours hold each other's indices: the high
+    // padding of one coordinate and the low padding of the next are as wide (the protocol's
+    // rule). On a periodic axis the boundary across the wrap-around is one of them, whether
+    // its ends wrap or are counted in size (the protocol calls the ends of a periodic axis
+    // communication padding; dlpart reads an end counted in size as part of the array, but
+    // its width still faces the other end's); on one that is not, the ends are boundary
+    // padding, each as wide as it likes. On one process along the axis, `DimData::runs`
+    // checked the block against itself.
+    if procs > 1 {
+        for (r, share) in axis.iter().enumerate() {
+            let (Shared::Block { padding, .. }, c) = (&share.kind, share.coord) else {
+                continue;
+            };
+            let last = c + 1 == procs;
+            if last && !periodic_of(share).unwrap_or(false) {
+                continue;
+            }
+            let next = (c + 1) % procs;
+            let n = neighbour(r, c, next);
+            let Shared::Block {
+                padding: theirs, ..
+            } = &axis[n].kind
+            else {
+                continue;
+            };
+            if padding[1] != theirs[0] {
+                let across = if last {
+                    " across the wrap-around of the periodic axis"
+                } else {
+                    ""
+                };
+                return Err(error(
+                    at,
+                    format!(
+                        "rank {r} (proc_grid_rank {c} along it) has padding {} and its \
+                         neighbour{across}, rank {n} at proc_grid_rank {next}, has padding {}: \
+                         the communication padding between them is {} wide at the high end of \
+                         rank {r} and {} at the low end of rank {n} (the protocol has the two \
+                         equal)",
+                        tuple_string(padding),
+                        tuple_string(theirs),
+                        padding[1],
+                        theirs[0]
                     ),
                 ));
             }

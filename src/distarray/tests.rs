@@ -694,7 +694,7 @@ fn shared_indices_that_break_the_protocol_fail_every_rank() {
          'one_to_one'",
     );
     // Every rank reads the axis as unstructured, or none does.
-    expect_all(
+    failed_everywhere(
         on_four(|comm| {
             let r = comm.rank();
             let buffer = Tensor::from(ndarray::Array1::from(vec![1.0f64]));
@@ -704,7 +704,8 @@ fn shared_indices_that_break_the_protocol_fail_every_rank() {
             };
             import_spmd(comm, &buffer, &[d.on_grid(4, r)])
         }),
-        "rank 0 reads the axis as unstructured, rank 2 does not",
+        "dim_data[0]: dist_type is 'u' at proc_grid_rank 0 (rank 0) but 'b' at proc_grid_rank 2 \
+         (rank 2): an axis has one dist_type on every process",
     );
 }
 
@@ -1127,4 +1128,276 @@ fn padding_wider_than_the_neighbours_share_fails_every_rank() {
         "dim_data[0] ('b'): periodic is False at proc_grid_rank 0 (rank 0) but True at \
          proc_grid_rank 2 (rank 2): it speaks for the whole axis",
     );
+}
+
+#[test]
+fn ranks_giving_an_axis_different_dist_types_fail_together() {
+    // 8 indices, two per rank: blocks on ranks 0, 1 and 3, cyclic blocks of 2 on rank 2, which
+    // deal it the same indices 4 and 5. Numbers that agree are no distribution: refused.
+    let a = global(&[8]);
+    let mixed = |comm: &dyn Communicator, cyclic_at: usize| {
+        let r = comm.rank();
+        let buffer = buffer_of(&a, &[vec![2 * r, 2 * r + 1]]);
+        let distribution = if r == cyclic_at {
+            Distribution::Cyclic {
+                start: 2 * r,
+                block_size: 2,
+            }
+        } else {
+            Distribution::block(2 * r, 2 * r + 2).unwrap()
+        };
+        let pa = import_spmd(
+            comm,
+            &buffer,
+            &[DimData::new(8, distribution).on_grid(4, r)],
+        )?;
+        crate::spmd::assemble(comm, &pa, None, None, false).map(|_| pa)
+    };
+    failed_everywhere(
+        on_four(|comm| mixed(comm, 2)),
+        "dim_data[0]: dist_type is 'b' at proc_grid_rank 0 (rank 0) but 'c' at proc_grid_rank 2 \
+         (rank 2): an axis has one dist_type on every process",
+    );
+    // Along the second axis of a 2x2 grid, rank 0 itself the odd one out.
+    failed_everywhere(
+        on_four(|comm| {
+            let r = comm.rank();
+            let (i, j) = (r / 2, r % 2);
+            let columns = if r == 0 {
+                Distribution::Cyclic {
+                    start: 0,
+                    block_size: 1,
+                }
+            } else {
+                Distribution::block(j, j + 1).unwrap()
+            };
+            let dims = [
+                DimData::new(2, Distribution::block(i, i + 1).unwrap()).on_grid(2, i),
+                DimData::new(2, columns).on_grid(2, j),
+            ];
+            let buffer = Tensor::zeros(&[1, 1], crate::DType::Float64)?;
+            import_spmd(comm, &buffer, &dims)
+        }),
+        "dim_data[1]: dist_type is 'c' at proc_grid_rank 0 (rank 0) but 'b' at proc_grid_rank 1 \
+         (rank 1): an axis has one dist_type on every process",
+    );
+    // One dist_type everywhere: read.
+    let cyclic = ThreadComm::run(4, |comm| {
+        let r = comm.rank();
+        let buffer = buffer_of(&a, &[vec![2 * r, 2 * r + 1]]);
+        let d = DimData::new(
+            8,
+            Distribution::Cyclic {
+                start: 2 * r,
+                block_size: 2,
+            },
+        );
+        let pa = import_spmd(comm, &buffer, &[d.on_grid(4, r)])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+    });
+    for r in cyclic {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+    }
+}
+
+/// The dictionary of a block `[lo, hi)` of 8 (padding included) over 4 processes, at
+/// coordinate `coord`, with `padding`.
+fn padded(lo: isize, hi: usize, padding: [usize; 2], periodic: bool, coord: usize) -> DimData {
+    let block = Distribution::Block {
+        start: lo,
+        stop: hi,
+        padding,
+        periodic,
+    };
+    DimData::new(8, block).on_grid(4, coord)
+}
+
+/// On 4 ranks, rank `r` holding two of 8 indices, `2r..2r+2`, and the padding `pads[r]` on
+/// either side (wrapping around on a periodic axis, else boundary padding at the ends): what
+/// every rank reads, assembled.
+fn halo(pads: [[usize; 2]; 4], periodic: bool) -> Vec<Result<ArrayD<f64>>> {
+    let a = global(&[8]);
+    ThreadComm::run(4, |comm| {
+        let r = comm.rank();
+        let [left, right] = pads[r];
+        // At the ends of an axis that is not periodic, the padding is inside the array.
+        let left_in = if periodic || r > 0 { left } else { 0 };
+        let right_in = if periodic || r < 3 { right } else { 0 };
+        let lo = (2 * r) as isize - left_in as isize;
+        let hi = 2 * r + 2 + right_in;
+        let held: Vec<usize> = (lo..hi as isize)
+            .map(|g| g.rem_euclid(8) as usize)
+            .collect();
+        let d = padded(lo, hi, pads[r], periodic, r);
+        let pa = import_spmd(comm, &buffer_of(&a, &[held]), &[d])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+            .map(|t| t.unwrap().to_array::<f64>().unwrap())
+    })
+}
+
+#[test]
+fn padding_unequal_to_its_neighbours_across_a_boundary_fails_every_rank() {
+    let a = global(&[8]);
+    // Halos of equal widths on both sides of each boundary: read as the array.
+    for (pads, periodic) in [
+        ([[2, 1], [1, 2], [2, 0], [0, 2]], true),
+        ([[0, 1], [1, 2], [2, 0], [0, 0]], false),
+    ] {
+        for r in halo(pads, periodic) {
+            assert_eq!(r.unwrap(), a, "{pads:?}");
+        }
+    }
+    // Boundary padding at the ends of an axis that is not periodic: each end its own width
+    // (the first 2 indices and the last one are boundary padding, part of the array).
+    let a_boundary = global(&[8]);
+    let results = ThreadComm::run(4, |comm| {
+        let r = comm.rank();
+        let (lo, hi, pads) = match r {
+            0 => (0, 2, [2, 0]),
+            3 => (6, 8, [0, 1]),
+            _ => (2 * r, 2 * r + 2, [0, 0]),
+        };
+        let d = padded(lo as isize, hi, pads, false, r);
+        let held: Vec<usize> = (lo..hi).collect();
+        let pa = import_spmd(comm, &buffer_of(&a_boundary, &[held]), &[d])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+    });
+    for r in results {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a_boundary);
+    }
+    // Between ranks 1 and 2: 2 wide on rank 1's side, 1 on rank 2's (each at most what the
+    // other owns).
+    let found = "dim_data[0] ('b'): rank 1 (proc_grid_rank 1 along it) has padding (1, 2) and \
+                 its neighbour, rank 2 at proc_grid_rank 2, has padding (1, 0): the \
+                 communication padding between them is 2 wide at the high end of rank 1 and 1 \
+                 at the low end of rank 2 (the protocol has the two equal)";
+    for periodic in [false, true] {
+        let pads = [[0, 1], [1, 2], [1, 0], [0, 0]];
+        for r in halo(pads, periodic) {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), "ProtocolError");
+            assert_eq!(e.to_string(), format!("__distarray__ {found}"));
+        }
+    }
+    // Across the wrap-around of a periodic axis: rank 3's high end against rank 0's low end.
+    let found = "dim_data[0] ('b'): rank 3 (proc_grid_rank 3 along it) has padding (1, 1) and \
+                 its neighbour across the wrap-around of the periodic axis, rank 0 at \
+                 proc_grid_rank 0, has padding (2, 1): the communication padding between them \
+                 is 1 wide at the high end of rank 3 and 2 at the low end of rank 0 (the \
+                 protocol has the two equal)";
+    for r in halo([[2, 1], [1, 1], [1, 1], [1, 1]], true) {
+        assert_eq!(r.unwrap_err().to_string(), format!("__distarray__ {found}"));
+    }
+    // The ends of a periodic axis counted in size (start 0, stop size) face each other too:
+    // rank 0's low padding of 1 (indices 0, inside the array) against rank 3's high end of 0.
+    failed_everywhere(
+        on_four(|comm| {
+            let r = comm.rank();
+            let (lo, pads) = if r == 0 { (0, [1, 0]) } else { (2 * r, [0, 0]) };
+            let d = padded(lo as isize, 2 * r + 2, pads, true, r);
+            import_spmd(comm, &Tensor::zeros(&[2], crate::DType::Float64)?, &[d])
+        }),
+        "dim_data[0] ('b'): rank 3 (proc_grid_rank 3 along it) has padding (0, 0) and its \
+         neighbour across the wrap-around of the periodic axis, rank 0 at proc_grid_rank 0, \
+         has padding (1, 0): the communication padding between them is 0 wide at the high end \
+         of rank 3 and 1 at the low end of rank 0 (the protocol has the two equal)",
+    );
+    // A 2x2 grid: rows [0, 3) and [3, 6) with a halo of 1 between them in the first column,
+    // and on one side only in the second; the neighbour of rank 1 along the rows is rank 3.
+    failed_everywhere(
+        on_four(|comm| {
+            let r = comm.rank();
+            let (i, j) = (r / 2, r % 2);
+            let (start, stop, padding) = match (i, j) {
+                (0, _) => (0, 4, [0, 1]),
+                (1, 0) => (2, 6, [1, 0]),
+                _ => (3, 6, [0, 0]),
+            };
+            let rows = DimData::new(
+                6,
+                Distribution::Block {
+                    start,
+                    stop,
+                    padding,
+                    periodic: false,
+                },
+            );
+            let dims = [
+                rows.on_grid(2, i),
+                DimData::new(2, Distribution::block(j, j + 1).unwrap()).on_grid(2, j),
+            ];
+            let buffer = Tensor::zeros(
+                &[(stop as isize - start) as usize, 1],
+                crate::DType::Float64,
+            )?;
+            import_spmd(comm, &buffer, &dims)
+        }),
+        "dim_data[0] ('b'): rank 1 (proc_grid_rank 0 along it) has padding (0, 1) and its \
+         neighbour, rank 3 at proc_grid_rank 1, has padding (0, 0): the communication padding \
+         between them is 1 wide at the high end of rank 1 and 0 at the low end of rank 3 (the \
+         protocol has the two equal)",
+    );
+}
+
+#[test]
+fn the_ends_of_a_periodic_axis_on_one_process_are_as_wide_as_each_other() {
+    // 10 indices with a halo that wraps around, 2 wide at the low end and 1 at the high end;
+    // and the same numbers counted in size (start 0, stop size). Either way the two ends face
+    // each other across the wrap-around.
+    let bad = [
+        (
+            periodic(10, -2, 11, [2, 1]),
+            13,
+            "start -2, stop 11, padding (2, 1)",
+            1,
+            2,
+        ),
+        (
+            periodic(13, 0, 13, [2, 1]),
+            13,
+            "start 0, stop 13, padding (2, 1)",
+            1,
+            2,
+        ),
+        (
+            periodic(11, -1, 11, [1, 0]),
+            12,
+            "start -1, stop 11, padding (1, 0)",
+            0,
+            1,
+        ),
+    ];
+    for (d, extent, given, high, low) in bad {
+        let e = d.runs(0, extent).unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "__distarray__ dim_data[0] ('b'): {given} on a periodic axis: the communication \
+                 padding across the wrap-around is {high} wide at the high end of \
+                 proc_grid_rank 0 and {low} at the low end of its neighbour, proc_grid_rank 0 \
+                 (this process, the only one along the axis; the protocol has the two equal)"
+            )
+        );
+        let b = Tensor::zeros(&[extent], crate::DType::Float64).unwrap();
+        assert_eq!(import(&b, &[d]).unwrap_err().to_string(), e.to_string());
+    }
+    // Not periodic: the ends are boundary padding, each its own width, part of the array.
+    let a = global(&[13]);
+    let b = buffer_of(&a, &[(0..13).collect()]);
+    let plain = DimData::new(
+        13,
+        Distribution::Block {
+            start: 0,
+            stop: 13,
+            padding: [2, 1],
+            periodic: false,
+        },
+    );
+    assert_eq!(whole(&import(&b, &[plain]).unwrap()), a);
+    // Equal ends, one wrapping and one counted in size: read (the low ghost left out).
+    let ring: Vec<usize> = [10].into_iter().chain(0..11).collect();
+    let a = global(&[11]);
+    let pa = import(&buffer_of(&a, &[ring]), &[periodic(11, -1, 11, [1, 1])]).unwrap();
+    assert_eq!(whole(&pa), a);
 }
