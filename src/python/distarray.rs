@@ -2,7 +2,7 @@
 //! [`crate::distarray`] functions for `dlpart.from_distarray`, `dlpart.mpi.from_distarray` and
 //! `__distarray__`.
 
-use pyo3::exceptions::PyOverflowError;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
@@ -12,48 +12,47 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::errors::to_py;
-use super::ints::Int;
+use super::ints::{self, Int, Refusal};
 use super::partitioned::{described, type_name, wrap, PyPartitioned};
 use super::spmd::{failure, MpiComm};
 use super::tensor::{import, is_producer, PyTensor};
 
-/// An integer (Python's or numpy's, never a bool) from `value`, named `what`, as a `T` from
-/// `lo` on: an int beyond `T`'s range (the conversion's `OverflowError`) is out of range,
-/// anything else that does not convert not an integer.
-fn integer<T: Int>(value: &Bound<'_, PyAny>, what: &str, at: &str, lo: i128) -> Result<T> {
-    let not_int = || {
-        Error::dist_array(
-            at,
-            format!("{what} = {} is not an integer", described(value)),
-        )
-    };
-    if value.is_instance_of::<PyBool>() {
-        return Err(not_int());
+/// `e`, the error of reading `value` (named `what`) through [`ints`], as the protocol's error:
+/// an int out of range keeps the words [`ints::int`] gives it for every argument (`"'size':
+/// 1180591620717411303424 is out of range (expected an int from 0 to ...)"`); what is no int
+/// at all is named, with the conversion's words.
+fn refused(e: PyErr, value: &Bound<'_, PyAny>, what: &str, at: &str) -> Error {
+    let py = value.py();
+    let words = e.value(py).to_string();
+    if e.is_instance_of::<PyValueError>(py) {
+        return Error::dist_array(at, words);
     }
-    value.extract::<T>().map_err(|e| {
-        if !e.is_instance_of::<PyOverflowError>(value.py()) {
-            return not_int();
-        }
-        Error::dist_array(
+    Error::dist_array(
+        at,
+        format!("{what}: {} is not an int ({words})", described(value)),
+    )
+}
+
+/// An integer (Python's or numpy's, never a bool: the protocol's ints are no flags) from
+/// `value`, named `what`, as a `T`: read as [`ints::int`] reads arguments.
+fn integer<T: Int>(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<T> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(Error::dist_array(
             at,
-            format!(
-                "{what} = {} is out of range {}",
-                described(value),
-                super::ints::expected_range(lo, T::RANGE.1)
-            ),
-        )
-    })
+            format!("{what}: {} is not an int (a bool)", described(value)),
+        ));
+    }
+    ints::int::<T>(value, what, Refusal::Value).map_err(|e| refused(e, value, what, at))
 }
 
 /// A non-negative integer (Python's or numpy's, never a bool) from `value`, named `what`.
 fn count(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<usize> {
-    let n = integer::<i64>(value, what, at, 0)?;
-    usize::try_from(n).map_err(|_| Error::dist_array(at, format!("{what} = {n} is negative")))
+    integer::<usize>(value, what, at)
 }
 
 /// An integer (Python's or numpy's, never a bool) that may be negative, from `value`.
 fn signed(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<isize> {
-    integer::<isize>(value, what, at, isize::MIN as i128)
+    integer::<isize>(value, what, at)
 }
 
 /// A bool (Python's or numpy's) from `value`, named `what`.
@@ -96,7 +95,10 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
                 Some(p) => {
                     let pair: Option<Vec<Bound<'_, PyAny>>> = p.extract().ok();
                     match pair.as_deref() {
-                        Some([l, r]) => [count(l, "padding", &at)?, count(r, "padding", &at)?],
+                        Some([l, r]) => [
+                            count(l, "'padding'[0]", &at)?,
+                            count(r, "'padding'[1]", &at)?,
+                        ],
                         _ => {
                             return Err(Error::dist_array(
                                 at,
@@ -149,12 +151,11 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
 }
 
 /// An unstructured axis's global indices: a host int64 array (numpy's default) read through
-/// DLPack, any other sequence of integers element by element.
+/// DLPack, any other sequence of integers as [`ints::ints`] reads arguments. An entry out of
+/// range (a negative one included: dlpart reads global indices of the array) or no int at all
+/// is named `'indices'[k]`, with its value.
 fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
-    let negative = |i: i64| {
-        usize::try_from(i)
-            .map_err(|_| Error::dist_array(at, format!("'indices' holds {i}, a negative index")))
-    };
+    const NAME: &str = "'indices'";
     let imported = match is_producer(v) {
         Ok(true) => import(v, None, None).ok().map(|t| t.inner),
         _ => None,
@@ -162,32 +163,45 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
     let int64 = imported
         .filter(|t| t.dtype() == DType::Int64 && t.ndim() == 1 && t.device() == Device::CPU);
     if let Some(t) = int64 {
-        return t.as_array::<i64>()?.iter().map(|&i| negative(i)).collect();
+        let listed = t.as_array::<i64>()?;
+        return listed
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                usize::try_from(i).map_err(|_| {
+                    Error::dist_array(
+                        at,
+                        format!(
+                            "{NAME}[{k}]: {i} is out of range {}",
+                            ints::expected_range(0, usize::MAX)
+                        ),
+                    )
+                })
+            })
+            .collect();
     }
-    let listed = v.extract::<Vec<i64>>().map_err(|e| {
-        // An entry too large for an i64 is named, out of range; else the list is no list of
-        // integers.
-        let overflowed = |x: &Bound<'_, PyAny>| {
-            x.extract::<i64>()
-                .is_err_and(|e| e.is_instance_of::<PyOverflowError>(v.py()))
-        };
-        let entry = e
-            .is_instance_of::<PyOverflowError>(v.py())
-            .then(|| v.try_iter().ok()?.flatten().find(|x| overflowed(x)))
-            .flatten();
-        match entry {
-            Some(x) => Error::dist_array(
-                at,
-                format!(
-                    "'indices' holds {}, out of range {}",
-                    described(&x),
-                    super::ints::expected_range(0, i64::MAX)
-                ),
-            ),
-            None => Error::dist_array(at, "'indices' is not a sequence of integers"),
+    ints::ints::<usize>(v, NAME, Refusal::Value).map_err(|e| {
+        if e.is_instance_of::<PyValueError>(v.py()) {
+            return refused(e, v, NAME, at);
         }
-    })?;
-    listed.into_iter().map(negative).collect()
+        // No sequence of ints: the first entry that is no int, else the whole.
+        let entries = v.try_iter().ok().into_iter().flatten().flatten();
+        for (k, x) in entries.enumerate() {
+            if let Err(e) = ints::int::<usize>(&x, NAME, Refusal::Value) {
+                if !e.is_instance_of::<PyValueError>(v.py()) {
+                    return refused(e, &x, &format!("{NAME}[{k}]"), at);
+                }
+            }
+        }
+        Error::dist_array(
+            at,
+            format!(
+                "{NAME}: {} is not a sequence of ints ({})",
+                described(v),
+                e.value(v.py())
+            ),
+        )
+    })
 }
 
 /// The dict's `dim_data`: a tuple (or list) of dimension dictionaries, for a buffer of shape
