@@ -280,9 +280,11 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     unstructured axis that several ranks hold (``one_to_one`` absent or False) is read from the
     lowest rank holding it (its value, where the copies differ), the others' copies left out;
     with ``one_to_one=True`` it is a `dlpart.ProtocolError` on every rank. So is
-    communication padding wider than the indices the neighbouring rank owns, and ranks that
-    disagree on ``periodic``. The ranks exchange each index list as its runs of consecutive
-    indices: the metadata grows with the runs, not with the indices."""
+    communication padding wider than the indices the neighbouring rank owns, or unequal to the
+    neighbour's padding facing it (across the wrap-around too, on a ``periodic`` axis), ranks
+    that disagree on ``periodic``, and ranks that give one axis different ``dist_type``
+    values. The ranks exchange each index list as its runs of consecutive indices: the
+    metadata grows with the runs, not with the indices."""
     from . import _distarray
 
     c = _comm(comm)

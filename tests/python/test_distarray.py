@@ -29,6 +29,9 @@ def test_one_process_blocks_keep_their_boundary_padding_and_are_views():
     assert pa.shape == (18, 4) and pa.tiling == (1, 1)
     assert pa.partitions[(0, 0)].tensor.data_ptr == x.ctypes.data
     np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
+    # Each end its own width, on an axis that is not periodic.
+    pa = dlpart.from_distarray(dap(x, dim("b", 18, start=0, stop=18, padding=(2, 0)), {}))
+    np.testing.assert_array_equal(np.from_dlpack(pa.assemble()), x)
 
 
 @pytest.mark.parametrize("flag", [True, np.True_])
@@ -177,6 +180,13 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
      r"start -2 .* periodic axis begins at 0 .* or at -padding\[0\] = -1"),
     (dap(np.zeros(6), dim("b", 4, start=0, stop=6, padding=(1, 1), periodic=True)),
      r"stop 6 \(padding \(1, 1\)\) is beyond size 4: .* or at size \+ padding\[1\] = 5"),
+    # The two ends of a periodic axis face each other across the wrap-around (on one process,
+    # the block's own): as wide as each other, whether they wrap or are counted in size.
+    (dap(np.zeros(13), dim("b", 10, start=-2, stop=11, padding=(2, 1), periodic=True)),
+     r"padding \(2, 1\) on a periodic axis: the communication padding across the wrap-around "
+     r"is 1 wide at the high end of proc_grid_rank 0 and 2 at the low end of its neighbour"),
+    (dap(np.zeros(13), dim("b", 13, start=0, stop=13, padding=(2, 1), periodic=True)),
+     r"padding \(2, 1\) on a periodic axis: .* 1 wide at the high end .* and 2 at the low end"),
     (dap(np.zeros(3), dim("u", 4, indices=[0, 1, 3])), r"global indices 2\.\.3 are held by no"),
     (dap(np.zeros(3), dim("u", 3, indices=np.array([0, -1, 2]))),
      rf"'indices'\[1\]: -1 is out of range {U64}$"),

@@ -14,9 +14,10 @@ the same process grid, whose ``__distarray__`` must describe exactly that block 
 the same. Afterwards: an index several ranks hold, with different values, is read from the
 lowest rank, and is an error on every rank when one_to_one is True; long index lists of a
 million consecutive indices per rank, overlapping, are read from the lowest rank too;
-communication padding wider than the neighbour's indices, ranks disagreeing on periodic, and
-a rank whose process-grid coordinates disagree with its rank make every rank raise
-`dlpart.ProtocolError`.
+communication padding wider than the neighbour's indices, padding unequal to the neighbour's
+across a boundary (the wrap-around of a periodic axis included), ranks disagreeing on
+periodic or on an axis's dist_type, and a rank whose process-grid coordinates disagree with
+its rank make every rank raise `dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -228,6 +229,70 @@ def padding_wider_than_the_neighbours_share_fails_every_rank():
         raise AssertionError("ranks disagreeing on periodic were accepted")
 
 
+def unequal_padding_across_a_boundary_fails_every_rank():
+    # 8 indices, two per rank; a halo between ranks 1 and 2, 2 wide on rank 1's side and 1 on
+    # rank 2's (each at most what the other owns): the two sides of a boundary are as wide.
+    pads = [(0, 1), (1, 2), (1, 0), (0, 0)][rank] if size == 4 else (0, 0)
+    lo, hi = 2 * rank - pads[0], 2 * rank + 2 + pads[1]
+    d = {"__version__": "0.10.0", "buffer": np.zeros(hi - lo),
+         "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
+                       "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pads},)}
+    if size == 4:
+        try:
+            dlpart.mpi.from_distarray(d, comm)
+        except dlpart.ProtocolError as e:
+            assert str(e) == (
+                "__distarray__ dim_data[0] ('b'): rank 1 (proc_grid_rank 1 along it) has "
+                "padding (1, 2) and its neighbour, rank 2 at proc_grid_rank 2, has padding "
+                "(1, 0): the communication padding between them is 2 wide at the high end of "
+                "rank 1 and 1 at the low end of rank 2 (the protocol has the two equal)"), e
+        else:
+            raise AssertionError("unequal padding across a boundary was accepted")
+    # Periodic, a halo of 1 everywhere but 2 at rank 0's low end, across the wrap-around.
+    pads = (2, 1) if rank == 0 else (1, 1)
+    lo, hi = 2 * rank - pads[0], 2 * rank + 2 + pads[1]
+    x = np.arange(2.0 * size)
+    d = {"__version__": "0.10.0", "buffer": x[np.arange(lo, hi) % (2 * size)],
+         "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
+                       "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pads,
+                       "periodic": True},)}
+    try:
+        dlpart.mpi.from_distarray(d, comm)
+    except dlpart.ProtocolError as e:
+        assert (f"rank {size - 1} (proc_grid_rank {size - 1} along it) has padding (1, 1) and "
+                "its neighbour across the wrap-around of the periodic axis, rank 0 at "
+                "proc_grid_rank 0, has padding (2, 1)") in str(e), e
+    else:
+        raise AssertionError("unequal padding across the wrap-around was accepted")
+    # The same with rank 0's low end 1 wide: read, the halos left out.
+    pads = (1, 1)
+    lo, hi = 2 * rank - 1, 2 * rank + 3
+    d["buffer"], d["dim_data"][0]["start"], d["dim_data"][0]["padding"] = \
+        x[np.arange(lo, hi) % (2 * size)], lo, pads
+    got = dlpart.mpi.from_distarray(d, comm).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(got), x)
+
+
+def mixed_dist_types_fail_every_rank():
+    # Two indices per rank, blocks everywhere but on rank 1: cyclic blocks of 2, which deal it
+    # the same indices. Still no one distribution: refused on every rank.
+    x = np.arange(2.0 * size)
+    dim = {"dist_type": "b", "size": 2 * size, "proc_grid_size": size, "proc_grid_rank": rank,
+           "start": 2 * rank, "stop": 2 * rank + 2}
+    if rank == 1:
+        dim = {**dim, "dist_type": "c", "block_size": 2}
+        del dim["stop"]
+    d = {"__version__": "0.10.0", "buffer": x[2 * rank:2 * rank + 2], "dim_data": (dim,)}
+    try:
+        dlpart.mpi.from_distarray(d, comm)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            "__distarray__ dim_data[0]: dist_type is 'b' at proc_grid_rank 0 (rank 0) but 'c' "
+            "at proc_grid_rank 1 (rank 1): an axis has one dist_type on every process"), e
+    else:
+        raise AssertionError("an axis read as blocks and as cyclic blocks was accepted")
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -256,5 +321,6 @@ def layouts_without_one_block_per_rank_are_refused():
 run(check_case, shared_indices_are_read_from_the_lowest_rank,
     long_contiguous_lists_are_read_as_runs,
     padding_wider_than_the_neighbours_share_fails_every_rank,
+    unequal_padding_across_a_boundary_fails_every_rank, mixed_dist_types_fail_every_rank,
     disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
