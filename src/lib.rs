@@ -55,8 +55,10 @@
 //!   in every operation, in one process and across ranks;
 //!   **staging** memory is the host memory a device's data passes through on its way to code
 //!   that reads host memory only, an MPI that is not CUDA-aware, or to and from host
-//!   partitions in a repartition with `transfer` ([`backend::Backend::empty_staging`]:
-//!   pinned on CUDA).
+//!   partitions in a repartition with `transfer`: one policy for both
+//!   (`backend::staging_buffer`): pinned on CUDA ([`backend::Backend::empty_staging`]) up to
+//!   [`backend::cuda::pinned_cache_limit`] and when it can be had, ordinary host memory
+//!   otherwise.
 //! - **non-temporal stores**: CPU stores that bypass the cache (`backend::cpu::nontemporal`);
 //!   a **stream** is only ever a CUDA stream (`backend::cuda`).
 

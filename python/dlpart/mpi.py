@@ -21,7 +21,9 @@ dlpart call on it and cached on it, so they never meet the program's own message
 Device buffers go to MPI directly when it is CUDA-aware (``MPI.Query_cuda_support()``), else
 through pinned (page-locked) host memory, which the GPU copies to and from at the bus's rate.
 Pinned buffers are kept per device for reuse, up to ``DLPART_PINNED_CACHE_BYTES`` bytes (256 MiB
-by default); when none can be had, the exchange stages through ordinary host memory instead.
+by default); a staging buffer larger than that is ordinary host memory (pinning a new GiB takes
+longer than the copy it speeds up), and when no pinned memory can be had, the exchange stages
+through ordinary host memory too.
 
 ::
 

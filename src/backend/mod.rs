@@ -65,13 +65,12 @@ pub trait Backend: Send + Sync {
     }
 
     /// A new contiguous tensor in host memory with unspecified contents, suited for staging
-    /// this device's data on its way to or from code that reads only host memory (an MPI
-    /// that takes no device pointers, the host partitions of a repartition with `transfer`):
-    /// page-locked memory on CUDA, which the device copies
-    /// to and from by DMA at the bus's rate, kept for reuse as it is expensive to get;
-    /// ordinary host memory elsewhere (this default). [`Backend::transfer`] copies between
-    /// it and the device, into the buffers given. Allocation failure is
-    /// [`Error::OutOfMemory`].
+    /// this device's data on its way to or from code that reads only host memory:
+    /// page-locked memory on CUDA, which the device copies to and from by DMA at the bus's
+    /// rate, kept for reuse as it is expensive to get; ordinary host memory elsewhere (this
+    /// default). [`Backend::transfer`] copies between it and the device, into the buffers
+    /// given. Allocation failure is [`Error::OutOfMemory`]. dlpart's own staging asks
+    /// `staging_buffer` (in this module), which decides when pinned memory is worth having.
     fn empty_staging(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         cpu::CpuBackend::shared(Device::CPU).empty(shape, dtype)
     }
@@ -180,6 +179,59 @@ pub trait Backend: Send + Sync {
     fn make_consumer_wait(&self, stream: Option<i64>) -> Result<()> {
         let _ = stream;
         Ok(())
+    }
+}
+
+/// Host memory to stage data of `device_side`'s device in, on its way to or from code that
+/// reads host memory only: dlpart's one staging policy, which the host side of a repartition
+/// with `transfer` (`ops/crossing.rs`) and an SPMD exchange through a communicator that takes
+/// no device pointers (`spmd/exchange/segments.rs`) both follow.
+///
+/// - Up to [`cuda::pinned_cache_limit`] bytes (256 MiB by default): the device's pinned
+///   staging memory ([`Backend::empty_staging`]), which the device reads and writes by DMA at
+///   the bus's rate, and which its cache keeps for reuse once the tensor goes: an operation in
+///   a loop pins its buffers once.
+/// - Beyond that: ordinary `kDLCPU` memory, which the driver copies through a pinned buffer
+///   of its own. Pinning a new buffer of a GiB takes a good part of a second (see
+///   `backend/cuda/staging.rs`), more than that copy, and the cache would not keep it for the
+///   next call. `DLPART_PINNED_CACHE_BYTES=0` so turns pinned staging off.
+/// - Pinned memory that cannot be had ([`Error::OutOfMemory`]: a low memlock limit, other
+///   processes' pinned buffers): ordinary `kDLCPU` memory too, noted in the log. Pinned memory
+///   only makes the copies faster; the slower pageable copy still moves the bytes.
+///
+/// Any other error is returned. A backend without pinned memory (the CPU's) gives ordinary
+/// host memory either way.
+pub(crate) fn staging_buffer(
+    device_side: &dyn Backend,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    staging_buffer_within(device_side, shape, dtype, cuda::pinned_cache_limit())
+}
+
+/// [`staging_buffer`] with `pinned_max` bytes in place of [`cuda::pinned_cache_limit`] (which
+/// is read once per process): for callers' tests.
+pub(crate) fn staging_buffer_within(
+    device_side: &dyn Backend,
+    shape: &[usize],
+    dtype: DType,
+    pinned_max: usize,
+) -> Result<Tensor> {
+    let pageable = || backend_for(Device::CPU)?.empty(shape, dtype);
+    let bytes = crate::tensor::checked_numel(shape)?.saturating_mul(dtype.itemsize());
+    if bytes > pinned_max {
+        return pageable();
+    }
+    match device_side.empty_staging(shape, dtype) {
+        Err(Error::OutOfMemory { bytes, device, .. }) => {
+            log::info!(
+                "{}: no {bytes} bytes of {device} memory to stage in; staging through \
+                 pageable host memory",
+                device_side.device()
+            );
+            pageable()
+        }
+        other => other,
     }
 }
 
@@ -447,6 +499,70 @@ mod tests {
             (Device::CPU, &[2, 3][..], DType::Int16)
         );
         assert!(t.is_contiguous() && !t.readonly());
+    }
+
+    /// The staging policy on an emulated CUDA device of its own (80): pinned up to the limit,
+    /// ordinary `kDLCPU` memory beyond it and when no pinned memory can be had, either way a
+    /// buffer the device transfers into.
+    #[cfg(feature = "kernel-host-tests")]
+    #[test]
+    fn staging_is_pinned_up_to_the_limit_and_pageable_beyond_it_or_without_pinned_memory() {
+        use cuda::{CudaBackend, EmulatedCall};
+        let be = CudaBackend::emulated(80);
+        let vals: Vec<f32> = (0..101).map(|i| i as f32 * 0.5).collect();
+        let on_device = be.empty(&[101], DType::Float32).unwrap();
+        be.transfer(&Tensor::from_slice(&vals, &[101]).unwrap(), &on_device)
+            .unwrap();
+        let base = be.emulated_pinned();
+        let allocs = || be.emulated_pinned().allocs - base.allocs;
+        // Lands where `want` says, and the device's bytes arrive in it.
+        let staged = |t: Tensor, n: usize, want: DeviceType| {
+            assert_eq!((t.device().kind, t.shape()), (want, &[n][..]));
+            assert!(t.is_contiguous() && !t.readonly());
+            be.transfer(&on_device.view(&[0], &[n]).unwrap(), &t)
+                .unwrap();
+            assert_eq!(t.to_array::<f32>().unwrap().as_slice().unwrap(), &vals[..n]);
+        };
+        let pinned = DeviceType::CudaHost;
+        // 400 bytes: at the limit, pinned; 404: beyond it, pageable, no pinned allocation.
+        let t = staging_buffer_within(&*be, &[100], DType::Float32, 400).unwrap();
+        staged(t, 100, pinned);
+        assert_eq!(allocs(), 1);
+        let t = staging_buffer_within(&*be, &[101], DType::Float32, 400).unwrap();
+        staged(t, 101, DeviceType::Cpu);
+        assert_eq!(allocs(), 1);
+        // The first buffer is back in the cache and serves a request of its size again.
+        let t = staging_buffer_within(&*be, &[100], DType::Float32, 400).unwrap();
+        assert_eq!((t.device().kind, allocs()), (pinned, 1));
+        drop(t);
+        be.release_staging();
+        // No pinned memory to be had (the device's limit, a failed cuMemAllocHost): pageable.
+        be.set_emulated_pinned_limit(be.emulated_pinned().live_bytes + 100);
+        let t = staging_buffer_within(&*be, &[50], DType::Float32, 400).unwrap();
+        staged(t, 50, DeviceType::Cpu);
+        be.set_emulated_pinned_limit(usize::MAX);
+        be.fail_emulated(EmulatedCall::AllocPinned, 0);
+        let t = staging_buffer_within(&*be, &[50], DType::Float32, 400).unwrap();
+        assert!(be.emulated_faults_spent());
+        staged(t, 50, DeviceType::Cpu);
+        assert_eq!(allocs(), 1);
+        // Without a fault, pinned again; the default limit is the cache's.
+        let t = staging_buffer(&*be, &[50], DType::Float32).unwrap();
+        let want = match 200 <= cuda::pinned_cache_limit() {
+            true => pinned,
+            false => DeviceType::Cpu,
+        };
+        assert_eq!(t.device().kind, want);
+        drop(t);
+        be.release_staging();
+        assert_eq!(be.emulated_pinned().live_bytes, base.live_bytes);
+        // Other errors are the caller's: a shape too large to count is refused, not staged.
+        let e = staging_buffer_within(&*be, &[usize::MAX, 2], DType::Float32, 400).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e:?}");
+        // The CPU backend stages in ordinary host memory under the limit too.
+        let cpu = backend_for(Device::CPU).unwrap();
+        let t = staging_buffer_within(&*cpu, &[3], DType::Float32, 400).unwrap();
+        assert_eq!(t.device(), Device::CPU);
     }
 
     #[test]

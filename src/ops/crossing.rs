@@ -7,13 +7,9 @@
 //! contiguous buffer, [`Backend::transfer`] moves the buffer (the bus then carries the
 //! contiguous bytes the targets need, never a whole partition of which a target wants one
 //! column), and the target side's kernels unpack it into the target boxes, together with the
-//! copies that stay within one memory. The host side of a pair is pinned staging memory of
-//! the pair's CUDA device ([`Backend::empty_staging`]), which the device reads and writes by
-//! DMA at the bus's rate, where the device's cache keeps such a buffer for reuse (up to
-//! [`pinned_cache_limit`], 256 MiB by default): a repartition in a loop then pins its
-//! buffers once. A larger one is ordinary `kDLCPU` memory, which the driver copies through
-//! a pinned buffer of its own: pinning a new buffer of a GiB takes a good part of a second
-//! (see `backend/cuda/staging.rs`), more than that copy.
+//! copies that stay within one memory. The host side of a pair is staging memory of the
+//! pair's CUDA device as [`staging_buffer`] decides it: pinned up to [`pinned_cache_limit`]
+//! (256 MiB by default) and when it can be had, ordinary `kDLCPU` memory otherwise.
 //!
 //! Every buffer of every pair is allocated, every pair packed and every buffer moved before
 //! any target is written: an allocation or a transfer that fails leaves the targets as they
@@ -22,8 +18,9 @@
 use std::collections::BTreeMap;
 
 use super::{backend_of, one_memory, waited_for, Backends};
-use crate::backend::cuda::pinned_cache_limit;
-use crate::backend::{backend_for, Backend, BoxCopy};
+#[cfg(doc)]
+use crate::backend::{cuda::pinned_cache_limit, staging_buffer};
+use crate::backend::{staging_buffer_within, Backend, BoxCopy};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -85,7 +82,7 @@ impl Crossings {
         });
         Crossings {
             pairs: pairs.into_values().collect(),
-            pinned_max: pinned_cache_limit(),
+            pinned_max: crate::backend::cuda::pinned_cache_limit(),
         }
     }
 
@@ -104,13 +101,9 @@ impl Crossings {
     }
 
     /// A buffer of `numel` elements on the host side of a pair whose other side is
-    /// `device_side`: its pinned staging memory up to `pinned_max` bytes, else `kDLCPU`
-    /// memory (see the module's notes).
+    /// `device_side`: [`staging_buffer`]'s, with `pinned_max` as its limit.
     fn host_side(&self, device_side: &dyn Backend, numel: usize, dtype: DType) -> Result<Tensor> {
-        match numel.saturating_mul(dtype.itemsize()) <= self.pinned_max {
-            true => device_side.empty_staging(&[numel], dtype),
-            false => backend_for(Device::CPU)?.empty(&[numel], dtype),
-        }
+        staging_buffer_within(device_side, &[numel], dtype, self.pinned_max)
     }
 
     /// Allocates both buffers of every pair, packs each pair's boxes into the buffer on its

@@ -297,16 +297,16 @@ fn a_device_without_kernels_is_refused_before_any_target_is_written() {
     assert!(matches!(e, Error::BackendUnavailable { .. }), "{e:?}");
 }
 
-/// Each call the driver can fail, made to fail once on the GPU of a repartition whose bytes
-/// cross both ways (host rows into the GPU's column block, GPU rows into the host's): an
-/// error naming the call, and neither target written, also when the first pair's bytes had
-/// already arrived; the same repartition then goes through, and every pinned buffer it took
-/// is freed once.
+/// Each call the driver can fail that the crossings cannot do without, made to fail once on
+/// the GPU of a repartition whose bytes cross both ways (host rows into the GPU's column
+/// block, GPU rows into the host's): an error naming the call, and neither target written,
+/// also when the first pair's bytes had already arrived; the same repartition then goes
+/// through, and every pinned buffer it took is freed once. (A failed pinned allocation is
+/// not one of them: see the next test.)
 #[test]
 fn a_failing_allocation_or_transfer_leaves_every_target_as_it_was() {
     let faults = [
         (91, EmulatedCall::Alloc, 0, "cuMemAlloc"),
-        (92, EmulatedCall::AllocPinned, 0, "cuMemAllocHost"),
         (93, EmulatedCall::CopyHtod, 0, "cuMemcpyHtoDAsync"),
         (94, EmulatedCall::CopyHtod, 1, "cuMemcpyHtoDAsync"),
         (95, EmulatedCall::CopyDtoh, 0, "cuMemcpyDtoHAsync"),
@@ -351,6 +351,46 @@ fn a_failing_allocation_or_transfer_leaves_every_target_as_it_was() {
             "{call:?}"
         );
         assert_eq!(now.live_bytes, before.live_bytes, "{call:?}");
+    }
+}
+
+/// A pinned staging buffer that cannot be had (`cuMemAllocHost` fails, or the device has no
+/// pinned memory left) is ordinary host memory instead, by the one staging policy: the
+/// repartition goes through, both ways, and takes no pinned memory.
+#[test]
+fn crossings_without_pinned_memory_stage_through_ordinary_host_memory() {
+    let be = CudaBackend::emulated(92);
+    let gpu = be.device();
+    let (plan, src) = rows_on(gpu);
+    // Once through first, for the device's job-table scratch (pinned memory it keeps).
+    repartition(&plan, &src, &[gpu, Device::CPU], true).unwrap();
+    be.release_staging();
+    let a = reference();
+    for limited in [false, true] {
+        let before = be.emulated_pinned();
+        match limited {
+            false => be.fail_emulated(EmulatedCall::AllocPinned, 0),
+            true => be.set_emulated_pinned_limit(before.live_bytes),
+        }
+        let into = [blank(gpu), blank(Device::CPU)];
+        repartition_into(&plan, &src, &into, true).unwrap();
+        assert!(be.emulated_faults_spent(), "limited: {limited}");
+        assert_eq!(
+            values::<i32>(&into[0]),
+            a.slice(ndarray::s![.., 0..2]).to_owned().into_dyn()
+        );
+        assert_eq!(
+            values::<i32>(&into[1]),
+            a.slice(ndarray::s![.., 2..4]).to_owned().into_dyn()
+        );
+        let now = be.emulated_pinned();
+        if limited {
+            // Not one pinned allocation: both sides' host buffers are pageable.
+            assert_eq!(now.allocs, before.allocs);
+        }
+        be.set_emulated_pinned_limit(usize::MAX);
+        be.release_staging();
+        assert_eq!(be.emulated_pinned().live_bytes, before.live_bytes);
     }
 }
 

@@ -17,12 +17,14 @@
 //!
 //! Device buffers go to the communicator directly when it takes them
 //! ([`Communicator::accepts_device`]: a CUDA-aware MPI). Otherwise they are staged through
-//! host memory the device's backend hands out for it ([`crate::backend::Backend::empty_staging`]):
-//! on CUDA, pinned (page-locked) memory, which the device copies to and from by DMA at the
-//! bus's rate and which is kept per device for reuse (`DLPART_PINNED_CACHE_BYTES`, 256 MiB by
-//! default), as allocating it costs more than the copies it speeds up. When no pinned memory
-//! can be had, the exchange stages through ordinary host memory: slower copies, but no
-//! failure.
+//! host memory, as a repartition with `transfer` in one process stages (one policy,
+//! `backend::staging_buffer`): on CUDA, pinned (page-locked) memory
+//! ([`crate::backend::Backend::empty_staging`]), which the device copies to and from by DMA at
+//! the bus's rate and which is kept per device for reuse, for a buffer of up to
+//! [`crate::backend::cuda::pinned_cache_limit`] bytes (`DLPART_PINNED_CACHE_BYTES`, 256 MiB
+//! by default), as allocating it costs more than the copies it speeds up; ordinary host
+//! memory for a larger one, which the cache would not keep. When no pinned memory can be had,
+//! the exchange stages through ordinary host memory too: slower copies, but no failure.
 //!
 //! Collective safety: a rank that fails before a collective still takes part in it, with its
 //! error as payload, and every rank then returns the same [`Error::Collective`] (or the same

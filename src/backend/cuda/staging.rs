@@ -22,8 +22,9 @@ use crate::error::{tuple_string, Error, Result};
 use crate::tensor::{checked_numel, Tensor};
 
 /// The bytes of freed pinned staging buffers each CUDA device keeps for reuse:
-/// `DLPART_PINNED_CACHE_BYTES` if set (0 turns the cache off), else 256 MiB. Read once per
-/// process.
+/// `DLPART_PINNED_CACHE_BYTES` if set, else 256 MiB. Read once per process. dlpart's staging
+/// (`backend::staging_buffer`) takes pinned memory for buffers of up to this size
+/// only, ordinary host memory beyond: 0 turns both the cache and pinned staging off.
 pub fn pinned_cache_limit() -> usize {
     static LIMIT: OnceLock<usize> = OnceLock::new();
     *LIMIT.get_or_init(|| {

@@ -18,10 +18,10 @@
 use std::sync::Arc;
 
 use crate::access::Role;
-use crate::backend::{backend_for, Backend};
+use crate::backend::{backend_for, staging_buffer, Backend};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 use super::super::agree::agree;
@@ -57,8 +57,9 @@ impl Segments<'_> {
     /// The buffers to exchange the segments of `send` (one buffer, a segment per peer) with:
     /// what arrives goes into `into` (this rank's own contiguous tensor on `dev`) when given,
     /// else into a new buffer of `dtype` on `dev`; nothing when nothing arrives. Device memory
-    /// goes to the communicator directly when it takes it, else through the device backend's
-    /// staging memory ([`Backend::empty_staging`]: pinned on CUDA), into which `send` is
+    /// goes to the communicator directly when it takes it, else through host staging memory
+    /// of the device as [`staging_buffer`] decides it (pinned on CUDA up to the pinned cache's
+    /// size and when it can be had, ordinary host memory otherwise), into which `send` is
     /// copied here.
     pub(in crate::spmd) fn prepare(
         &self,
@@ -183,24 +184,5 @@ fn host_bytes(t: Option<&Tensor>) -> &[u8] {
             std::slice::from_raw_parts(t.data_ptr(), t.nbytes())
         },
         _ => &[],
-    }
-}
-
-/// Host memory to stage `backend`'s data in (pinned on CUDA), or ordinary host memory when
-/// that cannot be had. The staging runs before the ranks agree, so failing here would now
-/// fail every rank cleanly; but pinned memory only makes the device copies faster, and a
-/// machine out of lockable pages (a low memlock limit, other processes' pinned buffers) can
-/// still exchange through pageable memory, at the bus copy's pageable rate.
-fn staging_buffer(backend: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    match backend.empty_staging(shape, dtype) {
-        Err(Error::OutOfMemory { bytes, device, .. }) => {
-            log::info!(
-                "{}: no {bytes} bytes of {device} memory to stage an exchange in; staging \
-                 through pageable host memory",
-                backend.device()
-            );
-            backend_for(Device::CPU)?.empty(shape, dtype)
-        }
-        other => other,
     }
 }
