@@ -506,3 +506,130 @@ fn crossings_beyond_the_pinned_cache_go_through_ordinary_host_memory() {
     // Host rows into the GPU's column block, GPU rows into the host's.
     assert_eq!(seen, vec![(0, 0), (1, 1)]);
 }
+
+/// `assemble` with `transfer` over random layouts with partitions on random devices of
+/// `pool`, onto each device of the pool: the array, as ndarray holds it; without `transfer`,
+/// refused exactly when a partition is not in the target's memory.
+#[test]
+fn assemble_with_transfer_matches_ndarray_on_random_layouts() {
+    let pool = [Device::CPU, cpu1(), emu(0), emu(1), emu(97)];
+    let mut rng = Rng(0xa55e_b1e5);
+    for case in 0..120 {
+        let shape: Vec<usize> = (0..1 + rng.below(3)).map(|_| rng.below(7)).collect();
+        let a = ArrayD::from_shape_fn(IxDyn(&shape), |_| (rng.next() >> 40) as i32);
+        let whole = Tensor::from_ndarray(a.clone());
+        let grid = random_grid(&mut rng, &shape);
+        let devs: Vec<Device> = (0..grid.num_partitions())
+            .map(|_| pool[rng.below(pool.len())])
+            .collect();
+        let src = sources(&mut rng, &whole, &grid, &devs);
+        let pa = PartitionedArray::from_tensors_unchecked(grid.clone(), src, DType::Int32);
+        for &target in &pool {
+            let what = format!("case {case}: {shape:?} {grid:?} {devs:?} -> {target}");
+            let got = pa.assemble(Some(target), true).unwrap();
+            assert_eq!(got.device(), target, "{what}");
+            assert_eq!(values::<i32>(&got), a, "{what}");
+            let away = devs.iter().any(|&d| !one_memory(d, target));
+            match pa.assemble(Some(target), false) {
+                Err(Error::DeviceMismatch { .. }) if away => {}
+                Ok(t) if !away => assert_eq!(values::<i32>(&t), a, "{what}"),
+                other => panic!("{what}: without transfer: {other:?}"),
+            }
+        }
+    }
+}
+
+/// The partitions of `a` (6 x 4) over row blocks of two rows and column blocks of two, on
+/// the devices `on` names, in C order of positions.
+fn blocks_on(a: &ArrayD<i32>, on: &dyn Fn(usize) -> Device) -> PartitionedArray {
+    let whole = Tensor::from_ndarray(a.clone());
+    let grid = Grid::from_splits(&[6, 4], vec![vec![0, 2, 4, 6], vec![0, 2, 4]]).unwrap();
+    let parts = (0..grid.num_partitions())
+        .map(|i| {
+            let r = grid.region_at(i);
+            to_device(&whole.view(&r.start, &r.shape).unwrap(), on(i)).unwrap()
+        })
+        .collect();
+    PartitionedArray::from_tensors_unchecked(grid, parts, DType::Int32)
+}
+
+/// Assembled onto the host, a GPU's partitions cross in one copy of their bytes, however many
+/// partitions there are (the bus carries the partitions' elements once, packed), and the
+/// host's own partitions do not cross at all.
+#[test]
+fn assemble_moves_a_gpus_partitions_in_one_transfer_of_their_bytes() {
+    let be = CudaBackend::emulated(81);
+    let gpu = be.device();
+    let a = reference();
+    // Every partition on the GPU, then every other one.
+    for (on_gpu, parts) in [
+        (6, blocks_on(&a, &|_| gpu)),
+        (
+            3,
+            blocks_on(&a, &|i| {
+                if i % 2 == 0 {
+                    gpu
+                } else {
+                    Device::CPU
+                }
+            }),
+        ),
+    ] {
+        let before = be.emulated_copies();
+        let got = parts.assemble(Some(Device::CPU), true).unwrap();
+        let now = be.emulated_copies();
+        assert_eq!(got.to_array::<i32>().unwrap(), a);
+        // Each partition is 2 x 2 int32: 16 bytes.
+        assert_eq!(
+            (now.dtoh - before.dtoh, now.dtoh_bytes - before.dtoh_bytes),
+            (1, 16 * on_gpu),
+            "{on_gpu} partitions on the GPU"
+        );
+    }
+}
+
+/// A copy the driver fails while the partitions cross is the assemble's error, naming the
+/// call; the partitions are as they were, every pinned buffer taken is back, and the same
+/// assemble then goes through.
+#[test]
+fn assemble_with_a_failing_transfer_returns_the_error_and_leaves_the_partitions() {
+    let be = CudaBackend::emulated(82);
+    let gpu = be.device();
+    let a = reference();
+    let parts = blocks_on(&a, &|i| if i < 3 { gpu } else { Device::CPU });
+    // Once through first, for the device's job-table scratch (pinned memory it keeps).
+    parts.assemble(Some(Device::CPU), true).unwrap();
+    parts.assemble(Some(gpu), true).unwrap();
+    for (call, target, named) in [
+        (EmulatedCall::CopyDtoh, Device::CPU, "cuMemcpyDtoHAsync"),
+        (EmulatedCall::CopyHtod, gpu, "cuMemcpyHtoDAsync"),
+        (EmulatedCall::Alloc, gpu, "cuMemAlloc"),
+    ] {
+        be.release_staging();
+        let before = be.emulated_pinned();
+        be.fail_emulated(call, 0);
+        let e = parts.assemble(Some(target), true).unwrap_err();
+        assert!(be.emulated_faults_spent(), "{call:?}: {e}");
+        assert!(e.to_string().contains(named), "{call:?}: {e}");
+        let grid = parts.grid().clone();
+        for (i, t) in parts.tensors().unwrap().iter().enumerate() {
+            let r = grid.region_at(i);
+            let want = a
+                .slice(ndarray::s![
+                    r.start[0]..r.start[0] + 2,
+                    r.start[1]..r.start[1] + 2
+                ])
+                .to_owned()
+                .into_dyn();
+            assert_eq!(values::<i32>(t), want, "{call:?}: partition {i}");
+        }
+        be.release_staging();
+        assert_eq!(
+            be.emulated_pinned().live_bytes,
+            before.live_bytes,
+            "{call:?}"
+        );
+        let got = parts.assemble(Some(target), true).unwrap();
+        assert_eq!(values::<i32>(&got), a, "{call:?}");
+    }
+}

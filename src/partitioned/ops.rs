@@ -127,7 +127,12 @@ impl PartitionedArray {
 
     /// The whole array as one new tensor, on `device` or else on the partitions' common device.
     /// Partitions on other devices than the target need `transfer`, unless both are host
-    /// memory (of any kinds): those are read in place.
+    /// memory (of any kinds): those are read in place. With `transfer`, the partitions that
+    /// cross do so as in [`repartition`](Self::repartition) ([`ops::repartition`] into one
+    /// target): packed into one buffer per device by that device's kernels, moved in one
+    /// transfer per device and unpacked into the result on its device. Every allocation and
+    /// transfer is done before the result is written; an error returns no tensor and leaves
+    /// the partitions as they were.
     pub fn assemble(&self, device: Option<Device>, transfer: bool) -> Result<Tensor> {
         self.assemble_on(device, transfer)
             .map_err(|e| e.advise(ASSEMBLE_ELSEWHERE))
@@ -154,11 +159,8 @@ impl PartitionedArray {
         };
         let whole = Grid::even(self.shape(), &vec![1; self.ndim()])?;
         let plan = Plan::new(&self.grid, &whole)?;
-        let moved = self.moved_to(&tensors, target, transfer, "assemble")?;
-        let mut out = match &moved {
-            Some(m) => ops::repartition(&plan, m, &[target], transfer)?,
-            None => ops::repartition(&plan, &tensors, &[target], transfer)?,
-        };
+        check_moves(&tensors, target, transfer, "assemble")?;
+        let mut out = ops::repartition(&plan, &tensors, &[target], transfer)?;
         Ok(out.pop().expect("one target partition"))
     }
 
@@ -190,49 +192,6 @@ impl PartitionedArray {
                 format!("none of the {} partitions holds data here", self.len()),
             )
         })
-    }
-
-    /// Copies of `tensors` on `target` where they live on another device (`None` when none
-    /// does); refused without `transfer`. Host memory of any kind is left where it is for a
-    /// host `target`: the copies read it in place.
-    fn moved_to(
-        &self,
-        tensors: &[&Tensor],
-        target: Device,
-        transfer: bool,
-        op: &str,
-    ) -> Result<Option<Vec<Tensor>>> {
-        let away: Vec<Device> = distinct_devices(tensors)
-            .into_iter()
-            .filter(|&d| !ops::one_memory(d, target))
-            .collect();
-        if away.is_empty() {
-            return Ok(None);
-        }
-        if !transfer {
-            // A move no transfer could make is not one to suggest transfer for (with
-            // transfer, `moved_to_device` checks the same moves).
-            crate::backend::check_kernels(away.iter().copied().chain([target]))?;
-            return Err(Error::DeviceMismatch {
-                op: op.into(),
-                devices: Devices::Moves(away.iter().map(|&d| (d, target)).collect()),
-                reason: format!("partitions would be moved to another device; {ALLOW_TRANSFER}"),
-            });
-        }
-        // Only what lives on another device moves; host memory of another kind is read in
-        // place by the copies.
-        let crossing: Vec<usize> = (0..tensors.len())
-            .filter(|&i| !ops::one_memory(tensors[i].device(), target))
-            .collect();
-        let moved = moved_to_device(
-            &crossing.iter().map(|&i| tensors[i]).collect::<Vec<_>>(),
-            target,
-        )?;
-        let mut out: Vec<Tensor> = tensors.iter().map(|&t| t.clone()).collect();
-        for (i, t) in crossing.into_iter().zip(moved) {
-            out[i] = t;
-        }
-        Ok(Some(out))
     }
 
     /// `out[.., k, ..] = self[.., indices[k], ..]` along `axis`, like `numpy.take`, with global
@@ -653,6 +612,30 @@ pub(crate) fn moved_to_device<T: Borrow<Tensor>>(
             }
         })
         .collect()
+}
+
+/// Refuses moving `tensors` onto `target` for `op` without `transfer` where some live on
+/// another device ([`Error::DeviceMismatch`] naming the moves; host memory of any kind is one
+/// memory with a host `target`), and a move a transfer could not make (a device without
+/// dlpart kernels on either side, [`Error::BackendUnavailable`]), with `transfer` or without,
+/// before anything is allocated.
+fn check_moves(tensors: &[&Tensor], target: Device, transfer: bool, op: &str) -> Result<()> {
+    let away: Vec<Device> = distinct_devices(tensors)
+        .into_iter()
+        .filter(|&d| !ops::one_memory(d, target))
+        .collect();
+    if away.is_empty() {
+        return Ok(());
+    }
+    crate::backend::check_kernels(away.iter().copied().chain([target]))?;
+    if transfer {
+        return Ok(());
+    }
+    Err(Error::DeviceMismatch {
+        op: op.into(),
+        devices: Devices::Moves(away.iter().map(|&d| (d, target)).collect()),
+        reason: format!("partitions would be moved to another device; {ALLOW_TRANSFER}"),
+    })
 }
 
 fn distinct_devices<T: Borrow<Tensor>>(tensors: &[T]) -> Vec<Device> {

@@ -124,6 +124,7 @@ pub(crate) struct EmulatedDriver {
     n: i32,
     launches: AtomicU64,
     pinned: Mutex<PinnedCounts>,
+    copies: Mutex<CopyCounts>,
     /// Calls made to fail: each entry fails the call of its kind after skipping that many.
     faults: Mutex<Vec<(EmulatedCall, usize)>>,
 }
@@ -178,6 +179,21 @@ pub struct PinnedCounts {
     /// `CUDA_ERROR_OUT_OF_MEMORY`, as on a machine with no memory left that the OS can
     /// lock.
     pub limit: usize,
+}
+
+/// What an emulated device's copies between host and device memory have moved, for tests
+/// (each device counts its own): the bytes that crossed the bus, job tables included.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyCounts {
+    /// Copies from host to device memory queued (`cuMemcpyHtoDAsync`).
+    pub htod: usize,
+    /// Their bytes.
+    pub htod_bytes: usize,
+    /// Copies from device to host memory queued (`cuMemcpyDtoHAsync`).
+    pub dtoh: usize,
+    /// Their bytes.
+    pub dtoh_bytes: usize,
 }
 
 /// Whether `len` bytes at `addr` lie in one pinned host allocation.
@@ -320,6 +336,11 @@ impl Driver for EmulatedDriver {
         self.injected(EmulatedCall::CopyHtod, "cuMemcpyHtoDAsync")?;
         check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
         let len = src.len();
+        {
+            let mut copies = self.copies.lock().expect("copy counts lock");
+            copies.htod += 1;
+            copies.htod_bytes += len;
+        }
         // A pinned source is read when the copy runs; a pageable one is staged now.
         let op: streams::Op = if is_pinned(src.as_ptr() as u64, len) {
             let from = src.as_ptr() as u64;
@@ -344,6 +365,11 @@ impl Driver for EmulatedDriver {
         self.injected(EmulatedCall::CopyDtoh, "cuMemcpyDtoHAsync")?;
         check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
         let (to, len) = (dst.as_mut_ptr() as u64, dst.len());
+        {
+            let mut copies = self.copies.lock().expect("copy counts lock");
+            copies.dtoh += 1;
+            copies.dtoh_bytes += len;
+        }
         let op = move || {
             // SAFETY: `src` holds `len` bytes of a device allocation; `to` is the caller's
             // buffer, pinned and left alone until it synchronises, or pageable and
@@ -463,6 +489,7 @@ impl CudaBackend {
                         live_bytes: 0,
                         limit: usize::MAX,
                     }),
+                    copies: Mutex::new(CopyCounts::default()),
                     faults: Mutex::new(Vec::new()),
                 });
                 streams::add_stream(driver.stream());
@@ -489,6 +516,17 @@ impl CudaBackend {
             .pinned
             .lock()
             .expect("pinned counts lock")
+    }
+
+    /// The copies between host and device memory this emulated device has queued so far
+    /// (tests only).
+    #[doc(hidden)]
+    pub fn emulated_copies(&self) -> CopyCounts {
+        *self
+            .emulated_driver()
+            .copies
+            .lock()
+            .expect("copy counts lock")
     }
 
     /// Makes the `call` after the next `skip` ones of this emulated device fail, once, as a

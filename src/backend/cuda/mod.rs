@@ -48,7 +48,7 @@ mod transfer;
 pub use context::DeviceBuffer;
 #[cfg(feature = "kernel-host-tests")]
 #[doc(hidden)]
-pub use emulated::{EmulatedCall, PinnedCounts};
+pub use emulated::{CopyCounts, EmulatedCall, PinnedCounts};
 pub use staging::pinned_cache_limit;
 pub use stream::{wait_on, DlpackStream};
 pub use transfer::copy_tensor;
