@@ -54,14 +54,7 @@ pub fn repartition<S: Borrow<Tensor>>(
         ));
     }
     let backends = check_devices(plan, src, dst_devices, dtype, transfer)?;
-    // New targets go on devices that exist here (not `kDLCPU:5` on a host of one).
-    let mut named: Vec<Device> = dst_devices.to_vec();
-    named.sort_unstable();
-    named.dedup();
-    for &dev in &named {
-        crate::backend::check_present(dev)?;
-    }
-    // The targets of each device in one call, so that the backend can share allocations.
+    check_present_all(dst_devices.iter().copied())?;
     // Every target's shape in one flat buffer (thousands of small targets are common).
     let nd = dg.ndim();
     let mut flat = Vec::with_capacity(nd * dst_devices.len());
@@ -71,31 +64,10 @@ pub fn repartition<S: Borrow<Tensor>>(
     } else {
         flat.chunks_exact(nd).collect()
     };
-    let out = match dst_devices.first() {
-        // One device, the common case: the backend's tensors are the targets, in order.
-        Some(&dev) if dst_devices.iter().all(|&d| d == dev) => {
-            backend_of(&backends, dev)?.empty_many(&shapes, dtype)?
-        }
-        _ => {
-            let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
-            for (j, &dev) in dst_devices.iter().enumerate() {
-                by_device.entry(dev).or_default().push(j);
-            }
-            let mut out: Vec<Option<Tensor>> = vec![None; dst_devices.len()];
-            for (dev, targets) in by_device {
-                // A device whose targets receive no bytes (empty partitions) is looked up here.
-                let backend = backend_of(&backends, dev)?;
-                let of_device: Vec<&[usize]> = targets.iter().map(|&j| shapes[j]).collect();
-                for (j, t) in targets
-                    .into_iter()
-                    .zip(backend.empty_many(&of_device, dtype)?)
-                {
-                    out[j] = Some(t);
-                }
-            }
-            out.into_iter().map(|t| t.expect("every target")).collect()
-        }
-    };
+    // A device whose targets receive no bytes (empty partitions) is looked up here.
+    let out = new_targets(&shapes, dst_devices, dtype, |dev| {
+        backend_of(&backends, dev)
+    })?;
     // SAFETY: the targets were just allocated, each on its own memory.
     unsafe { run_copies(plan, src, &out, &backends)? };
     Ok(out)
@@ -161,6 +133,56 @@ pub fn repartition_into<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     // SAFETY: the targets were checked disjoint, and every source that shared their memory
     // was copied aside into `staged`.
     unsafe { run_copies(plan, &staged, dst, &backends) }
+}
+
+/// Checks that each of `devices`, the devices new target partitions are to go on, exists
+/// here ([`crate::backend::check_present`]: not `kDLCPU:5` on a host of one), each distinct
+/// one once.
+pub(crate) fn check_present_all(devices: impl IntoIterator<Item = Device>) -> Result<()> {
+    let mut seen: Vec<Device> = Vec::new();
+    for d in devices {
+        if !seen.contains(&d) {
+            crate::backend::check_present(d)?;
+            seen.push(d);
+        }
+    }
+    Ok(())
+}
+
+/// New target partitions with unspecified contents, tensor `k` of `shapes[k]` on
+/// `devices[k]` (checked present by [`check_present_all`] first), each in the memory its
+/// device names: new `kDLCUDAHost` memory is pinned memory from CUDA, and managed or ROCm
+/// host memory is [`Error::NoNewMemory`]. The targets of each device come from one call of
+/// its backend's [`Backend::empty_many`] (`backend` gives it), so that the backend can
+/// share allocations. [`repartition`]'s targets, and one rank's in an SPMD repartition.
+pub(crate) fn new_targets(
+    shapes: &[&[usize]],
+    devices: &[Device],
+    dtype: DType,
+    backend: impl Fn(Device) -> Result<Arc<dyn Backend>>,
+) -> Result<Vec<Tensor>> {
+    debug_assert_eq!(shapes.len(), devices.len());
+    match devices.first() {
+        // One device, the common case: the backend's tensors are the targets, in order.
+        Some(&dev) if devices.iter().all(|&d| d == dev) => backend(dev)?.empty_many(shapes, dtype),
+        _ => {
+            let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
+            for (k, &dev) in devices.iter().enumerate() {
+                by_device.entry(dev).or_default().push(k);
+            }
+            let mut out: Vec<Option<Tensor>> = vec![None; devices.len()];
+            for (dev, ks) in by_device {
+                let of_device: Vec<&[usize]> = ks.iter().map(|&k| shapes[k]).collect();
+                for (k, t) in ks
+                    .into_iter()
+                    .zip(backend(dev)?.empty_many(&of_device, dtype)?)
+                {
+                    out[k] = Some(t);
+                }
+            }
+            Ok(out.into_iter().map(|t| t.expect("every target")).collect())
+        }
+    }
 }
 
 type Backends = BTreeMap<Device, Arc<dyn Backend>>;

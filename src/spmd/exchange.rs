@@ -6,7 +6,7 @@
 //! buffers carry no headers. Large exchanges in host memory go in rounds (module `rounds`):
 //! each round packs and exchanges a slice of every peer's boxes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::access::Role;
 use crate::backend::{backend_for, Backend, BoxCopy as Job};
@@ -221,7 +221,7 @@ pub(super) fn repartition_target_with(
         t.check(comm.size())?;
         let dtype = dtype_of(pa)?;
         let mine: Vec<usize> = (0..t.owners.len()).filter(|&j| t.owners[j] == me).collect();
-        check_here(mine.iter().map(|&j| t.devices[j]))?;
+        ops::check_present_all(mine.iter().map(|&j| t.devices[j]))?;
         rank_device(mine.iter().map(|&j| t.devices[j]), "targets")?;
         let all = new_targets(&t, &mine, dtype)?;
         Stage::new(comm, pa, &t, all, false, transfer, rounds).map(|s| (s, t))
@@ -248,27 +248,19 @@ pub(super) fn repartition_target_with(
     Ok((out, traffic))
 }
 
-/// New tensors for this rank's target partitions `mine` of `t` (`None` for the others), each
-/// in the memory its device names, as a single-process repartition allocates them: host
-/// memory of one kind is not another's (new `kDLCUDAHost` memory is pinned memory from CUDA,
-/// and managed or ROCm host memory is [`Error::NoNewMemory`]), though the exchange works on
-/// every host kind alike. The targets of each device come from one call, so that its backend
-/// can share allocations.
+/// New tensors for this rank's target partitions `mine` of `t` (`None` for the others),
+/// allocated as a single-process repartition allocates them ([`ops::new_targets`]): host
+/// memory of one kind is not another's, though the exchange works on every host kind alike.
 fn new_targets(t: &SpmdTarget, mine: &[usize], dtype: DType) -> Result<Vec<Option<Tensor>>> {
-    let mut by_device: BTreeMap<Device, Vec<usize>> = BTreeMap::new();
-    for &j in mine {
-        by_device.entry(t.devices[j]).or_default().push(j);
-    }
+    let shapes: Vec<Vec<usize>> = mine.iter().map(|&j| t.grid.region_at(j).shape).collect();
+    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    let devices: Vec<Device> = mine.iter().map(|&j| t.devices[j]).collect();
     let mut all: Vec<Option<Tensor>> = vec![None; t.owners.len()];
-    for (dev, js) in by_device {
-        let shapes: Vec<Vec<usize>> = js.iter().map(|&j| t.grid.region_at(j).shape).collect();
-        let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        for (j, tensor) in js
-            .into_iter()
-            .zip(backend_for(dev)?.empty_many(&refs, dtype)?)
-        {
-            all[j] = Some(tensor);
-        }
+    for (&j, tensor) in mine
+        .iter()
+        .zip(ops::new_targets(&refs, &devices, dtype, backend_for)?)
+    {
+        all[j] = Some(tensor);
     }
     Ok(all)
 }
@@ -443,7 +435,7 @@ pub(super) fn assemble_with(
         };
         let out = match owner == me {
             true => {
-                check_here(device)?;
+                ops::check_present_all(device)?;
                 Some(backend_for(dev)?.empty(pa.shape(), dtype_of(pa)?)?)
             }
             false => None,
@@ -498,19 +490,6 @@ pub(super) fn dtype_of(pa: &PartitionedArray) -> Result<DType> {
             None,
         )
     })
-}
-
-/// Checks that the devices a call names for this rank's new partitions exist here (see
-/// [`crate::backend::check_present`]): other ranks' devices may be on other machines.
-fn check_here(devices: impl IntoIterator<Item = Device>) -> Result<()> {
-    let mut seen: Vec<Device> = Vec::new();
-    for d in devices {
-        if !seen.contains(&d) {
-            crate::backend::check_present(d)?;
-            seen.push(d);
-        }
-    }
-    Ok(())
 }
 
 /// The one device this rank's `what` live on (host-accessible memory counting as the host);
