@@ -193,8 +193,9 @@ mod tests {
 
     #[test]
     fn the_cache_keeps_the_newest_buffers_under_its_limit_and_frees_the_rest_once() {
-        // Emulated device 40 is this test's: its pinned counts are ours.
-        let be = CudaBackend::emulated(40);
+        // Emulated device 44 is this test's (the SPMD staged tests take 40 to 43): its pinned
+        // counts are ours.
+        let be = CudaBackend::emulated(44);
         let cache = StagingCache::new(be.driver.clone(), 1000);
         let base = be.emulated_pinned();
         let counts = || {
