@@ -132,6 +132,30 @@ impl PartitionedArray {
     /// Checks `data` and `locations` (one entry per partition of `grid`, in C order of
     /// positions) and `locals` against the grid and each other, reporting every violation.
     /// The dtype is that of the partitions holding data (`None` when none does).
+    ///
+    /// This is the Rust side of importing a `__partitioned__` dict: arrays made apart (by
+    /// several workers, say) become the partitions of one array, without a copy.
+    ///
+    /// ```
+    /// use dlpart::{Data, Grid, PartitionedArray, Tensor};
+    /// use ndarray::{array, concatenate, Axis};
+    ///
+    /// let (top, bottom) = (array![[1.0f64, 2.0], [3.0, 4.0]], array![[5.0f64, 6.0]]);
+    /// let grid = Grid::from_splits(&[3, 2], vec![vec![0, 2, 3], vec![0, 2]])?;
+    /// let data = vec![
+    ///     Data::Tensor(Tensor::from(top.clone())),
+    ///     Data::Tensor(Tensor::from(bottom.clone())),
+    /// ];
+    /// let pa = PartitionedArray::new(grid, data.clone(), vec![vec![]; 2], None)?;
+    /// let whole = pa.assemble(None, false)?;
+    /// assert_eq!(whole.as_array::<f64>()?, concatenate![Axis(0), top, bottom].into_dyn());
+    /// // Data that does not fit its partition is refused, naming the position and the rule.
+    /// let grid = Grid::from_splits(&[3, 2], vec![vec![0, 1, 3], vec![0, 2]])?;
+    /// let e = PartitionedArray::new(grid, data, vec![vec![]; 2], None).unwrap_err();
+    /// let found = "tensor of shape (2, 2) for a partition of shape (1, 2)";
+    /// assert!(e.to_string().contains(found), "{e}");
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
     pub fn new(
         grid: Grid,
         data: Vec<Data>,

@@ -119,6 +119,26 @@ impl PartitionedArray {
     /// than their sources need `transfer`, unless both are host memory (of any kinds); with
     /// it, what they receive crosses as in [`repartition`](Self::repartition), and none is
     /// written before all of it has arrived.
+    ///
+    /// ```
+    /// use dlpart::{Layout, PartitionedArray, Tensor};
+    /// use ndarray::Array2;
+    ///
+    /// let a = Array2::from_shape_fn((4, 6), |(i, j)| (10 * i + j) as f32);
+    /// let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[2, 1]))?;
+    /// // The caller's own buffer, cut into the target layout: column blocks over its memory.
+    /// let out = Tensor::from(Array2::<f32>::zeros((4, 6)));
+    /// let cols = PartitionedArray::partition(&out, &Layout::tiling(&[1, 3]))?;
+    /// rows.repartition_into(&cols, false)?;
+    /// assert_eq!(out.as_array::<f32>()?, a.view().into_dyn());
+    /// // A target of another shape is refused before anything is written.
+    /// let small = Tensor::from(Array2::<f32>::zeros((4, 5)));
+    /// let one = PartitionedArray::partition(&small, &Layout::tiling(&[1, 1]))?;
+    /// let e = rows.repartition_into(&one, false).unwrap_err();
+    /// assert!(e.to_string().contains("shape (4, 6)"), "{e}");
+    /// assert!(small.as_array::<f32>()?.iter().all(|&v| v == 0.0));
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
     pub fn repartition_into(&self, out: &PartitionedArray, transfer: bool) -> Result<()> {
         self.check_target_shape(out)?;
         let plan = Plan::new(&self.grid, &out.grid)?;
@@ -168,6 +188,27 @@ impl PartitionedArray {
     /// Partitions already there are shared, not copied.
     /// Data on a device without dlpart kernels (kDLOneAPI) is refused with
     /// [`Error::BackendUnavailable`]: only its own library can copy it.
+    ///
+    /// ```
+    /// use dlpart::{Device, Error, Layout, PartitionedArray, Tensor};
+    /// use ndarray::Array2;
+    ///
+    /// let a = Array2::from_shape_fn((4, 6), |(i, j)| (10 * i + j) as f32);
+    /// let rows = PartitionedArray::partition(&Tensor::from(a.clone()), &Layout::tiling(&[2, 1]))?;
+    /// let here = rows.to(Device::CPU)?; // already there: the same memory
+    /// let first = |pa: &PartitionedArray| pa.at(&[0, 0]).map(|p| p.tensor().unwrap().data_ptr());
+    /// assert_eq!(first(&here)?, first(&rows)?);
+    /// // Onto a GPU and back (feature `cuda` and a GPU; elsewhere an error says what is missing).
+    /// match rows.to(Device::cuda(0)) {
+    ///     Ok(on_gpu) => {
+    ///         assert!(on_gpu.assemble(Some(Device::CPU), false).is_err()); // needs `transfer`
+    ///         let back = on_gpu.assemble(Some(Device::CPU), true)?;
+    ///         assert_eq!(back.as_array::<f32>()?, a.view().into_dyn());
+    ///     }
+    ///     Err(e) => assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}"),
+    /// }
+    /// # Ok::<(), dlpart::Error>(())
+    /// ```
     pub fn to(&self, device: Device) -> Result<Self> {
         let tensors = self.tensors()?;
         let moved = moved_to_device(&tensors, device)?;
