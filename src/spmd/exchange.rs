@@ -302,6 +302,30 @@ pub(super) fn spmd_array(
 /// gives the target grid and owners), reusing the caller's buffers. Nothing is written on any
 /// rank unless every rank's checks pass. A replicated target (a rank holding a copy of a
 /// partition another rank owns) is refused.
+///
+/// ```
+/// use dlpart::spmd::{self, Communicator, LocalParts, ThreadComm};
+/// use dlpart::Tensor;
+/// use ndarray::{s, Array2};
+///
+/// let a = Array2::from_shape_fn((4, 6), |(i, j)| (10 * i + j) as f32);
+/// ThreadComm::run(2, |comm| {
+///     let r = comm.rank();
+///     let mine = a.slice(s![2 * r..2 * r + 2, ..]).to_owned();
+///     let rows = spmd::from_stacked(comm, vec![Tensor::from(mine)], 0)?;
+///     // Each rank's own buffer for three columns of the result, placed at its global start.
+///     let buffer = Tensor::from(Array2::<f32>::zeros((4, 3)));
+///     let placed = LocalParts::Placed(vec![(vec![0, 3 * r], buffer.clone())]);
+///     let cols = spmd::from_local(comm, Ok(placed), None)?;
+///     let traffic = spmd::repartition_into(comm, &rows, &cols, false)?;
+///     assert_eq!(buffer.as_array::<f32>()?, a.slice(s![.., 3 * r..3 * r + 3]).into_dyn());
+///     assert_eq!(traffic.sent[1 - r], 2 * 3 * 4); // its two rows of the other's columns
+///     Ok::<(), dlpart::Error>(())
+/// })
+/// .into_iter()
+/// .collect::<Result<(), _>>()?;
+/// # Ok::<(), dlpart::Error>(())
+/// ```
 pub fn repartition_into(
     comm: &dyn Communicator,
     pa: &PartitionedArray,

@@ -355,6 +355,28 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// failing one may hold some of them, the later ones their old values, and every other
 /// rank's partitions hold the new values (or, where a write failed there too, as on the
 /// failing rank).
+///
+/// ```
+/// use dlpart::spmd::{self, Communicator, ThreadComm};
+/// use dlpart::Tensor;
+/// use ndarray::{array, Array2};
+///
+/// ThreadComm::run(2, |comm| {
+///     let mine = Tensor::from(Array2::<i32>::zeros((2, 3))); // rows 2r and 2r + 1
+///     let rows = spmd::from_stacked(comm, vec![mine.clone()], 0)?;
+///     // The same global indices and values on every rank: each writes the rows it holds.
+///     spmd::scatter(comm, &rows, &Tensor::from(array![[1, 2, 3], [4, 5, 6]]), [3, 0], 0)?;
+///     let want = match comm.rank() {
+///         0 => array![[4, 5, 6], [0, 0, 0]],
+///         _ => array![[0, 0, 0], [1, 2, 3]],
+///     };
+///     assert_eq!(mine.as_array::<i32>()?, want.into_dyn());
+///     Ok::<(), dlpart::Error>(())
+/// })
+/// .into_iter()
+/// .collect::<Result<(), _>>()?;
+/// # Ok::<(), dlpart::Error>(())
+/// ```
 pub fn scatter(
     comm: &dyn Communicator,
     pa: &PartitionedArray,
