@@ -82,7 +82,14 @@ class _WithProducerGet:
 class Partition:
     """One box of the grid: its position, start, shape, data (or a handle to it) and locations."""
 
-    __slots__ = ("position", "start", "shape", "locations", "_tensor", "_handle")
+    __slots__ = {
+        "position": "The grid position, a tuple of ints (C order numbers the partitions).",
+        "start": "The global index of the partition's first element.",
+        "shape": "The partition's extent along each axis.",
+        "locations": "The `Location`s where the data can be reached (several mean replicas).",
+        "_tensor": None,
+        "_handle": None,
+    }
 
     def __init__(self, position: Sequence[int], start: Sequence[int], shape: Sequence[int],
                  locations: Iterable[Location] = (), tensor: Optional[Tensor] = None,
@@ -107,6 +114,8 @@ class Partition:
 
     @property
     def device(self) -> Optional[Device]:
+        """The device of the data held here, else of the first location (None without
+        either)."""
         if self._tensor is not None:
             return self._tensor.device
         return self.locations[0].device if self.locations else None
@@ -166,10 +175,12 @@ class PartitionedArray:
     # -- the model -----------------------------------------------------------------------------
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The global shape of the whole array."""
         return self._core.shape
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self._core.shape)
 
     @property
@@ -179,6 +190,7 @@ class PartitionedArray:
 
     @property
     def tiling(self) -> Tuple[int, ...]:
+        """The number of partitions along each axis (the ``partition_tiling``)."""
         return tuple(len(s) - 1 for s in self._core.splits)
 
     @property

@@ -321,7 +321,11 @@ class SpmdArray(PartitionedArray):
     ``traffic`` holds the bytes the operation that made this array moved on this rank
     (`Traffic`), or None."""
 
-    __slots__ = ("comm", "traffic")
+    __slots__ = {
+        "comm": "The mpi4py communicator the ranks share.",
+        "traffic": "The bytes the operation that made this array moved on this rank "
+                   "(`Traffic`), or None.",
+    }
 
     @classmethod
     def _spmd(cls, core, comm, traffic, framework) -> "SpmdArray":

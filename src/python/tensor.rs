@@ -197,6 +197,7 @@ fn stream_ok(device: Device, stream: &Bound<'_, PyAny>) -> PyResult<()> {
 
 #[pymethods]
 impl PyTensor {
+    /// The extent of each axis.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.inner.shape())
@@ -208,16 +209,20 @@ impl PyTensor {
         PyTuple::new(py, self.inner.strides())
     }
 
+    /// The element type, as a name like `'float32'`.
     #[getter]
     fn dtype(&self) -> &'static str {
         self.inner.dtype().name()
     }
 
+    /// The device the elements live on (`kDLCPU`, `kDLCUDA:0`, ...).
     #[getter]
     fn device(&self) -> PyDevice {
         PyDevice(self.inner.device())
     }
 
+    /// Whether the elements must not be written (by dlpart or through an export): data from a
+    /// producer that marked it read-only, or from a legacy producer, which cannot say.
     #[getter]
     fn readonly(&self) -> bool {
         self.inner.readonly()
@@ -230,6 +235,7 @@ impl PyTensor {
         self.inner.is_contiguous()
     }
 
+    /// Bytes of the elements (`size * itemsize`), not of the span they occupy.
     #[getter]
     fn nbytes(&self) -> PyResult<usize> {
         // Checked here too: a tensor's byte count is validated where it enters (import, pickle),
@@ -246,16 +252,19 @@ impl PyTensor {
             })
     }
 
+    /// The number of axes.
     #[getter]
     fn ndim(&self) -> usize {
         self.inner.ndim()
     }
 
+    /// The number of elements (1 for a 0-d tensor).
     #[getter]
     fn size(&self) -> usize {
         self.inner.numel()
     }
 
+    /// Bytes of one element.
     #[getter]
     fn itemsize(&self) -> usize {
         self.inner.dtype().itemsize()

@@ -1,6 +1,7 @@
 """The .pyi stub and __all__ describe exactly what the compiled module and package export."""
 
 import ast
+import inspect
 import pathlib
 
 import dlpart
@@ -90,3 +91,25 @@ def test_public_api_is_fully_typed():
     untyped = [s["name"] for s in completeness["symbols"]
                if s["isExported"] and not s["isTypeKnown"]]
     assert completeness["completenessScore"] == 1.0, untyped
+
+
+def undocumented(name, obj):
+    """``name`` and its public attributes (methods, properties, slots) without a docstring, as
+    help() finds them (``inspect.getdoc``: a slot's is the value of its ``__slots__`` entry)."""
+    found = [] if (inspect.getdoc(obj) or "").strip() else [name]
+    if isinstance(obj, type):
+        for attr in vars(obj):
+            if not attr.startswith("_") and not (inspect.getdoc(getattr(obj, attr)) or "").strip():
+                found.append(f"{name}.{attr}")
+    return found
+
+
+def test_every_public_name_and_attribute_is_documented():
+    """help() says what each public function, class, method, property and attribute is."""
+    import dlpart.mpi  # imports mpi4py only when a communicator is used
+
+    names = [(n, getattr(dlpart, n)) for n in dlpart.__all__ if n not in {"__version__", "adapters"}]
+    names += [(f"mpi.{n}", getattr(dlpart.mpi, n)) for n in ("SpmdArray", "Traffic", "from_local",
+                                                            "from_partitioned", "from_distarray")]
+    missing = [m for name, obj in names for m in undocumented(name, obj)]
+    assert not missing, missing
