@@ -8,9 +8,12 @@
 //! - [`from_local`]: each rank's own partitions and their global offsets, agreed into one
 //!   global grid by one all-gather of metadata (module `local`).
 //! - [`repartition`], [`repartition_into`], [`assemble`]: the planner's box copies between
-//!   ranks, packed into one buffer per peer with the backend kernels, exchanged by one
-//!   all-to-all-v, unpacked into the new local partitions; boxes that stay on a rank are
-//!   copied locally and never sent (module `exchange`).
+//!   ranks, packed into one buffer per peer with the backend kernels, exchanged by the
+//!   communicator's all-to-all-v ([`Communicator::all_to_all_v`]: point-to-point messages
+//!   between the ranks with bytes for each other in `MpiComm` and `dlpart.mpi`; one call, or
+//!   one per round when `DLPART_MPI_ROUND_BYTES` cuts a host exchange into rounds), unpacked
+//!   into the new local partitions; boxes that stay on a rank are copied locally and never
+//!   sent (module `exchange`).
 //! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
 //!   index served by the rank holding it.
 //! - [`to`]: each rank's partitions moved onto a device of its own (module `moved`).
