@@ -222,7 +222,7 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.kind(), "TypeError");
-        assert_eq!(e.to_string(), "indices must have an integer dtype: bool");
+        assert_eq!(e.to_string(), "indices must be integers, found dtype bool");
     }
 
     #[test]

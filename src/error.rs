@@ -319,9 +319,11 @@ fn protocol_message(
 }
 
 /// The message of [`Error::IndexDType`] for indices of dtype `found`; also that of the
-/// Python layer for index arrays of dtypes dlpart has no type for (numpy's strings, objects).
+/// Python layer for index arrays of dtypes dlpart has no type for (numpy's strings, objects)
+/// and for Python sequences that are no integers, which it follows with the value given
+/// (`"... in ['a']"`): the one wording of indices that are no integers.
 pub(crate) fn index_dtype_message(found: &dyn fmt::Display) -> String {
-    format!("indices must have an integer dtype: {found}")
+    format!("indices must be integers, found dtype {found}")
 }
 
 fn bytes_text(bytes: usize) -> String {

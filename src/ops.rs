@@ -1267,7 +1267,10 @@ mod tests {
                 ),
                 "{e:?}"
             );
-            assert_eq!(e.to_string(), "indices must have an integer dtype: float32");
+            assert_eq!(
+                e.to_string(),
+                "indices must be integers, found dtype float32"
+            );
         }
     }
 }

@@ -62,7 +62,7 @@ def _indices(indices):
     native order through a copy, and names the dtype of one that is no integer array as the
     caller wrote it); one index (a Python or numpy int) as a 0-d int64 array, which drops the
     axis as numpy does; Python sequences of ints as an int64 array; other sequences as the 1-d
-    integer array numpy makes of them."""
+    array numpy makes of them, which the extension refuses unless it is an integer one."""
     if isinstance(indices, Tensor) or hasattr(indices, "__dlpack__"):
         return indices
     import numpy as np
@@ -83,8 +83,8 @@ def _indices(indices):
             "indices must be one index (0-d) or a 1-d list: indices of more axes, whose shape "
             "numpy.take puts in place of the axis, are not supported (flatten them, and "
             f"reshape the result): shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integers, found {arr.dtype} in {indices!r}")
+    # An array of no integer dtype is returned as it is: the extension refuses it, naming the
+    # dtype and the value given, in the words of every index array of no integer dtype.
     return arr if arr.ndim == 0 else np.ascontiguousarray(arr)
 
 
@@ -109,7 +109,9 @@ def gather(x: Any, indices: Any, axis: int = 0,
     ``x[2]``, and ``out`` then has ``x``'s shape without the axis. Indices of more axes raise
     `ValueError`; indices that are no integers (floats, bools, and arrays of the strings,
     bytes, objects and datetimes DLPack cannot carry), in an array or a sequence, raise
-    `TypeError` naming the dtype, as ``numpy.take`` raises for a float index array. Negative
+    `TypeError` as ``numpy.take`` raises for a float index array, in one wording naming the
+    dtype (numpy's reading of a sequence) and a sequence as given: ``indices must be
+    integers, found dtype float64 in [1.5]``. Negative
     indices and axes count from the end. An out-of-range index raises
     `IndexError` before anything is written (numpy's ``mode='raise'``); an ``out`` that refers
     to some element more than once (a zero stride) raises `BufferError`, as it would make

@@ -138,23 +138,44 @@ pub(super) fn native_copy<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'
 /// (callgrind) on every call with an index array.
 ///
 /// An index array of a dtype DLPack cannot carry (numpy's strings, bytes, objects, datetimes)
-/// is a `TypeError` naming the dtype, as one of a float dtype is ([`index_dtype_refusal`]).
+/// is a `TypeError` naming the dtype, as one of a float dtype is ([`index_dtype_refusal`]);
+/// so is a Python sequence (or scalar) that numpy reads as no integer array, named too:
+/// `indices must be integers, found dtype float64 in [1.5]`.
 pub(super) fn indices_arg(indices: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
     static INDICES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if indices.cast::<PyTensor>().is_ok() || is_producer(indices)? {
-        return read_arg(indices).map_err(|e| index_dtype_refusal(indices, e));
+        return read_arg(indices).map_err(|e| index_dtype_refusal(indices, e, None));
     }
     let convert = INDICES.import(indices.py(), "dlpart._functions", "_indices")?;
-    tensor_arg(&convert.call1((indices,))?)
+    let arr = convert.call1((indices,))?;
+    let t = tensor_arg(&arr).map_err(|e| index_dtype_refusal(&arr, e, Some(indices)))?;
+    match t.inner.dtype().index_signed() {
+        Ok(_) => Ok(t),
+        Err(e) => Err(PyTypeError::new_err(format!("{e}{}", given(indices)))),
+    }
 }
+
+/// `" in {repr(value)}"`, the value of indices given as a Python sequence that are no
+/// integers, its `repr` cut to [`GIVEN_MAX_CHARS`] characters.
+fn given(value: &Bound<'_, PyAny>) -> String {
+    let text = super::partitioned::described(value);
+    match text.char_indices().nth(GIVEN_MAX_CHARS) {
+        Some((at, _)) => format!(" in {}...", &text[..at]),
+        None => format!(" in {text}"),
+    }
+}
+
+/// The longest `repr` of indices [`given`] writes in full.
+const GIVEN_MAX_CHARS: usize = 80;
 
 /// The import of the index array `x` refused with `e`: for an array whose dtype is no integer
 /// type (numpy's `dtype.kind` is neither `'i'` nor `'u'`), whose producer refused it with a
 /// `BufferError` that does not say what is wrong with it as indices (numpy's, for the dtypes
 /// DLPack cannot carry: strings, bytes, objects, datetimes), the `TypeError` of
-/// [`crate::Error::IndexDType`], naming the dtype as the producer writes it, the producer's
-/// error chained as its cause; `e` otherwise. Looked at only when the import fails.
-fn index_dtype_refusal(x: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+/// [`crate::Error::IndexDType`], naming the dtype as the producer writes it (and the Python
+/// value `x` was made of, where it was: see [`given`]), the producer's error chained as its
+/// cause; `e` otherwise. Looked at only when the import fails.
+fn index_dtype_refusal(x: &Bound<'_, PyAny>, e: PyErr, from: Option<&Bound<'_, PyAny>>) -> PyErr {
     let py = x.py();
     if !e.is_instance_of::<PyBufferError>(py) {
         return e;
@@ -170,7 +191,9 @@ fn index_dtype_refusal(x: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
     match kind.as_deref() {
         Some(k) if k != "i" && k != "u" => {
             let name = dtype.str().map_or_else(|_| k.to_owned(), |s| s.to_string());
-            let refused = PyTypeError::new_err(crate::error::index_dtype_message(&name));
+            let given = from.map(given).unwrap_or_default();
+            let message = crate::error::index_dtype_message(&name) + &given;
+            let refused = PyTypeError::new_err(message);
             refused.set_cause(py, Some(e));
             refused
         }

@@ -418,9 +418,35 @@ def test_index_arrays_of_dtypes_dlpack_cannot_carry_are_type_errors_naming_the_d
                      lambda: dlpart.prepare_scatter(-1.0, idx, out)):
             with pytest.raises(TypeError) as e:
                 call()
-            assert str(e.value) == f"indices must have an integer dtype: {name}", e.value
+            assert str(e.value) == f"indices must be integers, found dtype {name}", e.value
             assert isinstance(e.value.__cause__, BufferError), e.value.__cause__
         assert (np.from_dlpack(pa.assemble()) == x).all() and (out == x).all()
+
+
+def test_indices_that_are_no_integers_are_refused_in_one_wording_naming_dtype_and_value():
+    """A Python sequence and an array of the same non-integer values are refused with the same
+    words, naming the dtype (numpy's reading of the sequence), and the sequence as given; on
+    every path, writing nothing."""
+    x = np.arange(6.0)
+    long = [0.5] * 100
+    for seq, name in [(["0", "1"], "<U1"), ([1.5], "float64"), ([True, False], "bool"),
+                      ([None], "object"), ([b"0"], "|S1"), (2.5, "float64"),
+                      (long, "float64")]:
+        arr = np.asarray(seq)
+        assert str(arr.dtype) == name or arr.dtype.str == name, (arr.dtype, name)
+        shown = repr(seq) if len(repr(seq)) <= 80 else repr(seq)[:80] + "..."
+        for idx, want in [(arr, f"indices must be integers, found dtype {name}"),
+                          (seq, f"indices must be integers, found dtype {name} in {shown}")]:
+            pa = dlpart.partition(x.copy(), (2,))
+            out = x.copy()
+            for call in (lambda: dlpart.gather(x, idx), lambda: _core.gather(x, idx, 0, None),
+                         lambda: pa.gather(idx), lambda: dlpart.scatter(-1.0, idx, out),
+                         lambda: pa.scatter(-1.0, idx), lambda: dlpart.prepare_gather(x, idx),
+                         lambda: dlpart.prepare_scatter(-1.0, idx, out)):
+                with pytest.raises(TypeError) as e:
+                    call()
+                assert str(e.value) == want, (seq, str(e.value))
+            assert (np.from_dlpack(pa.assemble()) == x).all() and (out == x).all()
 
 
 @settings(max_examples=100, **SETTINGS)

@@ -380,10 +380,10 @@ def one_rank_arguments(a, a2, out, ro):
         # numpy's BufferError for an array DLPack cannot carry is the TypeError of indices that
         # are no integers, naming the dtype.
         ("string indices", lambda: a.gather(np.array(["0"]) if odd else [0]), TypeError,
-         "rank 1: indices must have an integer dtype: <U1"),
+         "rank 1: indices must be integers, found dtype <U1"),
         ("object indices to scatter",
          lambda: a.scatter(1.0, np.array([0], dtype=object) if odd else [0]), TypeError,
-         "rank 1: indices must have an integer dtype: object"),
+         "rank 1: indices must be integers, found dtype object"),
         # Values pyo3 could not convert failed on that rank alone, before the collective call.
         ("a tiling entry beyond 64 bits", lambda: a.repartition((2**64 if odd else 2, 1)),
          ValueError, "rank 1: tiling (18446744073709551616, 1) has the entry"),
