@@ -20,6 +20,8 @@ use crate::plan::Plan;
 use crate::tensor::{Axes, Tensor};
 
 mod crossing;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod scatter_scalar_tests;
 
 /// Repartitions `src` (one tensor per partition of `plan`'s source grid, in C order of
 /// positions) into new tensors over the target grid; target partition `j` is allocated on
@@ -649,7 +651,10 @@ pub(crate) fn gather_operands<B: Backend + ?Sized>(
 /// shape without `axis`, as numpy's `out[.., i, ..] = values` takes it. `values` of another
 /// shape that broadcasts to the one written are broadcast, as numpy's fancy assignment
 /// broadcasts them: a 0-d value is written at every element, a row of `out`'s last axis in
-/// every row. `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
+/// every row. `values` are on `out`'s device, or host values writing host memory of any kind
+/// in place; but a 0-d value in host memory (a scalar) writes `out` on any device, its one
+/// element copied there first. `indices` takes any of the forms of [`AsIndices`], as for
+/// [`gather`].
 ///
 /// ```
 /// use dlpart::{ops, DType, Tensor};
@@ -670,9 +675,38 @@ pub fn scatter(values: &Tensor, indices: impl AsIndices, out: &Tensor, axis: usi
 fn scatter_tensor(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) -> Result<()> {
     check_axis(out, axis, "output")?;
     let backend = backend_for(out.device())?;
+    let scalar = scalar_on(values, out.device())?;
+    let values = scalar.as_ref().unwrap_or(values);
     let (idx, values) = scatter_operands(backend.as_ref(), values, indices, out, axis)?;
     backend.scatter(&values, &idx, axis, out)?;
     backend.synchronize()
+}
+
+/// A scalar written by a scatter into memory of `device`: 0-d `values` in host memory, for a
+/// `device` that is not host memory, copied there (one element, once), where the scatter
+/// broadcasts it as it broadcasts a 0-d value on that device; `None` for any other values,
+/// which are written from where they are (host values into host memory of any kind in place).
+pub(crate) fn scalar_on(values: &Tensor, device: Device) -> Result<Option<Tensor>> {
+    let host_scalar = values.ndim() == 0 && values.device().is_host_accessible();
+    if !host_scalar || one_memory(values.device(), device) {
+        return Ok(None);
+    }
+    to_device(values, device).map(Some)
+}
+
+/// [`scalar_on`] for a scatter writing tensors on several devices: the copies it made are
+/// kept in `made`, so that the scalar is copied to each device once.
+pub(crate) fn scalar_on_once(
+    made: &mut Vec<Tensor>,
+    values: &Tensor,
+    device: Device,
+) -> Result<Option<Tensor>> {
+    if let Some(v) = made.iter().find(|v| v.device() == device) {
+        return Ok(Some(v.clone()));
+    }
+    let v = scalar_on(values, device)?;
+    made.extend(v.clone());
+    Ok(v)
 }
 
 /// What [`scatter`] checks before it writes, on the backend of `out`'s device, once `axis` is

@@ -140,14 +140,15 @@ def scatter(values: Any, indices: Any, out: Any, axis: int = 0) -> None:
     must be ``out``'s, as an array's must; a Python scalar takes ``out``'s dtype, converted as
     numpy's assignment converts it (into bfloat16 or a float8 dtype, which numpy knows only
     once ml_dtypes is loaded, as ``import jax`` loads it, by ml_dtypes' conversion; without
-    it, `TypeError` asks for a 0-d array of that dtype). Scalars are host values: into
-    device memory, pass a 0-d array on that device. ``out`` is any writable DLPack array or a
+    it, `TypeError` asks for a 0-d array of that dtype). A scalar (or a 0-d host array)
+    writes ``out`` on any device, GPU memory too: its one element is copied there once and
+    broadcast there. ``out`` is any writable DLPack array or a
     `dlpart.PartitionedArray` whose elements are distinct (a zero stride, or partitions
     written that share memory, raise `BufferError`);
-    nothing is written unless every index is in range. ``values`` are on ``out``'s device, or
-    in host memory of any kind where ``out`` is (for a `dlpart.PartitionedArray`, where each
-    partition written is: host values write partitions on JAX's ``kDLCPU:k``, pinned or
-    managed memory in place), and in either byte order (as for `gather`)."""
+    nothing is written unless every index is in range. Other ``values`` are on ``out``'s
+    device, or in host memory of any kind where ``out`` is (for a `dlpart.PartitionedArray`,
+    where each partition written is: host values write partitions on JAX's ``kDLCPU:k``,
+    pinned or managed memory in place), and in either byte order (as for `gather`)."""
     if isinstance(out, PartitionedArray):
         out.scatter(values, indices, axis)
         return None

@@ -462,7 +462,9 @@ class PartitionedArray:
         does (a Python scalar takes the array's dtype). ``values`` on another device than a
         partition written need ``transfer=True``; host values (numpy arrays, scalars) write
         partitions in host memory of any kind (JAX's ``kDLCPU:k``, pinned, managed, ROCm
-        host memory) in place without it, as `dlpart.scatter` writes such an array.
+        host memory) in place without it, as `dlpart.scatter` writes such an array, and a
+        scalar (or a 0-d host array) writes partitions on any device without it, a GPU's
+        too: its one element is copied to each device written once and broadcast there.
         Partitions written that share memory raise `BufferError`, as in `repartition_into`.
         ``values`` may view this array's own memory: they are read as they were before the
         call, as numpy's fancy assignment does. Of an array of handles, only the partitions

@@ -477,8 +477,9 @@ class SpmdArray(PartitionedArray):
         shape and dtype, not the values' contents (that would cost a pass over them): each
         rank writes from its own ``values``. ``values`` broadcast as `dlpart.scatter`
         broadcasts them, and scalars are read as it reads them; they are on each rank's
-        device, or host values writing host memory of any kind in place (``transfer`` is
-        accepted for the signature)."""
+        device, or host values writing host memory of any kind in place, or a scalar (or a
+        0-d host array), which writes partitions on any device, its one element copied to
+        each rank's device once (``transfer`` is accepted for the signature)."""
         from ._functions import _values
 
         v, idx, ax = _checked(self.comm, lambda: (_as_tensor(_values(values, self.dtype)),

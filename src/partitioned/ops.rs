@@ -341,7 +341,9 @@ impl PartitionedArray {
     /// written by the partition that holds it, on its device; `values` on another device needs
     /// `transfer`, except that host values write partitions in host memory of any kind
     /// (`kDLCPU:k`, pinned, managed, ROCm host memory) in place without it, as
-    /// [`ops::scatter`] writes such memory. Nothing is written unless every check passes: a
+    /// [`ops::scatter`] writes such memory, and a scalar (0-d values in host memory) writes
+    /// partitions on any device without it, its one element copied to each such device once
+    /// and broadcast there. Nothing is written unless every check passes: a
     /// partition to write that another thread reads or writes (a live view of it) is refused
     /// before any partition is written, and so are partitions to write that share memory
     /// ([`Error::Buffer`] both), as
@@ -383,6 +385,10 @@ impl PartitionedArray {
             true => ops::without_axis(self.shape(), axis),
             false => self.shape_with(axis, idx.len()),
         };
+        // A scalar (0-d values in host memory) writes partitions on any device: its one
+        // element is copied to each such device once, below, and broadcast there.
+        let scalar = values.ndim() == 0 && values.device().is_host_accessible();
+        let value = values;
         let values = values.broadcast_to(&want).ok_or_else(|| {
             Error::shape(
                 format!(
@@ -427,8 +433,9 @@ impl PartitionedArray {
             }
             ops::check_distinct(t, &what)?;
             // Host memory of any kind is written from host values in place (below), as
-            // `ops::scatter` writes it: no move, so no transfer to ask for.
-            check_crossing("scatter", values.device(), t.device(), transfer)?;
+            // `ops::scatter` writes it: no move, so no transfer to ask for; nor for a scalar's
+            // one element.
+            check_crossing("scatter", values.device(), t.device(), transfer || scalar)?;
             let crossing = !ops::one_memory(values.device(), t.device());
             // A device with no backend, or a move between devices dlpart cannot make, said
             // here, before the checks of all the partitions below and any copy of values.
@@ -454,8 +461,17 @@ impl PartitionedArray {
         // partition before the first is written: an error leaves the array as it was. The
         // picked rows together are at most the size of `values`.
         let mut writes = Vec::with_capacity(written.len());
+        let mut scalars: Vec<Tensor> = Vec::new();
         for f in written {
             let t = targets(f);
+            let backend = backend_for(t.device())?;
+            if let Some(on) = ops::scalar_on_once(&mut scalars, value, t.device())? {
+                let s = self.grid.position(f)[axis];
+                let (local, picked) =
+                    ops::scatter_operands(backend.as_ref(), &on, &groups.local[s], t, axis)?;
+                writes.push((f, backend, picked, local, t));
+                continue;
+            }
             let r = self.grid.region_at(f);
             let s = self.grid.position(f)[axis];
             let mut start = r.start.clone();
@@ -472,7 +488,6 @@ impl PartitionedArray {
             if !ops::one_memory(picked.device(), t.device()) {
                 picked = ops::to_device(&picked, t.device())?;
             }
-            let backend = backend_for(t.device())?;
             let (local, picked) =
                 ops::scatter_operands(backend.as_ref(), &picked, &groups.local[s], t, axis)?;
             writes.push((f, backend, picked, local, t));

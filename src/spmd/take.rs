@@ -342,7 +342,10 @@ fn on_device(t: &Tensor, dev: Device) -> Result<Tensor> {
 /// of a replicated array's), so nothing travels. The ranks compare the indices and the
 /// values' shape and dtype, not the values' contents (that would cost a pass over them): each
 /// rank writes from its own `values`, broadcast to the shape written as [`ops::scatter`]
-/// broadcasts them. `indices` takes any of the forms of [`AsIndices`], as for [`gather`].
+/// broadcasts them. `values` are on each rank's device, or host values writing host memory
+/// of any kind in place; a scalar (0-d values in host memory) writes partitions on any
+/// device, its one element copied to each of the rank's devices once. `indices` takes any
+/// of the forms of [`AsIndices`], as for [`gather`].
 ///
 /// Everything that can fail before the writes (the checks, a partition in use elsewhere,
 /// picking each partition's rows from `values` and moving its indices to its device, which
@@ -403,6 +406,10 @@ pub fn scatter(
                 of: "the partitioned array".into(),
             });
         }
+        // A scalar (0-d values in host memory) writes partitions on any device: its one
+        // element is copied to each such device once, below, and broadcast there.
+        let scalar = values.ndim() == 0 && values.device().is_host_accessible();
+        let value = values;
         let broadcast = ops::broadcast_values(values, &want, || {
             format!("scatter values must have shape {}", tuple_string(&want))
         })?;
@@ -423,7 +430,7 @@ pub fn scatter(
             }
             ops::check_distinct(t, &what)?;
             // Host values write host memory of any kind in place.
-            if !ops::one_memory(values.device(), t.device()) {
+            if !ops::one_memory(values.device(), t.device()) && !scalar {
                 crate::backend::check_kernels([values.device(), t.device()])?;
                 return Err(Error::DeviceMismatch {
                     op: "scatter".into(),
@@ -463,14 +470,20 @@ pub fn scatter(
             false => values.clone(),
         };
         let mut ready = Vec::with_capacity(writes.len());
+        let mut scalars: Vec<Tensor> = Vec::new();
         for &(f, s, t) in &writes {
-            let r = pa.grid().region_at(f);
-            let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
-            start[axis] = 0;
-            shape[axis] = values.shape()[axis];
-            let rows = values.view(&start, &shape)?;
-            let picked = ops::gather_scratch(&rows, &index_tensor(&slabs.at[s])?, axis)?;
             let backend = crate::backend::backend_for(t.device())?;
+            let picked = match ops::scalar_on_once(&mut scalars, value, t.device())? {
+                Some(v) => v,
+                None => {
+                    let r = pa.grid().region_at(f);
+                    let (mut start, mut shape) = (r.start.clone(), r.shape.clone());
+                    start[axis] = 0;
+                    shape[axis] = values.shape()[axis];
+                    let rows = values.view(&start, &shape)?;
+                    ops::gather_scratch(&rows, &index_tensor(&slabs.at[s])?, axis)?
+                }
+            };
             let local = index_tensor(&slabs.local[s])?;
             let (local, picked) =
                 ops::scatter_operands(backend.as_ref(), &picked, &local, t, axis)?;

@@ -326,3 +326,33 @@ fn new_pinned_partitions_across_ranks_are_page_locked_memory_from_cuda() {
         assert_eq!(assembled - gathered, usize::from(r == 0), "rank {r}");
     }
 }
+
+/// A scalar (a 0-d host value) scattered into CUDA partitions: each rank copies its one
+/// element to its device and writes it there, with no transfer; a row of host values is
+/// still refused, on every rank, and nothing is written.
+#[test]
+fn a_host_scalar_scatters_into_every_ranks_cuda_partitions() {
+    let a = reference([7, 5]);
+    let devs = devices(130, 4);
+    ThreadComm::run(4, |comm| {
+        let be = &devs[comm.rank()];
+        let pa = source(comm, be, &a);
+        // numpy: a[[6, 1, 3]] = 9, then a[:, 4] = -1 (one index drops the axis)
+        let nine = Tensor::from_slice(&[9.0f32], &[]).unwrap();
+        scatter(comm, &pa, &nine, [6i64, 1, 3], 0).unwrap();
+        let mut want = a.clone();
+        for i in [6, 1, 3] {
+            want.index_axis_mut(ndarray::Axis(0), i).fill(9.0);
+        }
+        let held = check_locals(be, &pa, &want);
+        assert_eq!(held, [2, 0, 2, 0][comm.rank()]);
+        let minus = Tensor::from_slice(&[-1.0f32], &[]).unwrap();
+        scatter(comm, &pa, &minus, 4i64, 1).unwrap();
+        want.index_axis_mut(ndarray::Axis(1), 4).fill(-1.0);
+        check_locals(be, &pa, &want);
+        let row = Tensor::from(ArrayD::<f32>::zeros(IxDyn(&[1, 5])));
+        let e = scatter(comm, &pa, &row, [0i64], 0).unwrap_err();
+        assert!(e.to_string().contains("device"), "{e}");
+        check_locals(be, &pa, &want);
+    });
+}
