@@ -311,8 +311,8 @@ fn _spmd_from_distarray(
 fn _distarray_describe<'py>(
     py: Python<'py>,
     pa: PyRef<'_, PyPartitioned>,
-    rank: usize,
-    nprocs: usize,
+    #[pyo3(from_py_with = describe_rank)] rank: usize,
+    #[pyo3(from_py_with = describe_nprocs)] nprocs: usize,
 ) -> PyResult<(PyTensor, Bound<'py, PyTuple>)> {
     let (buffer, dims) = distarray::describe(&pa.inner(), rank, nprocs).map_err(to_py)?;
     let dicts = dims
@@ -320,6 +320,16 @@ fn _distarray_describe<'py>(
         .map(|d| dim_dict(py, d))
         .collect::<PyResult<Vec<_>>>()?;
     Ok((PyTensor::new(buffer), PyTuple::new(py, dicts)?))
+}
+
+/// `_distarray_describe`'s `rank`.
+fn describe_rank(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    super::ints::int(obj, "rank", super::ints::Refusal::Value)
+}
+
+/// `_distarray_describe`'s `nprocs`.
+fn describe_nprocs(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    super::ints::int(obj, "nprocs", super::ints::Refusal::Value)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -809,14 +809,41 @@ fn tiling_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<i64>>> {
     ints::optional(obj, |t| ints::ints(t, "tiling", Refusal::Value))
 }
 
-/// A `splits` argument (of `split_points`, `_PartitionedArray.from_parts`), or None.
-fn splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
+/// A layout's `tiling` (of `_PartitionedArray.partition`, `target` and `repartition`, and
+/// of `_spmd_repartition`), or None.
+pub(super) fn layout_tiling_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
+    ints::optional(obj, |t| ints::ints(t, "tiling", Refusal::Value))
+}
+
+/// A layout's `process_grid` (of `target`, `repartition`, `_spmd_repartition`), or None.
+pub(super) fn process_grid_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<usize>>> {
+    ints::optional(obj, |t| ints::ints(t, "process_grid", Refusal::Value))
+}
+
+/// A `splits` argument (of `split_points`, `_PartitionedArray.from_parts`, a layout's), or
+/// None.
+pub(super) fn splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
     ints::optional(obj, |s| ints::int_lists(s, "splits", Refusal::Value))
 }
 
 /// The `positions` of `_PartitionedArray.pending`, or None.
 fn positions_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<usize>>>> {
     ints::optional(obj, |p| ints::int_lists(p, "positions", Refusal::Index))
+}
+
+/// The `flats` of `_PartitionedArray.set_fetched`: flat indices of partitions.
+fn flats_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    ints::ints(obj, "flats", Refusal::Index)
+}
+
+/// The `dst_splits` of `_PartitionedArray.plan_ops`.
+fn dst_splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
+    ints::int_lists(obj, "dst_splits", Refusal::Value)
+}
+
+/// The `rank` of `_PartitionedArray.to_dict`, or None.
+fn rank_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    ints::optional(obj, |r| ints::int(r, "rank", Refusal::Value))
 }
 
 /// The `shape` of `_PartitionedArray.from_parts`.
@@ -915,9 +942,10 @@ pub(super) fn layout_arg(
                 "block_cyclic needs devices=[...], the devices the blocks are dealt to",
             ));
         };
-        let block: Vec<usize> = match b.extract::<usize>() {
-            Ok(n) => vec![n; ndim],
-            Err(_) => b.extract()?,
+        // One block size for every axis (an int, anything with `__index__`), or one per axis.
+        let block: Vec<usize> = match b.try_iter() {
+            Err(_) => vec![ints::int(b, "block_cyclic", Refusal::Value)?; ndim],
+            Ok(_) => ints::ints(b, "block_cyclic", Refusal::Value)?,
         };
         Layout::block_cyclic(&block, list)
     } else {
@@ -1049,8 +1077,8 @@ impl PyPartitioned {
     #[pyo3(signature = (x, tiling=None, splits=None))]
     fn partition(
         x: &Bound<'_, PyAny>,
-        tiling: Option<Vec<usize>>,
-        splits: Option<Vec<Vec<usize>>>,
+        #[pyo3(from_py_with = layout_tiling_arg)] tiling: Option<Vec<usize>>,
+        #[pyo3(from_py_with = splits_arg)] splits: Option<Vec<Vec<usize>>>,
     ) -> PyResult<Self> {
         let t = super::ops::tensor_arg(x)?.inner;
         let layout = match (tiling, splits) {
@@ -1206,7 +1234,7 @@ impl PyPartitioned {
     #[pyo3(signature = (flats, tensors, moved=false, sources=None))]
     fn set_fetched(
         &self,
-        flats: Vec<usize>,
+        #[pyo3(from_py_with = flats_arg)] flats: Vec<usize>,
         tensors: Vec<PyTensor>,
         moved: bool,
         sources: Option<Vec<Bound<'_, PyAny>>>,
@@ -1266,11 +1294,11 @@ impl PyPartitioned {
     #[allow(clippy::type_complexity)]
     fn target(
         &self,
-        tiling: Option<Vec<usize>>,
-        splits: Option<Vec<Vec<usize>>>,
+        #[pyo3(from_py_with = layout_tiling_arg)] tiling: Option<Vec<usize>>,
+        #[pyo3(from_py_with = splits_arg)] splits: Option<Vec<Vec<usize>>>,
         block_cyclic: Option<&Bound<'_, PyAny>>,
         devices: Option<&Bound<'_, PyAny>>,
-        process_grid: Option<Vec<usize>>,
+        #[pyo3(from_py_with = process_grid_arg)] process_grid: Option<Vec<usize>>,
     ) -> PyResult<(Vec<Vec<usize>>, Vec<PyDevice>)> {
         let src = self.inner();
         let layout = layout_arg(
@@ -1296,11 +1324,11 @@ impl PyPartitioned {
     fn repartition(
         &self,
         py: Python<'_>,
-        tiling: Option<Vec<usize>>,
-        splits: Option<Vec<Vec<usize>>>,
+        #[pyo3(from_py_with = layout_tiling_arg)] tiling: Option<Vec<usize>>,
+        #[pyo3(from_py_with = splits_arg)] splits: Option<Vec<Vec<usize>>>,
         block_cyclic: Option<&Bound<'_, PyAny>>,
         devices: Option<&Bound<'_, PyAny>>,
-        process_grid: Option<Vec<usize>>,
+        #[pyo3(from_py_with = process_grid_arg)] process_grid: Option<Vec<usize>>,
         transfer: bool,
     ) -> PyResult<Self> {
         let pa = self.inner();
@@ -1409,7 +1437,7 @@ impl PyPartitioned {
     #[allow(clippy::type_complexity)]
     fn plan_ops(
         &self,
-        dst_splits: Vec<Vec<usize>>,
+        #[pyo3(from_py_with = dst_splits_arg)] dst_splits: Vec<Vec<usize>>,
     ) -> PyResult<Vec<(usize, Vec<usize>, usize, Vec<usize>, Vec<usize>)>> {
         let src = self.inner();
         let dst = Grid::from_splits(src.shape(), dst_splits).map_err(to_py)?;
@@ -1436,7 +1464,7 @@ impl PyPartitioned {
         host: &str,
         convert: Option<&Bound<'py, PyAny>>,
         form: &str,
-        rank: Option<i64>,
+        #[pyo3(from_py_with = rank_arg)] rank: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let form = LocationForm::parse(form)?;
         let pid = i64::from(std::process::id());

@@ -18,7 +18,10 @@ use crate::spmd::{self, Communicator, LocalParts, Segments, Traffic};
 
 use super::device::device_arg;
 use super::errors::to_py;
-use super::partitioned::{layout_arg, wrap, PyPartitioned};
+use super::ints::{self, Refusal};
+use super::partitioned::{
+    layout_arg, layout_tiling_arg, process_grid_arg, splits_arg, wrap, PyPartitioned,
+};
 use super::tensor::PyTensor;
 
 /// An mpi4py communicator as dlpart's [`Communicator`] (made by `dlpart.mpi`).
@@ -307,27 +310,60 @@ pub(super) fn failure(error: Option<(String, String)>) -> Option<Error> {
 fn _spmd_from_local(
     py: Python<'_>,
     comm: &MpiComm,
-    parts: Vec<(Option<Vec<usize>>, PyTensor)>,
-    axis: Option<usize>,
-    shape: Option<Vec<usize>>,
+    parts: &Bound<'_, PyAny>,
+    axis: Option<&Bound<'_, PyAny>>,
+    shape: Option<&Bound<'_, PyAny>>,
     error: Option<(String, String)>,
 ) -> PyResult<PyPartitioned> {
-    let local = match (failure(error), axis) {
-        (Some(e), _) => Err(e),
-        (None, Some(axis)) => Ok(LocalParts::Stacked {
-            axis,
-            parts: parts.into_iter().map(|(_, t)| t.inner).collect(),
-        }),
-        (None, None) => Ok(LocalParts::Placed(
-            parts
-                .into_iter()
-                .map(|(s, t)| (s.unwrap_or_default(), t.inner))
-                .collect(),
-        )),
+    // An argument this rank cannot read is this rank's error, which the others learn of.
+    let read = || -> PyResult<_> {
+        let parts = local_parts_arg(parts)?;
+        let axis = axis.map_or(Ok(None), |a| {
+            ints::optional(a, |a| ints::int::<usize>(a, "axis", Refusal::Value))
+        })?;
+        let shape = shape.map_or(Ok(None), |s| {
+            ints::optional(s, |s| ints::ints::<usize>(s, "shape", Refusal::Value))
+        })?;
+        Ok((parts, axis, shape))
+    };
+    let (local, shape) = match (failure(error), read()) {
+        (Some(e), _) => (Err(e), None),
+        (None, Err(e)) => (Err(rank_error(py, comm, &e)), None),
+        (None, Ok((parts, Some(axis), shape))) => (
+            Ok(LocalParts::Stacked {
+                axis,
+                parts: parts.into_iter().map(|(_, t)| t.inner).collect(),
+            }),
+            shape,
+        ),
+        (None, Ok((parts, None, shape))) => (
+            Ok(LocalParts::Placed(
+                parts
+                    .into_iter()
+                    .map(|(s, t)| (s.unwrap_or_default(), t.inner))
+                    .collect(),
+            )),
+            shape,
+        ),
     };
     py.detach(|| spmd::from_local(comm, local, shape.as_deref()))
         .map(wrap)
         .map_err(to_py)
+}
+
+/// `_spmd_from_local`'s `parts`: `(start, tensor)` pairs, start `None` when stacked; a start
+/// entry out of range is named `parts[i].start[k]`.
+fn local_parts_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(Option<Vec<usize>>, PyTensor)>> {
+    ints::located(obj.extract(), obj.py(), || {
+        for (i, part) in obj.try_iter()?.enumerate() {
+            let start = part?.get_item(0)?;
+            if !start.is_none() {
+                let name = format!("parts[{i}].start");
+                ints::ints::<usize>(&start, &name, Refusal::Value)?;
+            }
+        }
+        Ok(())
+    })
 }
 
 /// See `dlpart.mpi.from_partitioned`: ranks filled in from hosts and pids, every rank agreeing.
@@ -357,22 +393,24 @@ fn _spmd_repartition<'py>(
     py: Python<'py>,
     comm: &MpiComm,
     pa: PyRef<'_, PyPartitioned>,
-    tiling: Option<Vec<usize>>,
-    splits: Option<Vec<Vec<usize>>>,
+    tiling: Option<&Bound<'py, PyAny>>,
+    splits: Option<&Bound<'py, PyAny>>,
     block_cyclic: Option<&Bound<'py, PyAny>>,
     devices: Option<&Bound<'py, PyAny>>,
-    process_grid: Option<Vec<usize>>,
+    process_grid: Option<&Bound<'py, PyAny>>,
     transfer: bool,
 ) -> PyResult<(PyPartitioned, Bound<'py, PyTuple>)> {
     let inner = &pa.inner();
-    let layout = layout_arg(
-        tiling,
-        splits,
-        block_cyclic,
-        devices,
-        process_grid,
-        inner.ndim(),
-    );
+    let layout = (|| {
+        layout_arg(
+            tiling.map_or(Ok(None), layout_tiling_arg)?,
+            splits.map_or(Ok(None), splits_arg)?,
+            block_cyclic,
+            devices,
+            process_grid.map_or(Ok(None), process_grid_arg)?,
+            inner.ndim(),
+        )
+    })();
     // A bad layout on one rank is that rank's error, which the others learn of.
     let layout = layout.map_err(|e| rank_error(py, comm, &e));
     let (out, t) = py
@@ -436,7 +474,7 @@ fn _spmd_assemble(
     py: Python<'_>,
     comm: &MpiComm,
     pa: PyRef<'_, PyPartitioned>,
-    root: Option<usize>,
+    #[pyo3(from_py_with = root_arg)] root: Option<usize>,
     device: Option<&Bound<'_, PyAny>>,
     transfer: bool,
 ) -> PyResult<Option<PyTensor>> {
@@ -479,7 +517,7 @@ fn _spmd_gather<'py>(
     comm: &MpiComm,
     pa: PyRef<'_, PyPartitioned>,
     indices: PyTensor,
-    axis: usize,
+    #[pyo3(from_py_with = axis_arg)] axis: usize,
 ) -> PyResult<(PyPartitioned, Bound<'py, PyTuple>)> {
     let inner = &pa.inner();
     let (out, t) = py
@@ -496,11 +534,22 @@ fn _spmd_scatter(
     pa: PyRef<'_, PyPartitioned>,
     values: PyTensor,
     indices: PyTensor,
-    axis: usize,
+    #[pyo3(from_py_with = axis_arg)] axis: usize,
 ) -> PyResult<()> {
     let inner = &pa.inner();
     py.detach(|| spmd::scatter(comm, inner, &values.inner, &indices.inner, axis))
         .map_err(to_py)
+}
+
+/// `_spmd_assemble`'s `root`, or None.
+fn root_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    ints::optional(obj, |r| ints::int(r, "root", Refusal::Value))
+}
+
+/// The `axis` of `_spmd_gather` and `_spmd_scatter`, which the Python layer has made
+/// non-negative.
+fn axis_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    ints::int(obj, "axis", Refusal::Value)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -199,3 +199,57 @@ def test_ints_beyond_the_rust_types_are_named_errors_not_overflow_errors(big):
         dlpart.gather(np.zeros(3), [0], axis=1.0)
     with pytest.raises(TypeError, match="argument 'max_version': 'list' object cannot be cast"):
         dlpart.from_dlpack(np.zeros(3)).__dlpack__(max_version=[1, 0])
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, -(2**70)])
+def test_private_calls_name_the_int_argument_pyo3_could_not_convert(bad):
+    """The extension's private calls, which the Python layer calls with ints it has checked,
+    read their ints as the public ones do: a negative int or one beyond 64 bits where a size
+    or an index is taken is a ValueError (an IndexError for a partition's flat index) naming
+    the argument and the value, not pyo3's bare OverflowError ("can't convert negative int to
+    unsigned"). The public calls above them say so first, in their own words."""
+    x = np.arange(12.0).reshape(3, 4)
+    pa = dlpart.partition(x.copy(), (3, 1))
+    c = pa._core
+    v = re.escape(str(bad))
+    some = [[0, 3], [0, 4]]
+    calls = [
+        (lambda: _core._PartitionedArray.partition(x, [bad, 1], None), ValueError,
+         rf"^tiling\[0\]: {v} is out of range {U64}$"),
+        (lambda: _core._PartitionedArray.partition(x, None, [[0, 3], [0, bad]]), ValueError,
+         rf"^splits\[1\]\[1\]: {v} is out of range {U64}$"),
+        (lambda: c.target(tiling=[bad, 1]), ValueError, rf"^tiling\[0\]: {v} is out"),
+        (lambda: c.repartition(splits=[[0, bad], [0, 4]]), ValueError, rf"^splits\[0\]\[1\]: "),
+        (lambda: c.repartition(tiling=[3, 1], devices=["cpu"] * 3, process_grid=[bad, 1]),
+         ValueError, rf"^process_grid\[0\]: {v} is out of range {U64}$"),
+        (lambda: c.repartition(block_cyclic=bad, devices=["cpu"]), ValueError,
+         rf"^block_cyclic: {v} is out of range {U64}$"),
+        (lambda: c.repartition(block_cyclic=[1, bad], devices=["cpu"]), ValueError,
+         rf"^block_cyclic\[1\]: {v} is out"),
+        (lambda: c.set_fetched([0, bad], []), IndexError, rf"^flats\[1\]: {v} is out of range"),
+        (lambda: c.plan_ops([[0, 3], [0, bad]]), ValueError, rf"^dst_splits\[1\]\[1\]: {v} "),
+        (lambda: _core._plan_stats([3, bad], some, some), ValueError, rf"^shape\[1\]: {v} is"),
+        (lambda: _core._plan_stats([3, 4], some, [[0, bad], [0, 4]]), ValueError,
+         rf"^dst_splits\[0\]\[1\]: {v} is out"),
+        (lambda: _core._distarray_describe(c, bad, 1), ValueError, rf"^rank: {v} is out"),
+        (lambda: _core._distarray_describe(c, 0, bad), ValueError, rf"^nprocs: {v} is out"),
+    ]
+    if bad != -1:  # an i64, where -1 is a rank the Python layer has refused
+        calls.append((lambda: c.to_dict(None, "h", None, "rank", bad), ValueError,
+                      rf"^rank: {v} is out of range {I64}$"))
+    for call, cls, message in calls:
+        with pytest.raises(Exception) as info:
+            call()
+        e = info.value
+        assert type(e) is cls and re.search(message, str(e)), (message, repr(e))
+    # The public calls check first, naming the argument as the user wrote it.
+    for call, message in [
+            (lambda: dlpart.partition(x, (bad, 1)), rf"^tiling \({v}, 1\) has the"),
+            (lambda: pa.repartition(splits=[[0, bad], [0, 4]]), rf"^split points \(0, {v}\) has"),
+            (lambda: pa.repartition(block_cyclic=[1, bad], devices=["cpu"]),
+             rf"^block_cyclic \(1, {v}\) has the"),
+            (lambda: pa.repartition((3, 1), devices=["cpu"] * 3, process_grid=(bad, 1)),
+             rf"^process_grid \({v}, 1\) has the")]:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert (np.from_dlpack(pa.assemble()) == x).all()

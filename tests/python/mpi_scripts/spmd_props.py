@@ -21,10 +21,12 @@ from _cases import run
 
 import dlpart
 import dlpart.mpi
+from dlpart import _core
 from dlpart.adapters.heat import to_heat
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+_comm = dlpart.mpi._comm(comm)
 DTYPES = [np.float32, np.float64, np.int32, np.uint8, np.int64]
 
 
@@ -404,10 +406,35 @@ def one_rank_arguments(a, a2, out, ro):
                                 if odd else 2, 1)), RuntimeError, "rank 1: "),
         ("split= that is no axis on one rank", lambda: to_heat(a, split=-5 if odd else 1),
          ValueError, "rank 1: axis -5 is out of range"),
+        # The private calls read their ints naming the argument (not pyo3's bare
+        # OverflowError), and one rank's bad argument is every rank's error, not a hang.
+        ("a negative start to _spmd_from_local", lambda: _core._spmd_from_local(
+            _comm, [((-1 if odd else 2 * rank, 0), _core.from_dlpack(part))], None, None),
+         ValueError, "rank 1: parts[0].start[0]: -1 is out of range (expected an int from 0"),
+        ("a shape beyond 64 bits to _spmd_from_local", lambda: _core._spmd_from_local(
+            _comm, [((2 * rank, 0), _core.from_dlpack(part))], None,
+            [2 * size, 2**64 if odd else 4]),
+         ValueError, "rank 1: shape[1]: 18446744073709551616 is out of range"),
+        ("a negative tiling to _spmd_repartition", lambda: _core._spmd_repartition(
+            _comm, a._core, tiling=[-2 if odd else 2, 1]), ValueError,
+         "rank 1: tiling[0]: -2 is out of range (expected an int from 0"),
+        ("a negative process grid to _spmd_repartition", lambda: _core._spmd_repartition(
+            _comm, a._core, tiling=[size, 1], devices=["cpu"] * size,
+            process_grid=[-1 if odd else size, 1]), ValueError,
+         "rank 1: process_grid[0]: -1 is out of range"),
     ]
     for what, make, cls, text in cases:
         expect_collective_error(what, make, cls, text)
     assert not ro.any(), "nothing is written when one rank fails"
+    # Ints that every rank gets wrong fail before any communication, on every rank alike.
+    idx = _core._indices_tensor([0])
+    one = _core.from_dlpack(np.ones((), np.float32))
+    for make, text in [
+            (lambda: _core._spmd_gather(_comm, a._core, idx, -1), "axis: -1 is out of range"),
+            (lambda: _core._spmd_scatter(_comm, a._core, one, idx, 2**64),
+             "axis: 18446744073709551616 is out of range"),
+            (lambda: _core._spmd_assemble(_comm, a._core, -1), "root: -1 is out of range")]:
+        expect_collective_error(text, make, ValueError, text)
     # The failed rank keeps its own error as the cause of the agreed one.
     for make, own in ((lambda: a.repartition((BadIndex(MyValueError("m")) if odd else 2, 1)),
                        MyValueError),
