@@ -55,11 +55,31 @@ fn signed(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<isize> {
     integer::<isize>(value, what, at)
 }
 
-/// A bool (Python's or numpy's) from `value`, named `what`.
+/// A bool (Python's or numpy's) from `value`, named `what`: anything else (an int included,
+/// as the protocol's bools are no numbers) is named with its type, in the words an int that is
+/// a bool gets (`"'one_to_one': 1 is not a bool (an int)"`).
 fn flag(value: &Bound<'_, PyAny>, what: &str, at: &str) -> Result<bool> {
-    value
-        .extract::<bool>()
-        .map_err(|_| Error::dist_array(at, format!("{what} = {} is not a bool", described(value))))
+    value.extract::<bool>().map_err(|_| {
+        Error::dist_array(
+            at,
+            format!(
+                "{what}: {} is not a bool ({})",
+                described(value),
+                a_type(value)
+            ),
+        )
+    })
+}
+
+/// `"an int"`, `"a str"`, `"a numpy.int64"`: the type of `value`, qualified by its module
+/// outside the builtins, with its article.
+fn a_type(value: &Bound<'_, PyAny>) -> String {
+    let name = value
+        .get_type()
+        .fully_qualified_name()
+        .map_or_else(|_| type_name(value), |n| n.to_string());
+    let vowel = name.starts_with(['a', 'e', 'i', 'o', 'u', 'A', 'E', 'I', 'O', 'U']);
+    format!("{} {name}", if vowel { "an" } else { "a" })
 }
 
 /// One dimension dictionary, of an axis along which the buffer holds `extent` (the empty

@@ -136,8 +136,13 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
      "global index 0 is at positions 0 and 1 of this process's 'indices'"),
     (dap(np.zeros(3), dim("u", 3, indices=[2, 0, 2], one_to_one=False)),
      r"global index 2 is at positions 0 and 2 .*locally unique"),
-    (dap(np.zeros(3), dim("u", 3, indices=[0, 1, 2], one_to_one=1)), "'one_to_one' = 1 is not a bool"),
-    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, periodic="yes")), "'periodic' = 'yes' is not a bool"),
+    # The optional bools in the words of the ints: the key, the value and its type.
+    (dap(np.zeros(3), dim("u", 3, indices=[0, 1, 2], one_to_one=1)),
+     r"'one_to_one': 1 is not a bool \(an int\)$"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, periodic="yes")),
+     r"'periodic': 'yes' is not a bool \(a str\)$"),
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, periodic=np.int64(1))),
+     r"'periodic': (np\.int64\()?1\)? is not a bool \(a numpy\.int64\)$"),
     # What is no int is named with the conversion's words; ints out of range (beyond 64 bits,
     # or negative where an index or a count is read) in the words of every other int argument
     # (tests/python/test_conventions.py), the value named.
