@@ -49,6 +49,12 @@
 //! error naming the axis, both processes and both paddings; [`import_spmd`] checks them from
 //! every rank's dictionaries.
 //!
+//! **Cyclic axes.** The protocol has the dimension dictionaries of the processes at one
+//! `proc_grid_rank` along an axis identical; along a cyclic axis [`import_spmd`] holds them to
+//! it (the same `start` and `block_size`), deals blocks of one `block_size` along the axis,
+//! and reads the coordinates' `start`s in any order so long as their blocks hold every global
+//! index once: otherwise an error naming the axis, the ranks or the index, and the values.
+//!
 //! **`one_to_one`** (unstructured axes, absent meaning `false`). When `false`, a global index
 //! may be in the `indices` of several processes along the axis: dlpart reads it from the
 //! process with the lowest `proc_grid_rank` along the axis that holds it, and leaves the
@@ -725,10 +731,13 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// along an unstructured axis, an index several processes hold is read from the one of lowest
 /// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs); along a block
 /// axis, communication padding wider than the indices its neighbour owns, padding unequal to
-/// its neighbour's across a boundary, and ranks that disagree on `periodic`, are errors; so are
-/// ranks that give one axis different `dist_type`s. Each rank sends a few numbers per axis, and for an
-/// index list its runs of consecutive indices (the lowest rank at each coordinate; the others
-/// a fingerprint of theirs, which must match): bytes per run, not per index.
+/// its neighbour's across a boundary, and ranks that disagree on `periodic`, are errors; along
+/// a cyclic axis, ranks at one `proc_grid_rank` that give different `start`s or `block_size`s,
+/// coordinates that deal blocks of different sizes, and blocks that hold an index twice or
+/// not at all, are errors; so are ranks that give one axis different `dist_type`s. Each rank
+/// sends a few numbers per axis, and for an index list its runs of consecutive indices (the
+/// lowest rank at each coordinate; the others a fingerprint of theirs, which must match):
+/// bytes per run, not per index.
 pub fn import_spmd(
     comm: &dyn Communicator,
     buffer: &Tensor,
@@ -790,8 +799,10 @@ enum Shared {
         padding: [usize; 2],
         communication: [usize; 2],
     },
-    /// Cyclic blocks.
-    Cyclic,
+    /// Cyclic blocks: `start` and `block_size`, which every rank at one coordinate gives
+    /// alike, and whose blocks cover the axis once over the coordinates (see
+    /// [`check_cyclic`]).
+    Cyclic { start: usize, block_size: usize },
     /// An index list: `one_to_one`, a fingerprint of the list and `one_to_one` together
     /// (which every rank at one coordinate must give alike), and the list as
     /// `(first global index, length)` runs in buffer order. Only the lowest rank at its
@@ -809,7 +820,7 @@ impl Shared {
     fn dist_type(&self) -> char {
         match self {
             Shared::Block { .. } => 'b',
-            Shared::Cyclic => 'c',
+            Shared::Cyclic { .. } => 'c',
             Shared::Listed { .. } => 'u',
         }
     }
@@ -837,8 +848,8 @@ fn encode_axes(dims: &[DimData], axes: &[Vec<Run>]) -> Vec<u8> {
                 w.u8(2).u8(u8::from(periodic));
                 w.usize(padding[0]).usize(padding[1]).usize(low).usize(high);
             }
-            Distribution::Cyclic { .. } => {
-                w.u8(0);
+            &Distribution::Cyclic { start, block_size } => {
+                w.u8(0).usize(start).usize(block_size);
             }
             Distribution::Unstructured { one_to_one, .. } => {
                 // The runs of the list, in buffer order (the empty run of an empty axis is
@@ -893,7 +904,10 @@ fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
                     runs,
                 }
             }
-            _ => Shared::Cyclic,
+            _ => Shared::Cyclic {
+                start: r.usize()?,
+                block_size: r.usize()?,
+            },
         };
         axes.push(AxisShare {
             size,
@@ -924,7 +938,8 @@ fn and_list(items: &[usize]) -> String {
 /// the indices it is the lowest coordinate to hold (see the module docs on `one_to_one`).
 /// Along a block axis: that the ranks agree on `periodic`, that each communication padding is
 /// at most as wide as the indices its neighbour owns, and as wide as its neighbour's across
-/// their boundary. Along every axis, first: that every rank gives it the same `dist_type`.
+/// their boundary. Along a cyclic axis: see [`check_cyclic`]. Along every axis, first: that
+/// every rank gives it the same `dist_type`.
 fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>]) -> Result<()> {
     // One process grid on every rank, or the coordinates below are not of one grid.
     let grid = |s: &[AxisShare]| s.iter().map(|a| a.procs).collect::<Vec<_>>();
@@ -970,7 +985,7 @@ fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>])
                 let stride = grid0[a + 1..].iter().product();
                 check_blocks(&axis, procs, stride, a)?;
             }
-            _ => {}
+            _ => check_cyclic(&axis, procs, a)?,
         }
     }
     Ok(())
@@ -1088,6 +1103,123 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// `(start, block_size)` of a rank's share of a cyclic axis.
+fn cyclic_of(share: &AxisShare) -> (usize, usize) {
+    match share.kind {
+        Shared::Cyclic { start, block_size } => (start, block_size),
+        _ => unreachable!("check_cyclic reads cyclic axes"),
+    }
+}
+
+/// [`read_from_lowest`] along cyclic axis `a`, over `procs` coordinates (every rank's share of
+/// it in `axis`): the ranks agree on `size`; the ranks at one coordinate give the same `start`
+/// and `block_size` (the protocol has the dimension dictionaries at one `proc_grid_rank`
+/// identical); every coordinate deals blocks of one `block_size`; and the blocks cover every
+/// global index once. Blocks of one size `b` repeat every `procs * b` indices, so the first
+/// block of each coordinate (those starting below that period and `size`, cut at both) must
+/// tile the indices below the smaller of the two: a sweep over `procs` spans, whatever `size`.
+fn check_cyclic(axis: &[&AxisShare], procs: usize, a: usize) -> Result<()> {
+    let at = Some((a, 'c'));
+    let size = axis[0].size;
+    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
+        return Err(error(
+            at,
+            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
+        ));
+    }
+    // The first rank at each coordinate; the others there give the same numbers.
+    let mut first: Vec<Option<usize>> = vec![None; procs];
+    for (r, share) in axis.iter().enumerate() {
+        let c = share.coord;
+        match first[c] {
+            None => first[c] = Some(r),
+            Some(r0) if cyclic_of(axis[r0]) != cyclic_of(share) => {
+                let ((s0, b0), (s, b)) = (cyclic_of(axis[r0]), cyclic_of(share));
+                return Err(error(
+                    at,
+                    format!(
+                        "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start \
+                         {s0}, block_size {b0} and start {s}, block_size {b} (the protocol has \
+                         the dimension dictionaries at one proc_grid_rank identical)"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut dealt: Vec<(usize, usize, usize)> = Vec::with_capacity(procs);
+    for (c, r) in first.iter().enumerate() {
+        let Some(r) = *r else {
+            return Err(error(
+                at,
+                format!("no rank is at proc_grid_rank {c} along it"),
+            ));
+        };
+        let (start, block_size) = cyclic_of(axis[r]);
+        dealt.push((start, block_size, r));
+    }
+    let (_, block_size, r0) = dealt[0];
+    if let Some(c) = dealt.iter().position(|d| d.1 != block_size) {
+        return Err(error(
+            at,
+            format!(
+                "block_size is {block_size} at proc_grid_rank 0 (rank {r0}) but {} at \
+                 proc_grid_rank {c} (rank {}): the blocks dealt round-robin along an axis are \
+                 of one size",
+                dealt[c].1, dealt[c].2
+            ),
+        ));
+    }
+    // Below `period` (or `size`, the smaller), each coordinate holds its first block alone.
+    let period = procs.saturating_mul(block_size).min(size);
+    let mut spans: Vec<(usize, usize, usize)> = dealt
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.0 < period)
+        .map(|(c, d)| (d.0, d.0.saturating_add(block_size).min(period), c))
+        .collect();
+    spans.sort_unstable();
+    let Sweep { twice, gap, end } = sweep(spans.iter().map(|&(start, stop, _)| (start, stop)));
+    let gap = gap.or((end < period).then_some((end, period)));
+    if let Some(g) = twice.filter(|&g| gap.is_none_or(|(lo, _)| g < lo)) {
+        let mut coords: Vec<usize> = spans
+            .iter()
+            .filter(|&&(start, stop, _)| start <= g && g < stop)
+            .map(|s| s.2)
+            .collect();
+        coords.sort_unstable();
+        let starts: Vec<usize> = coords.iter().map(|&c| dealt[c].0).collect();
+        return Err(error(
+            at,
+            format!(
+                "global index {g} is held by the processes at proc_grid_rank {} along it \
+                 (start {}, block_size {block_size}): cyclic blocks hold each index once",
+                and_list(&coords),
+                and_list(&starts)
+            ),
+        ));
+    }
+    if let Some((lo, hi)) = gap {
+        let starts: Vec<usize> = dealt.iter().map(|d| d.0).collect();
+        let coords = match procs {
+            1 => format!("start {} at proc_grid_rank 0", starts[0]),
+            _ => format!(
+                "starts {} at proc_grid_rank 0 to {}",
+                tuple_string(&starts),
+                procs - 1
+            ),
+        };
+        return Err(error(
+            at,
+            format!(
+                "global indices {lo}..{hi} are held by no process ({coords} along it, \
+                 block_size {block_size})"
+            ),
+        ));
     }
     Ok(())
 }

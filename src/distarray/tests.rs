@@ -1401,3 +1401,154 @@ fn the_ends_of_a_periodic_axis_on_one_process_are_as_wide_as_each_other() {
     let pa = import(&buffer_of(&a, &[ring]), &[periodic(11, -1, 11, [1, 1])]).unwrap();
     assert_eq!(whole(&pa), a);
 }
+
+/// On 4 ranks, a 2 x 8 array over a 2 x 2 grid, cyclic blocks along the columns: rank `r`
+/// (row `r / 2`, column coordinate `r % 2`) deals its columns from `start(r)` in blocks of
+/// `block_size(r)`, its buffer holding exactly the columns its dictionary names. What every
+/// rank reads, assembled.
+fn cyclic_columns(
+    start: impl Fn(usize) -> usize + Sync,
+    block_size: impl Fn(usize) -> usize + Sync,
+) -> Vec<Result<ArrayD<f64>>> {
+    let a = global(&[2, 8]);
+    ThreadComm::run(4, |comm| {
+        let r = comm.rank();
+        let (i, j) = (r / 2, r % 2);
+        let (s, b) = (start(r), block_size(r));
+        let columns: Vec<usize> = (s..8)
+            .step_by(2 * b)
+            .flat_map(|k| k..(k + b).min(8))
+            .collect();
+        let buffer = buffer_of(&a, &[vec![i], columns]);
+        let dims = [
+            DimData::new(2, Distribution::block(i, i + 1).unwrap()).on_grid(2, i),
+            DimData::new(
+                8,
+                Distribution::Cyclic {
+                    start: s,
+                    block_size: b,
+                },
+            )
+            .on_grid(2, j),
+        ];
+        let pa = import_spmd(comm, &buffer, &dims)?;
+        let whole = crate::spmd::assemble(comm, &pa, None, None, false)?;
+        Ok(whole.map_or_else(|| a.clone(), |t| t.to_array::<f64>().unwrap()))
+    })
+}
+
+/// Every rank failed with the same `ProtocolError`, `__distarray__ {found}`.
+fn all_failed<T: std::fmt::Debug>(results: Vec<Result<T>>, found: &str) {
+    for r in results {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(e.to_string(), format!("__distarray__ {found}"));
+    }
+}
+
+#[test]
+fn ranks_at_one_cyclic_coordinate_give_the_same_start_and_block_size() {
+    // The dealt columns, as every rank at a coordinate gives them alike: read.
+    let a = global(&[2, 8]);
+    for b in [1, 2, 3] {
+        for r in cyclic_columns(|r| (r % 2) * b, |_| b) {
+            assert_eq!(r.unwrap(), a, "block_size {b}");
+        }
+    }
+    // Row 1 deals its columns the other way round (start 1 at coordinate 0, 0 at coordinate
+    // 1): every element is still held once, but the dictionaries at one proc_grid_rank differ.
+    all_failed(
+        cyclic_columns(|r| if r / 2 == 1 { 1 - r % 2 } else { r % 2 }, |_| 1),
+        "dim_data[1] ('c'): ranks 0 and 2, both at proc_grid_rank 0 along it, give start 0, \
+         block_size 1 and start 1, block_size 1 (the protocol has the dimension dictionaries at \
+         one proc_grid_rank identical)",
+    );
+    // Rank 3 deals blocks of 1 from 1 where rank 1, at the same coordinate, deals blocks of 2
+    // from 2 (both hold 4 columns).
+    all_failed(
+        cyclic_columns(
+            |r| if r == 3 { 1 } else { (r % 2) * 2 },
+            |r| if r == 3 { 1 } else { 2 },
+        ),
+        "dim_data[1] ('c'): ranks 1 and 3, both at proc_grid_rank 1 along it, give start 2, \
+         block_size 2 and start 1, block_size 1 (the protocol has the dimension dictionaries at \
+         one proc_grid_rank identical)",
+    );
+    // One block size per coordinate, but two along the axis.
+    all_failed(
+        cyclic_columns(|r| [0, 1, 0, 1][r], |r| [2, 1, 2, 1][r]),
+        "dim_data[1] ('c'): block_size is 2 at proc_grid_rank 0 (rank 0) but 1 at \
+         proc_grid_rank 1 (rank 1): the blocks dealt round-robin along an axis are of one size",
+    );
+}
+
+#[test]
+fn cyclic_blocks_must_hold_every_index_once() {
+    // 8 indices over 4 ranks in blocks of `b`, rank r dealing from `starts[r]`: what every
+    // rank reads, assembled.
+    let a = global(&[8]);
+    let dealt = |starts: [usize; 4], b: usize, size: usize| {
+        on_four(|comm| {
+            let r = comm.rank();
+            let s = starts[r];
+            let held: Vec<usize> = (s..size)
+                .step_by(4 * b)
+                .flat_map(|k| k..(k + b).min(size))
+                .collect();
+            let buffer = buffer_of(&a, &[held]);
+            let d = DimData::new(
+                size,
+                Distribution::Cyclic {
+                    start: s,
+                    block_size: b,
+                },
+            );
+            let pa = import_spmd(comm, &buffer, &[d.on_grid(4, r)])?;
+            crate::spmd::assemble(comm, &pa, None, None, false)
+        })
+    };
+    // Any order of the coordinates' first blocks covers the axis once: read.
+    for (starts, b) in [([0, 1, 2, 3], 1), ([3, 2, 0, 1], 1), ([2, 0, 6, 4], 2)] {
+        for r in dealt(starts, b, 8) {
+            assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+        }
+    }
+    // Rank 1 starts where rank 0 does: 0 and 4 held twice, 1 and 5 by no one.
+    all_failed(
+        dealt([0, 0, 2, 3], 1, 8),
+        "dim_data[0] ('c'): global index 0 is held by the processes at proc_grid_rank 0 and 1 \
+         along it (start 0 and 0, block_size 1): cyclic blocks hold each index once",
+    );
+    // Rank 3 starts a period late: 3 is held by no one (and 7 by rank 3 alone).
+    all_failed(
+        dealt([0, 1, 2, 7], 1, 8),
+        "dim_data[0] ('c'): global indices 3..4 are held by no process (starts (0, 1, 2, 7) at \
+         proc_grid_rank 0 to 3 along it, block_size 1)",
+    );
+    // Blocks of 2 overlapping at 3 (and leaving 6..8 out): the overlap comes first.
+    all_failed(
+        dealt([0, 3, 2, 4], 2, 8),
+        "dim_data[0] ('c'): global index 3 is held by the processes at proc_grid_rank 1 and 2 \
+         along it (start 3 and 2, block_size 2): cyclic blocks hold each index once",
+    );
+    // An axis shorter than the period: the coordinates starting beyond it hold nothing.
+    let short = global(&[3]);
+    let results = on_four(|comm| {
+        let r = comm.rank();
+        let s = [2, 0, 5, 1][r];
+        let held: Vec<usize> = (s..3).take(1).collect();
+        let buffer = buffer_of(&short, &[held]);
+        let d = DimData::new(
+            3,
+            Distribution::Cyclic {
+                start: s,
+                block_size: 1,
+            },
+        );
+        let pa = import_spmd(comm, &buffer, &[d.on_grid(4, r)])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+    });
+    for r in results {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), short);
+    }
+}

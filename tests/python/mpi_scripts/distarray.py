@@ -16,8 +16,9 @@ lowest rank, and is an error on every rank when one_to_one is True; long index l
 million consecutive indices per rank, overlapping, are read from the lowest rank too;
 communication padding wider than the neighbour's indices, padding unequal to the neighbour's
 across a boundary (the wrap-around of a periodic axis included), ranks disagreeing on
-periodic or on an axis's dist_type, and a rank whose process-grid coordinates disagree with
-its rank make every rank raise `dlpart.ProtocolError`.
+periodic or on an axis's dist_type, ranks at one proc_grid_rank of a cyclic axis giving
+different starts, cyclic blocks holding an index twice, and a rank whose process-grid
+coordinates disagree with its rank make every rank raise `dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -293,6 +294,45 @@ def mixed_dist_types_fail_every_rank():
         raise AssertionError("an axis read as blocks and as cyclic blocks was accepted")
 
 
+def cyclic_starts_that_break_the_protocol_fail_every_rank():
+    # Cyclic blocks of 1 over a 2 x (size / 2) grid, the columns dealt along the second axis.
+    cols = size // 2
+    x = np.arange(2.0 * 2 * cols).reshape(2, 2 * cols)
+    i, j = divmod(rank, cols)
+
+    def read(start):
+        d = {"__version__": "0.10.0", "buffer": x[i:i + 1, start::cols],
+             "dim_data": ({"dist_type": "b", "size": 2, "proc_grid_size": 2,
+                           "proc_grid_rank": i, "start": i, "stop": i + 1},
+                          {"dist_type": "c", "size": 2 * cols, "proc_grid_size": cols,
+                           "proc_grid_rank": j, "start": start})}
+        return dlpart.mpi.from_distarray(d, comm)
+
+    # Row 1 deals its columns in the other order: every element is held once, but the ranks
+    # at one proc_grid_rank along the columns give different starts.
+    try:
+        read(cols - 1 - j if i == 1 else j)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            f"__distarray__ dim_data[1] ('c'): ranks 0 and {cols}, both at proc_grid_rank 0 "
+            f"along it, give start 0, block_size 1 and start {cols - 1}, block_size 1 (the "
+            "protocol has the dimension dictionaries at one proc_grid_rank identical)"), e
+    else:
+        raise AssertionError("ranks at one proc_grid_rank with different starts were accepted")
+    # Coordinate 1 starts where coordinate 0 does: index 0 held twice, refused on every rank.
+    try:
+        read(0 if j == 1 else j)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            "__distarray__ dim_data[1] ('c'): global index 0 is held by the processes at "
+            "proc_grid_rank 0 and 1 along it (start 0 and 0, block_size 1): cyclic blocks "
+            "hold each index once"), e
+    else:
+        raise AssertionError("cyclic blocks holding an index twice were accepted")
+    got = read(j).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(got), x)
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -322,5 +362,5 @@ run(check_case, shared_indices_are_read_from_the_lowest_rank,
     long_contiguous_lists_are_read_as_runs,
     padding_wider_than_the_neighbours_share_fails_every_rank,
     unequal_padding_across_a_boundary_fails_every_rank, mixed_dist_types_fail_every_rank,
-    disagreeing_grid_rank_fails_every_rank,
+    cyclic_starts_that_break_the_protocol_fail_every_rank, disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
