@@ -189,7 +189,8 @@ ErrorTuple = Tuple[str, str]
 
 @final
 class _MpiComm:
-    def __new__(cls, comm: Any, host: str, cuda_aware: bool = False) -> "_MpiComm": ...
+    def __new__(cls, comm: Any, host: str, cuda_aware: bool = False,
+                error: Optional[ErrorTuple] = None) -> "_MpiComm": ...
     @property
     def rank(self) -> int: ...
     @property

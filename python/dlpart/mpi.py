@@ -14,7 +14,7 @@ RuntimeError that names it (``rank N: KeyboardInterrupt``). The logic
 is the Rust crate's (``dlpart::spmd``); this module lends it the mpi4py communicator, whose own
 ``allgather`` moves the metadata and whose ``Isend`` and ``Irecv`` move the data, only between
 ranks that have bytes for each other, each peer's bytes in messages of at most 1 GiB (MPI counts
-are C ints; rank 0's ``DLPART_MPI_MESSAGE_BYTES`` sets another size, for tests, broadcast to
+are C ints; rank 0's ``DLPART_MPI_MESSAGE_BYTES`` sets another size, for tests, handed to
 every rank once). They run on dlpart's own duplicate of the communicator, made by the first
 dlpart call on it and cached on it, so they never meet the program's own messages.
 
@@ -73,8 +73,9 @@ _KEYVAL = None
 def _own(comm, make):
     """dlpart's communicator over ``comm``: ``make(dup)`` over dlpart's duplicate of it, for
     its point-to-point messages, which then never meet the program's own receives (a wildcard
-    ``Irecv`` pending on ``comm`` included). Made on first use (``comm.Dup()`` and the
-    message size's broadcast, collective as the dlpart call making it) and cached on ``comm``
+    ``Irecv`` pending on ``comm`` included). Made on first use (``comm.Dup()`` and one
+    ``allgather`` of the message size, collective as the dlpart call making it; when ``make``
+    raises, the duplicate is freed and nothing is cached) and cached on ``comm``
     as an MPI attribute (its duplicate freed with ``comm``), as MPI libraries do: later calls
     on ``comm`` reuse it and agree on nothing again. An object that is not an mpi4py
     communicator is wrapped as it is, by every call."""
@@ -87,7 +88,12 @@ def _own(comm, make):
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_own)
     own = comm.Get_attr(_KEYVAL)
     if own is None:
-        own = make(comm.Dup())
+        dup = comm.Dup()
+        try:
+            own = make(dup)
+        except BaseException:
+            dup.Free()  # on every rank: make shares its failures in its collective call
+            raise
         comm.Set_attr(_KEYVAL, own)
     return own
 
@@ -119,8 +125,16 @@ def _comm(comm) -> _core._MpiComm:
                 cuda_aware = bool(query())
             except Exception:  # noqa: BLE001 - an MPI without the extension is not CUDA-aware
                 cuda_aware = False
-        # Collective: broadcasts rank 0's DLPART_MPI_MESSAGE_BYTES, the cut of every exchange.
-        return _core._MpiComm(own, this_host(), cuda_aware)
+        # This rank's address before any collective call: when it cannot be had, the others
+        # learn of it in the first one rather than wait for this rank in it.
+        host, failed = "", None
+        try:
+            host = this_host()
+        except BaseException as e:  # noqa: BLE001 - every rank must learn of this rank's failure
+            failed = e
+        # Collective: one allgather of every rank's DLPART_MPI_MESSAGE_BYTES (rank 0's is the
+        # cut of every exchange) and failure, which every rank then raises.
+        return _agreed(failed, lambda error: _core._MpiComm(own, host, cuda_aware, error))
 
     return _own(comm, make)
 

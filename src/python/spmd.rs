@@ -1,8 +1,8 @@
 //! The SPMD functions of `dlpart.mpi`: the Rust [`crate::spmd`] collectives over an mpi4py
 //! communicator. [`MpiComm`] implements [`Communicator`] by calling the communicator's own
-//! `allgather` (of each rank's bytes alone), and `Isend`, `Irecv` and `Request.Waitall`
+//! `allgather` (of each rank's bytes alone, after the one that made it), and `Isend`, `Irecv` and `Request.Waitall`
 //! between the ranks that have bytes for each other, cut into messages by rank 0's
-//! `DLPART_MPI_MESSAGE_BYTES` (broadcast once, when the communicator is made), with the GIL
+//! `DLPART_MPI_MESSAGE_BYTES` (gathered once, when the communicator is made), with the GIL
 //! held; the data buffers are dlpart's, lent to MPI as memoryviews, so the bytes are copied
 //! only by packing and unpacking.
 
@@ -33,7 +33,7 @@ pub struct MpiComm {
     host: String,
     /// Whether MPI takes CUDA device pointers (`MPI.Query_cuda_support()`).
     cuda_aware: bool,
-    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES`, broadcast when the
+    /// The most bytes of one message: rank 0's `DLPART_MPI_MESSAGE_BYTES`, gathered when the
     /// communicator was made, so that every rank cuts its segments alike though the variable
     /// may differ between the ranks.
     cut: MessageBytes,
@@ -42,18 +42,43 @@ pub struct MpiComm {
 #[pymethods]
 impl MpiComm {
     /// Wraps `comm` (an `mpi4py.MPI.Comm`), whose `Get_rank()` and `Get_size()` are read once
-    /// (collective: every rank makes it). Rank 0's `DLPART_MPI_MESSAGE_BYTES` reaches every
-    /// rank by one `comm.bcast(value, root=0)`, here and never again: every exchange through
-    /// this communicator cuts its messages by it, the first included.
+    /// (collective: every rank makes it). One `comm.allgather((value, error))`, here and never
+    /// again, carries each rank's `DLPART_MPI_MESSAGE_BYTES` and `error`, what failed on this
+    /// rank while it got ready (its `host`, say: `(exception class name, message)`, or
+    /// None): when a rank gives one, every rank raises the lowest such rank's error (`rank N:
+    /// ...`), as every collective does, rather than leave the others waiting; else rank 0's
+    /// value is the message size every exchange through this communicator cuts by, the first
+    /// included.
     #[new]
-    #[pyo3(signature = (comm, host, cuda_aware=false))]
-    fn new(comm: &Bound<'_, PyAny>, host: String, cuda_aware: bool) -> PyResult<Self> {
+    #[pyo3(signature = (comm, host, cuda_aware=false, error=None))]
+    fn new(
+        comm: &Bound<'_, PyAny>,
+        host: String,
+        cuda_aware: bool,
+        error: Option<(String, String)>,
+    ) -> PyResult<Self> {
         let rank = comm.call_method0("Get_rank")?.extract()?;
         let size = comm.call_method0("Get_size")?.extract()?;
         let cut = MessageBytes::agree(|mine| {
-            comm.call_method1("bcast", (mine,))
-                .and_then(|root| root.extract::<u64>())
-                .map_err(|e| mpi_error("bcast of the message size", e))
+            let all: Vec<(u64, Option<(String, String)>)> = comm
+                .call_method1("allgather", ((mine, error),))
+                .and_then(|all| all.extract())
+                .map_err(|e| mpi_error("allgather of the message size", e))?;
+            let failed = all
+                .iter()
+                .enumerate()
+                .find_map(|(r, (_, e))| Some((r, e.clone()?)));
+            match (failed, all.first()) {
+                (Some((rank, (kind, message))), _) => Err(Error::Collective {
+                    rank,
+                    kind,
+                    message,
+                }),
+                (None, Some(&(root, _))) => Ok(root),
+                (None, None) => Err(Error::buffer(
+                    "allgather of the message size gave no rank's",
+                )),
+            }
         })
         .map_err(to_py)?;
         Ok(MpiComm {

@@ -117,7 +117,8 @@ pub trait Communicator: Sync {
     /// dlpart hands each peer's segment whole and never cuts an exchange into messages for an
     /// implementation, so no message size of dlpart's can differ between the ranks of a
     /// custom communicator. `MpiComm` and `dlpart.mpi` cut by rank 0's
-    /// `DLPART_MPI_MESSAGE_BYTES`, broadcast once when the communicator is made (their cutting
+    /// `DLPART_MPI_MESSAGE_BYTES`, handed to every rank once when the communicator is made
+    /// (`MpiComm` broadcasts it, `dlpart.mpi` gathers it with the ranks' readiness; their cutting
     /// code takes no other value), so the first call cuts as the later ones do. An
     /// implementation that cuts segments itself must likewise fix its cut by a collective
     /// call when it is made, not read a setting of each rank's when called: a receive cut

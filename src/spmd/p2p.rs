@@ -34,9 +34,10 @@ fn message_bytes(set: Option<&str>) -> usize {
 pub(crate) struct MessageBytes(usize);
 
 impl MessageBytes {
-    /// Rank 0's `DLPART_MPI_MESSAGE_BYTES` on every rank: `from_root` is the communicator's
-    /// broadcast from rank 0 (collective: every rank calls it once, at the same point), given
-    /// this rank's own value (only rank 0's travels) and returning rank 0's. A value out of
+    /// Rank 0's `DLPART_MPI_MESSAGE_BYTES` on every rank: `from_root` is a collective call of
+    /// the communicator that hands rank 0's value to every rank (a broadcast from rank 0, or an
+    /// all-gather that also carries what else the ranks agree on; every rank calls it once, at
+    /// the same point), given this rank's own value and returning rank 0's. A value out of
     /// range (0, or beyond `i32::MAX`) is brought into it the same way on every rank.
     pub fn agree(from_root: impl FnOnce(u64) -> Result<u64>) -> Result<MessageBytes> {
         let root = from_root(*OWN_MESSAGE_BYTES as u64)?;

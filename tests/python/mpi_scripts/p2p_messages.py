@@ -7,9 +7,11 @@
   segment travels as several messages, cut at odd offsets), and the data equals numpy's.
   The caller's value is rank 0's; the script gives every other rank another before dlpart
   reads it, and every rank cuts by rank 0's, as the receives must match the sends.
-- The ranks agree on that size once, by one ``bcast`` from rank 0 when dlpart first uses the
-  communicator (and never again: later calls reuse dlpart's communicator over it), and every
-  ``allgather`` carries this rank's bytes alone (a ``bytes`` object, no message size).
+- The ranks agree on that size once, by one ``allgather`` of every rank's size (and of what
+  failed on it, nothing here) when dlpart first uses the communicator, rank 0's taken (and
+  never again: later calls reuse dlpart's communicator over it), and every other ``allgather``
+  carries this rank's bytes alone (a ``bytes`` object, no message size); nothing is
+  broadcast.
 - dlpart's messages never meet the program's own: a wildcard ``Irecv`` (any source, any tag)
   left pending on COMM_WORLD across dlpart's exchanges receives the program's message, not
   dlpart's, and dlpart's results are right.
@@ -42,11 +44,17 @@ class Counting(MPI.Intracomm):
     sends: list = []
     recvs: list = []
     gathers: list = []
+    made: list = []
     bcasts: list = []
 
     def allgather(self, sendobj):
-        Counting.gathers.append(sendobj)
-        return super().allgather(sendobj)
+        got = super().allgather(sendobj)
+        # The bytes of dlpart's calls, and apart, what anything else gathered (and rank 0's).
+        if type(sendobj) is bytes:
+            Counting.gathers.append(sendobj)
+        else:
+            Counting.made.append((sendobj, got[0]))
+        return got
 
     def bcast(self, obj, root=0):
         got = super().bcast(obj, root)
@@ -82,10 +90,11 @@ def check_case(case, seed):
     points = np.linspace(0, n, size + 1).astype(int)
     Counting.gathers.clear()
     a = dlpart.mpi.from_local(whole[points[rank]:points[rank + 1]], counting, axis=0)
-    # One allgather of metadata, this rank's bytes alone; the message size was broadcast
-    # once, from rank 0, by the first case's from_local (this rank offering its own).
+    # One allgather of metadata, this rank's bytes alone; the message size was gathered once,
+    # rank 0's taken, by the first case's from_local (this rank offering its own, no failure).
     assert len(Counting.gathers) == 1, Counting.gathers
-    assert Counting.bcasts == [(OWN, 0, MESSAGE)], Counting.bcasts
+    assert Counting.made == [((OWN, None), (MESSAGE, None))], Counting.made
+    assert Counting.bcasts == [], Counting.bcasts
     Counting.sends.clear()
     Counting.recvs.clear()
     if case % 2:
@@ -102,8 +111,7 @@ def check_case(case, seed):
     assert sent[rank] == received[rank] == 0
     got = out.assemble(root=None)
     assert np.array_equal(np.asarray(got), whole)
-    assert all(type(g) is bytes for g in Counting.gathers), [type(g) for g in Counting.gathers]
-    assert len(Counting.bcasts) == 1, Counting.bcasts
+    assert len(Counting.made) == 1 and Counting.bcasts == [], (Counting.made, Counting.bcasts)
 
 
 def program_messages_stay_the_programs():

@@ -6,7 +6,8 @@ process grids. Checked against numpy on every rank: the local partitions of each
 whole assembled on rank 0 and on every rank, repartition_into, the byte counts (boxes that stay
 on a rank are never sent; computed here from box intersections), the dicts (the same on every
 rank but for data and locals), gather and scatter with global indices, `to`, and the errors: a
-rank that disagrees or fails makes every rank raise the same error within seconds.
+rank that disagrees or fails makes every rank raise the same error within seconds (one that
+cannot learn its node's address when dlpart first uses a communicator included).
 
 usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -495,6 +496,45 @@ def communicators_dlpart_cannot_use():
         np.zeros((2, 4)), "world", axis=0), TypeError, "mpi4py communicator, not str")
 
 
+def a_host_one_rank_cannot_resolve():
+    """dlpart's first call on a communicator learns this node's address before its first
+    collective call: when it fails on one rank (an OSError, a KeyboardInterrupt), every rank
+    raises within seconds instead of waiting for that rank in the next collective call; the
+    communicator is not kept, and the next call on it, the address found, goes through."""
+    fresh = comm.Dup()
+    here = dlpart.mpi.this_host
+    part = np.full((1, 3), float(rank))
+    whole = np.repeat(np.arange(float(size)), 3).reshape(size, 3)
+    for error in (OSError("no address for this node"), KeyboardInterrupt()):
+        def lost():
+            raise error
+
+        if rank == 2:
+            dlpart.mpi.this_host = lost
+        t0 = time.monotonic()
+        try:
+            dlpart.mpi.from_local(part, fresh, axis=0)
+        except BaseException as e:  # noqa: BLE001 - the interrupt itself, on rank 2
+            got = e
+        else:
+            got = None
+        finally:
+            dlpart.mpi.this_host = here
+        took = time.monotonic() - t0
+        if isinstance(error, OSError):
+            assert type(got) is OSError and str(got) == "rank 2: no address for this node", got
+            if rank == 2:
+                assert got.__cause__ is error, got.__cause__
+        elif rank == 2:
+            assert got is error, f"rank 2 raised {got!r}, not its own {error!r}"
+        else:
+            assert type(got) is RuntimeError and str(got) == "rank 2: KeyboardInterrupt", got
+        assert took < 10, f"{error!r}: took {took:.1f} s"
+    a = dlpart.mpi.from_local(part, fresh, axis=0)
+    np.testing.assert_array_equal(np.from_dlpack(a.assemble(root=None)), whole)
+    fresh.Free()
+
+
 def moves():
     """SpmdArray.to: each rank's partitions onto a device of its own (the ranks name different
     ones; kDLCPU:1 is an emulated host device, as JAX's), the grid, locals and values kept,
@@ -547,6 +587,7 @@ def finish():
     errors()
     moves()
     communicators_dlpart_cannot_use()
+    a_host_one_rank_cannot_resolve()
     comm.Barrier()
 
 
