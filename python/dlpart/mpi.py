@@ -337,7 +337,11 @@ class SpmdArray(PartitionedArray):
     (`Traffic`), or None."""
 
     __slots__ = {
-        "comm": "The mpi4py communicator the ranks share.",
+        "comm": "dlpart's communicator over the mpi4py one the array was made on (an "
+                "`_MpiComm`, not an mpi4py communicator): ``rank`` and ``size`` are this rank "
+                "and the ranks' count, ``comm`` dlpart's own duplicate of the mpi4py "
+                "communicator, which its messages use. The array's collective calls run on "
+                "it; `dlpart.mpi`'s functions take it where they take a communicator.",
         "traffic": "The bytes the operation that made this array moved on this rank "
                    "(`Traffic`), or None.",
     }

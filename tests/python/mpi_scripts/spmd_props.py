@@ -13,6 +13,7 @@ usage: spmd_props.py SEED CASES. Prints "ok <rank> <cases>" when every check pas
 failure aborts every rank (MPI_Abort), so nothing waits.
 """
 
+import inspect
 import time
 
 import numpy as np
@@ -540,13 +541,23 @@ def moves():
     ones; kDLCPU:1 is an emulated host device, as JAX's), the grid, locals and values kept,
     every rank's dict naming each partition's new device; a device one rank lacks, or ranks
     moving different arrays, fail every rank. SpmdArray.tensors names a partition held
-    elsewhere rather than blaming a dict."""
+    elsewhere rather than blaming a dict. SpmdArray.comm is dlpart's communicator, as help()
+    says, and a dlpart.mpi call takes it."""
     dlpart._core._note_host_devices(2)
     ref = np.arange(2 * size * 3, dtype=np.float32).reshape(2 * size, 3)
     mine = ref[2 * rank:2 * rank + 2].copy()
     a = dlpart.mpi.from_local(mine, comm, axis=0)
     b = a.to(f"kDLCPU:{rank % 2}")
     assert isinstance(b, dlpart.mpi.SpmdArray) and b.comm is a.comm
+    # SpmdArray.comm is what its docstring (help()) says: dlpart's communicator over comm, no
+    # mpi4py one, with this rank and the ranks' count; a dlpart.mpi call takes it as comm.
+    doc = inspect.getdoc(dlpart.mpi.SpmdArray.comm)
+    assert not isinstance(a.comm, MPI.Comm) and type(a.comm).__name__ in doc, (type(a.comm), doc)
+    assert (a.comm.rank, a.comm.size) == (rank, size) and "rank" in doc and "size" in doc, doc
+    assert isinstance(a.comm.comm, MPI.Comm) and a.comm.comm.Get_size() == size
+    again = dlpart.mpi.from_local(mine, a.comm, axis=0)
+    assert again.comm is a.comm
+    np.testing.assert_array_equal(np.from_dlpack(again.assemble(root=None)), ref)
     assert b.splits == a.splits and b.locals == a.locals == [(rank, 0)]
     held = b.partitions[(rank, 0)].tensor
     assert held.device == f"kDLCPU:{rank % 2}"
