@@ -41,11 +41,12 @@
 //! The two sides of a boundary between neighbours are as wide as each other (the protocol's
 //! rule: the high padding of `proc_grid_rank` `i` is the low padding of `i + 1`). On a periodic
 //! axis the ends of the process grid are neighbours across the wrap-around: the last process's
-//! high padding is as wide as the first's low padding, whichever way each end is read above.
-//! The protocol leaves that open for an end counted in `size`; its prose calls all end padding
-//! of a periodic axis communication padding, so dlpart holds both ends to the rule (on one
-//! process, the block's two ends; [`DimData::runs`] checks that). On an axis that is not
-//! periodic the ends are boundary padding, each as wide as it likes. Unequal widths are an
+//! high padding is as wide as the first's low padding where both ends are communication
+//! padding, each wrapping around or 0 wide (on one process, the block's two ends;
+//! [`DimData::runs`] checks that). An end counted in `size` is read as part of the array, as
+//! boundary padding is, and the protocol's rule for equal widths speaks of communication
+//! padding alone, so such an end is as wide as it likes, as are the ends of an axis that is
+//! not periodic (boundary padding). Unequal widths are an
 //! error naming the axis, both processes and both paddings; [`import_spmd`] checks them from
 //! every rank's dictionaries.
 //!
@@ -525,9 +526,11 @@ impl DimData {
                 ));
             }
             // The two ends of a periodic axis face each other across the wrap-around, here
-            // the block's own: as wide as each other, whether each wraps or is counted in size
-            // (the rule `check_blocks` applies across processes).
-            if periodic && padding[0] != padding[1] {
+            // the block's own: as wide as each other where both are communication padding
+            // (each wraps or is 0 wide; an end counted in size is part of the array, as
+            // boundary padding is), the rule `check_blocks` applies across processes.
+            let counted = [padding[0] > 0 && left == 0, padding[1] > 0 && right == 0];
+            if periodic && padding[0] != padding[1] && !counted[0] && !counted[1] {
                 return Err(error(
                     where_,
                     format!(
@@ -1058,15 +1061,23 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
     }
     // The two sides of each boundary between neighbours hold each other's indices: the high
     // padding of one coordinate and the low padding of the next are as wide (the protocol's
-    // rule). On a periodic axis the boundary across the wrap-around is one of them, whether
-    // its ends wrap or are counted in size (the protocol calls the ends of a periodic axis
-    // communication padding; dlpart reads an end counted in size as part of the array, but
-    // its width still faces the other end's); on one that is not, the ends are boundary
-    // padding, each as wide as it likes. On one process along the axis, `DimData::runs`
-    // checked the block against itself.
+    // rule). On a periodic axis the boundary across the wrap-around is one of them where
+    // both its ends are communication padding (each wraps around, or is 0 wide); an end
+    // counted in size is part of the array, as boundary padding is, and the protocol's rule
+    // for equal widths speaks of communication padding alone, so such an end is as wide as
+    // it likes. On an axis that is not periodic, the ends are boundary padding. On one
+    // process along the axis, `DimData::runs` checked the block against itself.
     if procs > 1 {
         for (r, share) in axis.iter().enumerate() {
-            let (Shared::Block { padding, .. }, c) = (&share.kind, share.coord) else {
+            let (
+                Shared::Block {
+                    padding,
+                    communication,
+                    ..
+                },
+                c,
+            ) = (&share.kind, share.coord)
+            else {
                 continue;
             };
             let last = c + 1 == procs;
@@ -1076,12 +1087,17 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
             let next = (c + 1) % procs;
             let n = neighbour(r, c, next);
             let Shared::Block {
-                padding: theirs, ..
+                padding: theirs,
+                communication: their_communication,
+                ..
             } = &axis[n].kind
             else {
                 continue;
             };
-            if padding[1] != theirs[0] {
+            // An end counted in size: padding that is not communication padding.
+            let counted = (padding[1] > 0 && communication[1] == 0)
+                || (theirs[0] > 0 && their_communication[0] == 0);
+            if padding[1] != theirs[0] && !counted {
                 let across = if last {
                     " across the wrap-around of the periodic axis"
                 } else {

@@ -746,8 +746,8 @@ def from_distarray(obj: Any) -> PartitionedArray:
     ``periodic`` axis, end padding counted in ``size`` is kept, end padding written as the
     wrap-around neighbour's indices (``start = -padding[0]``, ``stop = size + padding[1]``)
     left out, and at most as wide as the indices the block owns (its own neighbour there);
-    the two ends of a periodic axis are as wide as each other, facing each other across the
-    wrap-around (docs/guide.md)."""
+    the two ends of a periodic axis are as wide as each other where both wrap around, facing
+    each other there (docs/guide.md)."""
     from . import _distarray
 
     buffer, dims = _distarray.read(obj)

@@ -1288,20 +1288,21 @@ fn padding_unequal_to_its_neighbours_across_a_boundary_fails_every_rank() {
     for r in halo([[2, 1], [1, 1], [1, 1], [1, 1]], true) {
         assert_eq!(r.unwrap_err().to_string(), format!("__distarray__ {found}"));
     }
-    // The ends of a periodic axis counted in size (start 0, stop size) face each other too:
-    // rank 0's low padding of 1 (indices 0, inside the array) against rank 3's high end of 0.
-    failed_everywhere(
-        on_four(|comm| {
-            let r = comm.rank();
-            let (lo, pads) = if r == 0 { (0, [1, 0]) } else { (2 * r, [0, 0]) };
-            let d = padded(lo as isize, 2 * r + 2, pads, true, r);
-            import_spmd(comm, &Tensor::zeros(&[2], crate::DType::Float64)?, &[d])
-        }),
-        "dim_data[0] ('b'): rank 3 (proc_grid_rank 3 along it) has padding (0, 0) and its \
-         neighbour across the wrap-around of the periodic axis, rank 0 at proc_grid_rank 0, \
-         has padding (1, 0): the communication padding between them is 0 wide at the high end \
-         of rank 3 and 1 at the low end of rank 0 (the protocol has the two equal)",
-    );
+    // An end of a periodic axis counted in size (start 0) is part of the array, as boundary
+    // padding is, and as wide as it likes: rank 0's low padding of 1 (index 0, inside the
+    // array) against rank 3's high end of 0 is read, every index once.
+    let a = global(&[8]);
+    for r in on_four(|comm| {
+        let r = comm.rank();
+        let pads = if r == 0 { [1, 0] } else { [0, 0] };
+        let d = padded((2 * r) as isize, 2 * r + 2, pads, true, r);
+        let held: Vec<usize> = (2 * r..2 * r + 2).collect();
+        let pa = import_spmd(comm, &buffer_of(&a, &[held]), &[d])?;
+        crate::spmd::assemble(comm, &pa, None, None, false)
+            .map(|t| t.unwrap().to_array::<f64>().unwrap())
+    }) {
+        assert_eq!(r.unwrap(), a);
+    }
     // A 2x2 grid: rows [0, 3) and [3, 6) with a halo of 1 between them in the first column,
     // and on one side only in the second; the neighbour of rank 1 along the rows is rank 3.
     failed_everywhere(
@@ -1341,21 +1342,13 @@ fn padding_unequal_to_its_neighbours_across_a_boundary_fails_every_rank() {
 
 #[test]
 fn the_ends_of_a_periodic_axis_on_one_process_are_as_wide_as_each_other() {
-    // 10 indices with a halo that wraps around, 2 wide at the low end and 1 at the high end;
-    // and the same numbers counted in size (start 0, stop size). Either way the two ends face
-    // each other across the wrap-around.
+    // 10 indices with a halo that wraps around, 2 wide at the low end and 1 at the high end:
+    // the two ends face each other across the wrap-around. So do a wrapping end and one 0 wide.
     let bad = [
         (
             periodic(10, -2, 11, [2, 1]),
             13,
             "start -2, stop 11, padding (2, 1)",
-            1,
-            2,
-        ),
-        (
-            periodic(13, 0, 13, [2, 1]),
-            13,
-            "start 0, stop 13, padding (2, 1)",
             1,
             2,
         ),
@@ -1382,6 +1375,20 @@ fn the_ends_of_a_periodic_axis_on_one_process_are_as_wide_as_each_other() {
         let b = Tensor::zeros(&[extent], crate::DType::Float64).unwrap();
         assert_eq!(import(&b, &[d]).unwrap_err().to_string(), e.to_string());
     }
+    // The same numbers counted in size (start 0, stop size): part of the array, as boundary
+    // padding is, each end as wide as it likes.
+    let a = global(&[13]);
+    let b = buffer_of(&a, &[(0..13).collect()]);
+    assert_eq!(
+        whole(&import(&b, &[periodic(13, 0, 13, [2, 1])]).unwrap()),
+        a
+    );
+    // One end counted in size (2 wide) and one wrapping around (1 wide): read, the wrapping
+    // ghost (index 0 again) left out.
+    let a = global(&[12]);
+    let ring: Vec<usize> = (0..12).chain([0]).collect();
+    let pa = import(&buffer_of(&a, &[ring]), &[periodic(12, 0, 13, [2, 1])]).unwrap();
+    assert_eq!(whole(&pa), a);
     // Not periodic: the ends are boundary padding, each its own width, part of the array.
     let a = global(&[13]);
     let b = buffer_of(&a, &[(0..13).collect()]);
