@@ -225,7 +225,9 @@ mod tests {
 
     #[test]
     fn a_staging_tensor_is_pinned_host_memory_the_device_copies_into() {
-        let be = CudaBackend::emulated(41);
+        // Emulated device 45 is this test's (the SPMD staged tests' devices(40, 4) stage
+        // through 41's cache): its pinned counts and kept bytes are ours.
+        let be = CudaBackend::emulated(45);
         let host = Tensor::from_slice(&[1.5f64, -2.0, 3.25, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
         let dev = be.empty(&[2, 3], DType::Float64).unwrap();
         be.transfer(&host, &dev).unwrap();
