@@ -687,11 +687,16 @@ fn scatter_tensor(values: &Tensor, indices: &Tensor, out: &Tensor, axis: usize) 
 /// broadcasts it as it broadcasts a 0-d value on that device; `None` for any other values,
 /// which are written from where they are (host values into host memory of any kind in place).
 pub(crate) fn scalar_on(values: &Tensor, device: Device) -> Result<Option<Tensor>> {
-    let host_scalar = values.ndim() == 0 && values.device().is_host_accessible();
-    if !host_scalar || one_memory(values.device(), device) {
+    if !is_host_scalar(values) || one_memory(values.device(), device) {
         return Ok(None);
     }
     to_device(values, device).map(Some)
+}
+
+/// Whether a scatter's `values` are a scalar, 0-d in host memory, which [`scalar_on`] copies
+/// to any device written: the scatters that ask no `transfer` for it ask this.
+pub(crate) fn is_host_scalar(values: &Tensor) -> bool {
+    values.ndim() == 0 && values.device().is_host_accessible()
 }
 
 /// [`scalar_on`] for a scatter writing tensors on several devices: the copies it made are

@@ -387,7 +387,7 @@ impl PartitionedArray {
         };
         // A scalar (0-d values in host memory) writes partitions on any device: its one
         // element is copied to each such device once, below, and broadcast there.
-        let scalar = values.ndim() == 0 && values.device().is_host_accessible();
+        let scalar = ops::is_host_scalar(values);
         let value = values;
         let values = values.broadcast_to(&want).ok_or_else(|| {
             Error::shape(

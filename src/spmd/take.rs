@@ -408,7 +408,7 @@ pub fn scatter(
         }
         // A scalar (0-d values in host memory) writes partitions on any device: its one
         // element is copied to each such device once, below, and broadcast there.
-        let scalar = values.ndim() == 0 && values.device().is_host_accessible();
+        let scalar = ops::is_host_scalar(values);
         let value = values;
         let broadcast = ops::broadcast_values(values, &want, || {
             format!("scatter values must have shape {}", tuple_string(&want))
