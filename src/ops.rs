@@ -302,7 +302,7 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
     });
     let arrived = match crossings.is_empty() {
         true => Vec::new(),
-        false => crossings.send(&srcs, backends)?,
+        false => crossings.send(|i| srcs[i], backends)?,
     };
     for (view, op) in &arrived {
         let dst = dsts[op.dst];
@@ -325,6 +325,22 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
         waited_for(backend.as_ref(), copied)?;
     }
     Ok(())
+}
+
+/// The copies `ops`, each of which crosses between devices that are not one memory
+/// ([`one_memory`]: the copy `op` reads `src(op.src)` and writes a tensor on `dst(op.dst)`),
+/// packed on their source devices and moved to new memory on the target side in one transfer
+/// per device pair, as a repartition moves its crossing boxes ([`crossing`]): each box as it
+/// arrived, with its copy, for the target side's kernels to unpack. Only the boxes' bytes
+/// cross; nothing of the caller's is written, so an error leaves every target as it was.
+pub(crate) fn crossed<'s>(
+    ops: &[crate::plan::BoxCopy],
+    src: impl Fn(usize) -> &'s Tensor,
+    dst: impl Fn(usize) -> Device,
+) -> Result<Vec<(Tensor, crate::plan::BoxCopy)>> {
+    let crossings = crossing::Crossings::of_boxes(ops, |i| src(i).device(), dst);
+    let arrived = crossings.send(&src, &Backends::new())?;
+    Ok(arrived.into_iter().map(|(t, op)| (t, op.clone())).collect())
 }
 
 /// `copied` once `backend` has finished the work queued on it, also when the copies failed:

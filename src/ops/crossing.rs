@@ -67,19 +67,32 @@ impl Crossings {
         let mut pairs: BTreeMap<(Device, Device), Pair> = BTreeMap::new();
         plan.ops().visit(|op| {
             let (from, to) = (src[op.src].device(), dst[op.dst].device());
-            if one_memory(from, to) {
-                within(op);
-                return;
+            match one_memory(from, to) {
+                true => within(op),
+                false => add(&mut pairs, from, to, op),
             }
-            let pair = pairs.entry((from, to)).or_insert_with(|| Pair {
-                from,
-                to,
-                ops: Vec::new(),
-                numel: 0,
-            });
-            pair.numel += op.numel();
-            pair.ops.push(op.clone());
         });
+        Crossings::with(pairs)
+    }
+
+    /// The copies `ops` (a part of a plan: its copy `op` reads `src(op.src)` and writes a
+    /// tensor on `dst(op.dst)`), every one of which crosses between devices that are not one
+    /// memory, grouped by device pair as [`Crossings::of`] groups a plan's.
+    pub(super) fn of_boxes<'a>(
+        ops: impl IntoIterator<Item = &'a plan::BoxCopy>,
+        src: impl Fn(usize) -> Device,
+        dst: impl Fn(usize) -> Device,
+    ) -> Self {
+        let mut pairs: BTreeMap<(Device, Device), Pair> = BTreeMap::new();
+        for op in ops {
+            let (from, to) = (src(op.src), dst(op.dst));
+            debug_assert!(!one_memory(from, to), "{from} -> {to} is no crossing");
+            add(&mut pairs, from, to, op);
+        }
+        Crossings::with(pairs)
+    }
+
+    fn with(pairs: BTreeMap<(Device, Device), Pair>) -> Self {
         Crossings {
             pairs: pairs.into_values().collect(),
             pinned_max: crate::backend::cuda::pinned_cache_limit(),
@@ -110,12 +123,15 @@ impl Crossings {
     /// source side and moves it to the one on its target side. Returns each box as it arrived
     /// (a view of a target-side buffer) with its copy, for the target side's kernels to
     /// unpack. Writes no target.
-    pub(super) fn send<'p>(
+    pub(super) fn send<'p, 's>(
         &'p self,
-        src: &[&Tensor],
+        src: impl Fn(usize) -> &'s Tensor,
         backends: &Backends,
     ) -> Result<Vec<(Tensor, &'p plan::BoxCopy)>> {
-        let dtype = src.first().map(|t| t.dtype()).expect("a copy has a source");
+        let first = self.pairs.iter().flat_map(|p| p.ops.first()).next();
+        let Some(dtype) = first.map(|op| src(op.src).dtype()) else {
+            return Ok(Vec::new());
+        };
         let mut buffers = Vec::with_capacity(self.pairs.len());
         for p in &self.pairs {
             let (from, to) = (backend_of(backends, p.from)?, backend_of(backends, p.to)?);
@@ -135,7 +151,7 @@ impl Crossings {
         let mut packs: BTreeMap<Device, Vec<BoxCopy<'_>>> = BTreeMap::new();
         for (p, views) in self.pairs.iter().zip(&views) {
             for (op, view) in p.ops.iter().zip(views) {
-                let s = src[op.src];
+                let s = src(op.src);
                 packs
                     .entry(executor(s.device(), view.device()))
                     .or_default()
@@ -170,6 +186,18 @@ impl Crossings {
         }
         Ok(out)
     }
+}
+
+/// Adds the copy `op` from `from` to `to` to its pair's.
+fn add(pairs: &mut BTreeMap<(Device, Device), Pair>, from: Device, to: Device, op: &plan::BoxCopy) {
+    let pair = pairs.entry((from, to)).or_insert_with(|| Pair {
+        from,
+        to,
+        ops: Vec::new(),
+        numel: 0,
+    });
+    pair.numel += op.numel();
+    pair.ops.push(op.clone());
 }
 
 /// Each of `pair`'s boxes as a view of `buf`, one after the other in the order of its copies.

@@ -474,11 +474,11 @@ fn crossings_beyond_the_pinned_cache_go_through_ordinary_host_memory() {
     let dsts: Vec<&Tensor> = dst.iter().collect();
     // Once through first, for the device's job-table scratch (pinned memory it keeps).
     let crossings = super::Crossings::of(&plan, &srcs, &dsts, |_| {});
-    crossings.send(&srcs, &backends).unwrap();
+    crossings.send(|i| srcs[i], &backends).unwrap();
     be.release_staging();
     let before = be.emulated_pinned();
     let crossings = super::Crossings::of(&plan, &srcs, &dsts, |_| {}).pinned_up_to(0);
-    let arrived = crossings.send(&srcs, &backends).unwrap();
+    let arrived = crossings.send(|i| srcs[i], &backends).unwrap();
     assert_eq!(
         be.emulated_pinned().allocs,
         before.allocs,

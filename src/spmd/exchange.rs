@@ -4,7 +4,11 @@
 //! straight into its target partitions. Boxes whose source and target live on the same rank
 //! are copied there and never sent. Both sides take the boxes in the plan's order, so the
 //! buffers carry no headers. Large exchanges in host memory go in rounds (module `rounds`):
-//! each round packs and exchanges a slice of every peer's boxes.
+//! each round packs and exchanges a slice of every peer's boxes. A rank whose sources and
+//! targets are on devices that are not one memory (with `transfer`) packs what it sends on
+//! its sources' device and unpacks on its targets', and its boxes that stay cross between the
+//! two as a repartition in one process moves them ([`ops::crossed`]): only the plan's boxes
+//! cross, never a whole partition.
 
 use std::collections::HashMap;
 
@@ -171,7 +175,8 @@ pub(super) fn check_own_data(pa: &PartitionedArray, src_owners: &[usize], me: us
 /// The same array over `layout` across the ranks of `comm` (a collective call), with the bytes
 /// this rank moved. See [`SpmdTarget::resolve`] for where target partitions go; a target on
 /// another device than this rank's sources needs `transfer`, unless both are host memory (of
-/// any kinds: a plain copy, as in one process). New partitions are the memory
+/// any kinds: a plain copy, as in one process), and then only the plan's boxes cross between
+/// the rank's devices. New partitions are the memory
 /// their device names, as in one process ([`PartitionedArray::repartition`]): pinned memory
 /// from CUDA on `kDLCUDAHost` (an [`Error::BackendUnavailable`] where CUDA cannot load), and
 /// none on `kDLCUDAManaged` or `kDLROCMHost`, which dlpart does not make
@@ -600,12 +605,21 @@ impl Note {
 /// One rank's part of a collective exchange, prepared (planned, packed, allocated) before
 /// the ranks agree to go on.
 struct Stage {
+    /// The device this rank's targets are on, where it unpacks (host memory as `kDLCPU`);
+    /// its sources' where it has no targets.
     device: Option<Device>,
+    /// The device this rank's sources are on, where it packs what it sends; its targets'
+    /// where it has no sources.
+    src_device: Option<Device>,
     dtype: DType,
     itemsize: usize,
     sources: Vec<Option<Tensor>>,
     targets: Vec<Option<Tensor>>,
+    /// The boxes copied between this rank's own partitions within one memory.
     local: Vec<BoxCopy>,
+    /// The boxes that stay on this rank but cross between its sources' and its targets'
+    /// devices, as they arrived on the targets' side, with their copies.
+    crossed: Vec<(Tensor, BoxCopy)>,
     /// The boxes this rank sends: one list per peer, or one for every peer when
     /// `replicated`.
     segments: Vec<Vec<BoxCopy>>,
@@ -682,13 +696,22 @@ impl Stage {
                         ),
                     });
                 }
-                for t in sources.iter_mut().flatten() {
-                    *t = ops::to_device(t, d)?;
+                // Refused as a move of the partitions would be (a device without dlpart
+                // kernels, new memory of a kind dlpart does not make), before anything moves.
+                for t in sources.iter().flatten() {
+                    ops::transfer_runner(t.device(), d)?;
                 }
                 Some(d)
             }
             (s, d) => d.or(s),
         };
+        // What this rank sends is packed on its sources' device; what it receives is unpacked
+        // on its targets'. Where the two are not one memory, only the plan's boxes cross
+        // between them: the boxes that stay on this rank move as a repartition in one process
+        // moves them (`ops::crossed`), and those it sends or receives are staged through host
+        // memory by the exchange (`Segments::prepare`).
+        let src_device = src_dev.or(device);
+        let crossing = src_device != device;
         // Sources sharing memory with a target (repartition_into) are copied aside first.
         let held: Vec<&Tensor> = targets.iter().flatten().collect();
         let srcs: Vec<&Tensor> = sources.iter().flatten().collect();
@@ -711,7 +734,7 @@ impl Stage {
         let plan = Plan::new(pa.grid(), &target.grid)?;
         let mut segments: Vec<Vec<BoxCopy>> = vec![Vec::new(); if replicated { 1 } else { size }];
         let mut recvs: Vec<Vec<BoxCopy>> = vec![Vec::new(); size];
-        let mut local = Vec::new();
+        let mut local: Vec<BoxCopy> = Vec::new();
         // The bytes each rank sends to each other rank (for the number of rounds): a
         // replicated target gets a rank's every box, so that its one segment goes to all.
         let mut pairs: HashMap<(usize, usize), usize> = HashMap::new();
@@ -743,6 +766,18 @@ impl Stage {
             }
         }
         let bytes = |ops: &[BoxCopy]| ops.iter().map(BoxCopy::numel).sum::<usize>() * itemsize;
+        let local_bytes = bytes(&local) as u64;
+        // The boxes that stay on this rank but cross between its devices, moved now (before
+        // the ranks agree: an allocation or a transfer that fails is this rank's outcome
+        // there, and no target has been written), to be unpacked with the received ones.
+        let crossed = match crossing {
+            true => {
+                let src = |i: usize| sources[i].as_ref().expect("a source of this rank");
+                let dst = |j: usize| targets[j].as_ref().expect("a target of this rank");
+                ops::crossed(&std::mem::take(&mut local), src, |j| dst(j).device())?
+            }
+            false => Vec::new(),
+        };
         let seg_bytes: Vec<usize> = segments.iter().map(|s| bytes(s)).collect();
         let seg_start: Vec<usize> = prefix(&seg_bytes);
         let segment_of = |p: usize| if replicated { 0 } else { p };
@@ -756,16 +791,20 @@ impl Stage {
         // MPI reads and writes this rank's own tensors in place where every box of a peer is
         // one contiguous range of one tensor: that saves the pack or the unpack copy, which
         // costs as much as MPI's own copy (rows -> columns receives in place).
-        let direct = device.is_none_or(|d| d.is_host_accessible() || comm.accepts_device(d));
-        let only = |ts: &[Option<Tensor>]| match ts.iter().flatten().count() {
-            1 if direct => ts.iter().flatten().next().cloned(),
+        // A crossing rank's exchange goes through host memory (the communicator takes one
+        // device per call), so only a side in host memory is read or written in place.
+        let direct = |dev: Option<Device>| {
+            dev.is_none_or(|d| d.is_host_accessible() || (!crossing && comm.accepts_device(d)))
+        };
+        let only = |ts: &[Option<Tensor>], dev: Option<Device>| match ts.iter().flatten().count() {
+            1 if direct(dev) => ts.iter().flatten().next().cloned(),
             _ => None,
         };
-        let send_place = only(&sources).and_then(|t| {
+        let send_place = only(&sources, src_device).and_then(|t| {
             let at = in_place(&t, &segments, |op| &op.src_start, itemsize)?;
             Some((t, at))
         });
-        let recv_in_place = only(&targets)
+        let recv_in_place = only(&targets, device)
             .and_then(|t| in_place(&t, &recvs, |op| &op.dst_start, itemsize))
             .map(|at| {
                 for (p, a) in at.into_iter().enumerate() {
@@ -817,18 +856,19 @@ impl Stage {
                 w.device(d);
             }
         }
-        let local_bytes = bytes(&local) as u64;
         let mut sent: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
         if replicated && size == 1 {
             sent = vec![0];
         }
         let mut stage = Stage {
             device,
+            src_device,
             dtype,
             itemsize,
             sources,
             targets,
             local,
+            crossed,
             segments,
             replicated,
             recvs,
@@ -886,7 +926,7 @@ impl Stage {
         }
         let total: usize = self.segments.iter().flatten().map(BoxCopy::numel).sum();
         if !self.send_in_place && total > 0 {
-            let backend = crate::backend::scratch_backend(dev)?;
+            let backend = crate::backend::scratch_backend(self.src_device.unwrap_or(dev))?;
             self.send = Some(match rounds {
                 1 => {
                     let buf = backend.empty(&[total], dtype)?;
@@ -1014,7 +1054,8 @@ impl Stage {
                 true => Vec::new(),
                 false => self.recv_views(recv.as_ref()),
             };
-            let mut jobs: Vec<Job<'_>> = Vec::with_capacity(self.local.len() + views.len());
+            let mut jobs: Vec<Job<'_>> =
+                Vec::with_capacity(self.local.len() + self.crossed.len() + views.len());
             let target = |j: usize| self.targets[j].as_ref().expect("a target of this rank");
             for op in &self.local {
                 let src = self.sources[op.src]
@@ -1028,7 +1069,8 @@ impl Stage {
                     shape: op.shape.clone(),
                 });
             }
-            for (view, op) in &views {
+            let crossed = self.crossed.iter().map(|(view, op)| (view, op));
+            for (view, op) in crossed.chain(views.iter().map(|(view, op)| (view, *op))) {
                 jobs.push(Job {
                     src: view,
                     src_start: vec![0; op.shape.len()],

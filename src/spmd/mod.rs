@@ -13,7 +13,10 @@
 //!   between the ranks with bytes for each other in `MpiComm` and `dlpart.mpi`; one call, or
 //!   one per round when `DLPART_MPI_ROUND_BYTES` cuts a host exchange into rounds), unpacked
 //!   into the new local partitions; boxes that stay on a rank are copied locally and never
-//!   sent (module `exchange`).
+//!   sent (module `exchange`). Where a rank's sources and targets are on devices that are not
+//!   one memory (with `transfer`), only the plan's boxes cross between them: those the rank
+//!   keeps as a repartition in one process moves them (`ops::crossed`), those it sends packed
+//!   on the sources' device, those it receives unpacked on the targets'.
 //! - [`gather`], [`scatter`]: `numpy.take` and fancy assignment with global indices, each
 //!   index served by the rank holding it.
 //! - [`to`]: each rank's partitions moved onto a device of its own (module `moved`).
@@ -33,7 +36,8 @@
 //! error as payload, and every rank then returns the same [`Error::Collective`] (or the same
 //! validation error, computed from the same gathered metadata), so no rank waits forever.
 //! Everything of an exchange that can fail on one rank (packing, every buffer, the staging
-//! copy of what it sends) happens before that agreement; what can fail after the bytes moved
+//! copy of what it sends, the crossing of the boxes it keeps between its devices) happens
+//! before that agreement; what can fail after the bytes moved
 //! (device work: the copy of what arrived back to the device, the unpack kernels) is agreed
 //! on once more when any rank's side is in device memory, and gathers and scatters always
 //! confirm (a gather's local picks allocate, on the host too; a scatter's writes are device
@@ -191,6 +195,8 @@ pub struct Traffic {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "kernel-host-tests"))]
+mod tests_crossing;
 #[cfg(all(test, feature = "kernel-host-tests"))]
 mod tests_faults;
 #[cfg(test)]

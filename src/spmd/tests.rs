@@ -15,10 +15,10 @@ use crate::tensor::Tensor;
 mod cases;
 mod rounds;
 
-pub(super) use cases::block;
+pub(super) use cases::{block, expected_traffic};
 use cases::{
-    check_repartitioned, expected_traffic, local_parts, random_layout, random_picks, random_source,
-    reference, take_and_assign, Rng,
+    check_repartitioned, local_parts, random_layout, random_picks, random_source, reference,
+    take_and_assign, Rng,
 };
 
 fn assembled(comm: &ThreadComm, pa: &PartitionedArray) -> Option<ArrayD<f32>> {

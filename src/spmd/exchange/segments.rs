@@ -22,6 +22,7 @@ use crate::backend::{backend_for, staging_buffer, Backend};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::one_memory;
 use crate::tensor::Tensor;
 
 use super::super::agree::agree;
@@ -57,10 +58,12 @@ impl Segments<'_> {
     /// The buffers to exchange the segments of `send` (one buffer, a segment per peer) with:
     /// what arrives goes into `into` (this rank's own contiguous tensor on `dev`) when given,
     /// else into a new buffer of `dtype` on `dev`; nothing when nothing arrives. Device memory
-    /// goes to the communicator directly when it takes it, else through host staging memory
-    /// of the device as [`staging_buffer`] decides it (pinned on CUDA up to the pinned cache's
-    /// size and when it can be had, ordinary host memory otherwise), into which `send` is
-    /// copied here.
+    /// goes to the communicator directly when it takes it and both sides are in it, else
+    /// through host staging memory of the device as [`staging_buffer`] decides it (pinned on
+    /// CUDA up to the pinned cache's size and when it can be had, ordinary host memory
+    /// otherwise), into which `send` is copied here. `send` may be on another device than
+    /// `dev` (a rank whose sources and targets are on different devices): each side is then
+    /// staged on its own, and only `send`'s packed bytes cross.
     pub(in crate::spmd) fn prepare(
         &self,
         comm: &dyn Communicator,
@@ -72,7 +75,8 @@ impl Segments<'_> {
     ) -> Result<Buffers> {
         let total: usize = self.recv_counts.iter().sum();
         let n = total / itemsize;
-        if dev.is_host_accessible() || comm.accepts_device(dev) {
+        let together = send.is_none_or(|t| one_memory(t.device(), dev));
+        if together && (dev.is_host_accessible() || comm.accepts_device(dev)) {
             let recv = match total {
                 0 => None,
                 _ if into.is_some() => into,
@@ -90,11 +94,18 @@ impl Segments<'_> {
             });
         }
         // Device memory staged through the backend's host memory, for a communicator that
-        // does not take device pointers.
-        let b = backend_for(dev)?;
+        // does not take device pointers (or one call's two sides on two devices).
         let (recv, unstage) = match total {
             0 => (None, None),
+            _ if dev.is_host_accessible() => {
+                let host = match into {
+                    Some(t) => t,
+                    None => crate::backend::scratch_backend(dev)?.empty(&[n], dtype)?,
+                };
+                (Some(host), None)
+            }
             _ => {
+                let b = backend_for(dev)?;
                 let host = staging_buffer(&*b, &[n], dtype)?;
                 let out = match into {
                     Some(t) => t,
@@ -104,7 +115,9 @@ impl Segments<'_> {
             }
         };
         let send = match send {
+            Some(t) if t.device().is_host_accessible() => Some(t.clone()),
             Some(t) => {
+                let b = backend_for(t.device())?;
                 let host = staging_buffer(&*b, t.shape(), t.dtype())?;
                 b.transfer(t, &host)?;
                 Some(host)
