@@ -50,6 +50,20 @@
 //! error naming the axis, both processes and both paddings; [`import_spmd`] checks them from
 //! every rank's dictionaries.
 //!
+//! **Block axes over ranks.** The protocol has the dimension dictionaries of the processes at
+//! one `proc_grid_rank` along an axis identical, but for padding, which may differ at the ends
+//! of the process grid (boundary padding). Along a block axis [`import_spmd`] holds them to it
+//! by the global indices each owns: `start..stop` less its communication padding, boundary
+//! padding and an end counted in `size` kept, as read above (so a low end that wraps around,
+//! `start = -padding[0]`, owns what one counted in `size`, `start = 0`, does). Ranks there
+//! owning different indices are an error naming the axis, both ranks, the `proc_grid_rank`,
+//! their `start`, `stop` and `padding` and what each owns; ranks giving the axis different
+//! `size`s are one too. The coordinates' blocks must own every global index once (in any
+//! order; an empty block owns none): an index owned twice, or by no process, is an error
+//! naming it and what each coordinate owns. An undistributed axis (`proc_grid_size` 1, the
+//! protocol's empty dictionary among them) is thus owned whole by every rank, and every rank
+//! gives it one `size`.
+//!
 //! **Cyclic axes.** The protocol has the dimension dictionaries of the processes at one
 //! `proc_grid_rank` along an axis identical; along a cyclic axis [`import_spmd`] holds them to
 //! it (the same `start` and `block_size`), deals blocks of one `block_size` along the axis,
@@ -733,14 +747,16 @@ pub fn import(buffer: &Tensor, dims: &[DimData]) -> Result<PartitionedArray> {
 /// every rank return the same error. An all-gather of the ranks' dictionaries comes first:
 /// along an unstructured axis, an index several processes hold is read from the one of lowest
 /// `proc_grid_rank` (an error when `one_to_one` is true; see the module docs); along a block
-/// axis, communication padding wider than the indices its neighbour owns, padding unequal to
-/// its neighbour's across a boundary, and ranks that disagree on `periodic`, are errors; along
-/// a cyclic axis, ranks at one `proc_grid_rank` that give different `start`s or `block_size`s,
-/// coordinates that deal blocks of different sizes, and blocks that hold an index twice or
-/// not at all, are errors; so are ranks that give one axis different `dist_type`s. Each rank
-/// sends a few numbers per axis, and for an index list its runs of consecutive indices (the
-/// lowest rank at each coordinate; the others a fingerprint of theirs, which must match):
-/// bytes per run, not per index.
+/// axis, ranks that disagree on `periodic` or `size`, ranks at one `proc_grid_rank` that own
+/// different global indices, blocks that own an index twice or not at all (an undistributed
+/// axis not owned whole), communication padding wider than the indices its neighbour owns,
+/// and padding unequal to its neighbour's across a boundary, are errors; along a cyclic axis,
+/// ranks at one `proc_grid_rank` that give different `start`s or `block_size`s, coordinates
+/// that deal blocks of different sizes, and blocks that hold an index twice or not at all, are
+/// errors; so are ranks that give one axis different `dist_type`s. Each rank sends a few
+/// numbers per axis, and for an index list its runs of consecutive indices (the lowest rank at
+/// each coordinate; the others a fingerprint of theirs, which must match): bytes per run, not
+/// per index.
 pub fn import_spmd(
     comm: &dyn Communicator,
     buffer: &Tensor,
@@ -795,12 +811,17 @@ struct AxisShare {
 
 /// The distribution's part of an [`AxisShare`].
 enum Shared {
-    /// A block: `periodic`, its `padding` (for messages) and the widths of its communication
-    /// padding at each end ([`DimData::communication_padding`]).
+    /// A block: `periodic`, its `padding` (for messages), the widths of its communication
+    /// padding at each end ([`DimData::communication_padding`]) and the first global index it
+    /// owns (`start` past the low communication padding): the block owns
+    /// `owned_start..owned_start + owned`, which every rank at one coordinate gives alike and
+    /// which the coordinates' blocks tile (see [`check_blocks`]). `start` and `stop` are those
+    /// less and plus the communication padding.
     Block {
         periodic: bool,
         padding: [usize; 2],
         communication: [usize; 2],
+        owned_start: usize,
     },
     /// Cyclic blocks: `start` and `block_size`, which every rank at one coordinate gives
     /// alike, and whose blocks cover the axis once over the coordinates (see
@@ -848,8 +869,13 @@ fn encode_axes(dims: &[DimData], axes: &[Vec<Run>]) -> Vec<u8> {
                 periodic,
             } => {
                 let [low, high] = d.communication_padding(start, stop, padding);
+                // At least 0: `DimData::runs` let `start` below 0 only as `-padding[0]`, at a
+                // low end whose padding is communication padding (`low`).
+                let owned_start =
+                    usize::try_from(start as i128 + low as i128).expect("checked by DimData::runs");
                 w.u8(2).u8(u8::from(periodic));
                 w.usize(padding[0]).usize(padding[1]).usize(low).usize(high);
+                w.usize(owned_start);
             }
             &Distribution::Cyclic { start, block_size } => {
                 w.u8(0).usize(start).usize(block_size);
@@ -890,6 +916,7 @@ fn decode_axes(mut r: Reader<'_>) -> Result<Vec<AxisShare>> {
                 periodic: r.u8()? == 1,
                 padding: [r.usize()?, r.usize()?],
                 communication: [r.usize()?, r.usize()?],
+                owned_start: r.usize()?,
             },
             1 => {
                 let one_to_one = r.u8()? == 1;
@@ -939,10 +966,8 @@ fn and_list(items: &[usize]) -> String {
 /// process grid, and on each axis what one rank cannot check alone. Along an unstructured
 /// axis: that every global index is held, then cuts this rank's (`me`) runs there down to
 /// the indices it is the lowest coordinate to hold (see the module docs on `one_to_one`).
-/// Along a block axis: that the ranks agree on `periodic`, that each communication padding is
-/// at most as wide as the indices its neighbour owns, and as wide as its neighbour's across
-/// their boundary. Along a cyclic axis: see [`check_cyclic`]. Along every axis, first: that
-/// every rank gives it the same `dist_type`.
+/// Along a block axis: see [`check_blocks`]. Along a cyclic axis: see [`check_cyclic`]. Along
+/// every axis, first: that every rank gives it the same `dist_type`.
 fn read_from_lowest(shares: &[Vec<AxisShare>], me: usize, axes: &mut [Vec<Run>]) -> Result<()> {
     // One process grid on every rank, or the coordinates below are not of one grid.
     let grid = |s: &[AxisShare]| s.iter().map(|a| a.procs).collect::<Vec<_>>();
@@ -1002,11 +1027,36 @@ fn periodic_of(share: &AxisShare) -> Option<bool> {
     }
 }
 
+/// `(start, stop, padding)` of a rank's share of a block axis as its dictionary gives them,
+/// and the global indices it owns, `start..stop` less its communication padding.
+fn block_of(share: &AxisShare) -> (isize, usize, [usize; 2], (usize, usize)) {
+    match share.kind {
+        Shared::Block {
+            padding,
+            communication,
+            owned_start,
+            ..
+        } => {
+            let owned = (owned_start, owned_start + share.owned);
+            // Both fit: `DimData::runs` read them from an `isize` start and a `usize` stop.
+            let start = (owned_start as i128 - communication[0] as i128) as isize;
+            let stop = owned.1 + communication[1];
+            (start, stop, padding, owned)
+        }
+        _ => unreachable!("check_blocks reads block axes"),
+    }
+}
+
 /// [`read_from_lowest`] along block axis `a`, over `procs` coordinates `stride` ranks apart
-/// (every rank's share of it in `axis`): the ranks agree on `periodic`, each communication
-/// padding is at most as wide as the indices its neighbour owns, and as wide as the
-/// neighbour's padding facing it (the protocol's rules; the wrap-around neighbour's on a
-/// periodic axis).
+/// (every rank's share of it in `axis`): the ranks agree on `periodic` and `size`; the ranks
+/// at one coordinate own the same global indices (the protocol has the dimension dictionaries
+/// at one `proc_grid_rank` identical, their padding aside, which may differ at the ends of the
+/// process grid: so the indices compared are `start..stop` less communication padding, with
+/// boundary padding and an end counted in `size` kept, as [`DimData::runs`] reads them); the
+/// coordinates' blocks own every global index once (in any order; along an axis of one
+/// process, an undistributed one, that block owns all of it); each communication padding is
+/// at most as wide as the indices its neighbour owns, and as wide as the neighbour's padding
+/// facing it (the protocol's rules; the wrap-around neighbour's on a periodic axis).
 fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> Result<()> {
     let at = Some((a, 'b'));
     let mut blocks = (0..axis.len()).filter_map(|r| Some((r, periodic_of(axis[r])?)));
@@ -1024,6 +1074,101 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
                 ),
             ));
         }
+    }
+    let size = axis[0].size;
+    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
+        return Err(error(
+            at,
+            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
+        ));
+    }
+    // The first rank at each coordinate; the others there own the same indices.
+    let mut first: Vec<Option<usize>> = vec![None; procs];
+    for (r, share) in axis.iter().enumerate() {
+        let c = share.coord;
+        match first[c] {
+            None => first[c] = Some(r),
+            Some(r0) if block_of(axis[r0]).3 != block_of(share).3 => {
+                let (s0, t0, p0, o0) = block_of(axis[r0]);
+                let (s, t, p, o) = block_of(share);
+                return Err(error(
+                    at,
+                    format!(
+                        "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start \
+                         {s0}, stop {t0}, padding {} and start {s}, stop {t}, padding {}, which \
+                         own global indices {}..{} and {}..{} (the protocol has the dimension \
+                         dictionaries at one proc_grid_rank identical)",
+                        tuple_string(&p0),
+                        tuple_string(&p),
+                        o0.0,
+                        o0.1,
+                        o.0,
+                        o.1
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut owned: Vec<(usize, usize)> = Vec::with_capacity(procs);
+    for (c, r) in first.iter().enumerate() {
+        let Some(r) = *r else {
+            return Err(error(
+                at,
+                format!("no rank is at proc_grid_rank {c} along it"),
+            ));
+        };
+        owned.push(block_of(axis[r]).3);
+    }
+    // The coordinates' owned indices, by start, must tile `0..size`.
+    let mut spans: Vec<(usize, usize, usize)> = owned
+        .iter()
+        .enumerate()
+        .map(|(c, &(lo, hi))| (lo, hi, c))
+        .collect();
+    spans.sort_unstable();
+    let Sweep { twice, gap, end } = sweep(spans.iter().map(|&(lo, hi, _)| (lo, hi)));
+    let gap = gap.or((end < size).then_some((end, size)));
+    let ranges = |coords: &[usize]| -> Vec<String> {
+        coords
+            .iter()
+            .map(|&c| format!("{}..{}", owned[c].0, owned[c].1))
+            .collect()
+    };
+    if let Some(g) = twice.filter(|&g| gap.is_none_or(|(lo, _)| g < lo)) {
+        let mut coords: Vec<usize> = spans
+            .iter()
+            .filter(|&&(lo, hi, _)| lo <= g && g < hi)
+            .map(|s| s.2)
+            .collect();
+        coords.sort_unstable();
+        return Err(error(
+            at,
+            format!(
+                "global index {g} is owned by the processes at proc_grid_rank {} along it \
+                 (global indices {}): blocks own each index once",
+                and_list(&coords),
+                ranges(&coords).join(" and ")
+            ),
+        ));
+    }
+    if let Some((lo, hi)) = gap {
+        let all: Vec<usize> = (0..procs).collect();
+        let owners = match procs {
+            1 => format!(
+                "proc_grid_rank 0, the only process along it, owns {}..{} of size {size}",
+                owned[0].0, owned[0].1
+            ),
+            _ => format!(
+                "proc_grid_rank 0 to {} own {} of size {size}",
+                procs - 1,
+                ranges(&all).join(", ")
+            ),
+        };
+        return Err(error(
+            at,
+            format!("global indices {lo}..{hi} are owned by no process ({owners})"),
+        ));
     }
     // The neighbour along the axis of rank `r` (at coordinate `c`): the rank at coordinate
     // `next` there, at the same coordinates along the other axes.

@@ -298,9 +298,13 @@ def from_distarray(obj: Any, comm: Any) -> "SpmdArray":
     with ``one_to_one=True`` it is a `dlpart.ProtocolError` on every rank. So is
     communication padding wider than the indices the neighbouring rank owns, or unequal to the
     neighbour's padding facing it (across the wrap-around too, on a ``periodic`` axis), ranks
-    that disagree on ``periodic``, ranks that give one axis different ``dist_type``
-    values, ranks at one ``proc_grid_rank`` of a cyclic axis that give different ``start`` or
-    ``block_size`` values, and cyclic blocks that hold an index twice or not at all. The ranks exchange each index list as its runs of consecutive indices: the
+    that disagree on ``periodic``, ranks that give one axis different ``dist_type`` or
+    ``size`` values, ranks at one ``proc_grid_rank`` of a block axis that own different
+    indices (``start`` to ``stop`` less communication padding: boundary padding may differ),
+    blocks that own an index twice or not at all (so an undistributed axis, ``{}`` included, is
+    owned whole by every rank), ranks at one ``proc_grid_rank`` of a cyclic axis that give
+    different ``start`` or ``block_size`` values, and cyclic blocks that hold an index twice or
+    not at all. The ranks exchange each index list as its runs of consecutive indices: the
     metadata grows with the runs, not with the indices."""
     from . import _distarray
 

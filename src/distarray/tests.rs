@@ -1559,3 +1559,188 @@ fn cyclic_blocks_must_hold_every_index_once() {
         assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), short);
     }
 }
+
+/// On 4 ranks, a 4 x 4 array over a 2 x 2 grid, blocks along both axes: rank `r` (grid row
+/// `r / 2`, column coordinate `r % 2`) gives axis 0 the block `rows(r)` (`start`, `stop`,
+/// `padding`, `periodic`), its buffer holding those rows (taken modulo 4 where they wrap
+/// around) and columns `2 * (r % 2)..2 * (r % 2) + 2`. What every rank reads, assembled.
+fn block_rows(
+    rows: impl Fn(usize) -> (isize, usize, [usize; 2], bool) + Sync,
+) -> Vec<Result<ArrayD<f64>>> {
+    let a = global(&[4, 4]);
+    ThreadComm::run(4, |comm| {
+        let r = comm.rank();
+        let (i, j) = (r / 2, r % 2);
+        let (start, stop, padding, periodic) = rows(r);
+        let held = (start..stop as isize)
+            .map(|g| g.rem_euclid(4) as usize)
+            .collect();
+        let buffer = buffer_of(&a, &[held, (2 * j..2 * j + 2).collect()]);
+        let row = Distribution::Block {
+            start,
+            stop,
+            padding,
+            periodic,
+        };
+        let dims = [
+            DimData::new(4, row).on_grid(2, i),
+            DimData::new(4, Distribution::block(2 * j, 2 * j + 2).unwrap()).on_grid(2, j),
+        ];
+        let pa = import_spmd(comm, &buffer, &dims)?;
+        let whole = crate::spmd::assemble(comm, &pa, None, None, false)?;
+        Ok(whole.map_or_else(|| a.clone(), |t| t.to_array::<f64>().unwrap()))
+    })
+}
+
+#[test]
+fn ranks_at_one_block_coordinate_own_the_same_indices() {
+    let a = global(&[4, 4]);
+    let plain = |r: usize| [(0, 2), (0, 2), (2, 4), (2, 4)][r];
+    let rows = |r: usize| {
+        let (lo, hi) = plain(r);
+        (lo as isize, hi, [0, 0], false)
+    };
+    for r in block_rows(rows) {
+        assert_eq!(r.unwrap(), a);
+    }
+    // Boundary padding, at the ends of the grid, differs between the two columns (the
+    // protocol allows it): the same rows are owned at each coordinate, so it is read.
+    let bounded = |r: usize| {
+        let (lo, hi) = plain(r);
+        (lo as isize, hi, [[1, 0], [0, 0], [0, 2], [0, 0]][r], false)
+    };
+    for r in block_rows(bounded) {
+        assert_eq!(r.unwrap(), a);
+    }
+    // A periodic axis with a halo of 1 at every boundary: the low end wraps around in column
+    // 0 (start -1) and is counted in size in column 1 (start 0); the high end wraps in both.
+    // Different starts at proc_grid_rank 0, but the same rows owned: read.
+    let ends = |r: usize| match r {
+        0 => (-1, 3, [1, 1], true),
+        1 => (0, 3, [1, 1], true),
+        _ => (1, 5, [1, 1], true),
+    };
+    for r in block_rows(ends) {
+        assert_eq!(r.unwrap(), a);
+    }
+    // Column 1 gives its two rows' ranges the other way round: every element is still held
+    // once, but the dictionaries at one proc_grid_rank differ.
+    let swapped = |r: usize| {
+        let (lo, hi) = plain([0, 3, 2, 1][r]);
+        (lo as isize, hi, [0, 0], false)
+    };
+    all_failed(
+        block_rows(swapped),
+        "dim_data[0] ('b'): ranks 0 and 1, both at proc_grid_rank 0 along it, give start 0, \
+         stop 2, padding (0, 0) and start 2, stop 4, padding (0, 0), which own global indices \
+         0..2 and 2..4 (the protocol has the dimension dictionaries at one proc_grid_rank \
+         identical)",
+    );
+    // The same start and stop at proc_grid_rank 1, but in column 0 row 1 is communication
+    // padding (the neighbour's, as wide as the neighbour's padding facing it): the two ranks
+    // there own different rows.
+    let padded = |r: usize| match r {
+        0 => (0, 3, [0, 1], false),
+        1 => (0, 2, [0, 0], false),
+        2 => (1, 4, [1, 0], false),
+        _ => (1, 4, [0, 0], false),
+    };
+    all_failed(
+        block_rows(padded),
+        "dim_data[0] ('b'): ranks 2 and 3, both at proc_grid_rank 1 along it, give start 1, \
+         stop 4, padding (1, 0) and start 1, stop 4, padding (0, 0), which own global indices \
+         2..4 and 1..4 (the protocol has the dimension dictionaries at one proc_grid_rank \
+         identical)",
+    );
+}
+
+#[test]
+fn blocks_must_own_every_index_once() {
+    // 8 indices over 4 ranks, rank r holding the block `blocks[r]`: what every rank reads,
+    // assembled.
+    let a = global(&[8]);
+    let dealt = |blocks: [(usize, usize); 4]| {
+        on_four(|comm| {
+            let r = comm.rank();
+            let (lo, hi) = blocks[r];
+            let buffer = buffer_of(&a, &[(lo..hi).collect()]);
+            let d = DimData::new(8, Distribution::block(lo, hi)?);
+            let pa = import_spmd(comm, &buffer, &[d.on_grid(4, r)])?;
+            crate::spmd::assemble(comm, &pa, None, None, false)
+        })
+    };
+    // Blocks that tile the axis, empty ones and any order included: read.
+    for blocks in [
+        [(0, 2), (2, 4), (4, 6), (6, 8)],
+        [(0, 3), (3, 3), (3, 8), (8, 8)],
+        [(2, 4), (0, 2), (6, 8), (4, 6)],
+    ] {
+        for r in dealt(blocks) {
+            assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+        }
+    }
+    all_failed(
+        dealt([(0, 3), (2, 4), (4, 6), (6, 8)]),
+        "dim_data[0] ('b'): global index 2 is owned by the processes at proc_grid_rank 0 and 1 \
+         along it (global indices 0..3 and 2..4): blocks own each index once",
+    );
+    all_failed(
+        dealt([(0, 2), (3, 4), (4, 6), (6, 8)]),
+        "dim_data[0] ('b'): global indices 2..3 are owned by no process (proc_grid_rank 0 to 3 \
+         own 0..2, 3..4, 4..6, 6..8 of size 8)",
+    );
+    all_failed(
+        dealt([(0, 2), (2, 4), (4, 6), (6, 7)]),
+        "dim_data[0] ('b'): global indices 7..8 are owned by no process (proc_grid_rank 0 to 3 \
+         own 0..2, 2..4, 4..6, 6..7 of size 8)",
+    );
+}
+
+#[test]
+fn an_undistributed_axis_is_owned_whole_by_every_rank() {
+    // A 4 x 4 array over a 4 x 1 grid: rank r holds row r and, along the undistributed axis
+    // 1, `cols(r)` (`size`, `start`, `stop`), its buffer exactly those columns. What every
+    // rank reads, assembled.
+    let a = global(&[4, 4]);
+    let read = |cols: &(dyn Fn(usize) -> DimData + Sync)| {
+        on_four(|comm| {
+            let r = comm.rank();
+            let d = cols(r);
+            let Distribution::Block { start, stop, .. } = d.distribution else {
+                unreachable!()
+            };
+            let held = (start as usize..stop).collect();
+            let buffer = buffer_of(&a, &[vec![r], held]);
+            let rows = DimData::new(4, Distribution::block(r, r + 1)?).on_grid(4, r);
+            let pa = import_spmd(comm, &buffer, &[rows, d])?;
+            crate::spmd::assemble(comm, &pa, None, None, false)
+        })
+    };
+    let part = |lo: usize, hi: usize| DimData::new(4, Distribution::block(lo, hi).unwrap());
+    // The protocol's empty dictionary (the whole buffer), or one block of all 4: read.
+    for r in read(&|_| DimData::undistributed(4)) {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+    }
+    for r in read(&|_| part(0, 4)) {
+        assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
+    }
+    // Every rank gives columns 0..2 of 4: the one process along the axis does not own it all.
+    all_failed(
+        read(&|_| part(0, 2)),
+        "dim_data[1] ('b'): global indices 2..4 are owned by no process (proc_grid_rank 0, the \
+         only process along it, owns 0..2 of size 4)",
+    );
+    // Rank 2 alone gives part of it.
+    all_failed(
+        read(&|r| if r == 2 { part(0, 2) } else { part(0, 4) }),
+        "dim_data[1] ('b'): ranks 0 and 2, both at proc_grid_rank 0 along it, give start 0, \
+         stop 4, padding (0, 0) and start 0, stop 2, padding (0, 0), which own global indices \
+         0..4 and 0..2 (the protocol has the dimension dictionaries at one proc_grid_rank \
+         identical)",
+    );
+    // Rank 3's buffer is one column short, and its empty dictionary says an axis of 3.
+    all_failed(
+        read(&|r| DimData::undistributed(if r == 3 { 3 } else { 4 })),
+        "dim_data[1] ('b'): size 4 on rank 0, 3 on rank 3",
+    );
+}

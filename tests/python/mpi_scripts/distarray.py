@@ -17,8 +17,10 @@ million consecutive indices per rank, overlapping, are read from the lowest rank
 communication padding wider than the neighbour's indices, padding unequal to the neighbour's
 across a boundary (the wrap-around of a periodic axis included), ranks disagreeing on
 periodic or on an axis's dist_type, ranks at one proc_grid_rank of a cyclic axis giving
-different starts, cyclic blocks holding an index twice, and a rank whose process-grid
-coordinates disagree with its rank make every rank raise `dlpart.ProtocolError`.
+different starts, cyclic blocks holding an index twice, ranks at one proc_grid_rank of a block
+axis owning different indices, an undistributed axis not owned whole or given different sizes,
+and a rank whose process-grid coordinates disagree with its rank make every rank raise
+`dlpart.ProtocolError`.
 
 usage: distarray.py SEED CASES. Prints "ok <rank> <cases>" when every check passed; any
 failure aborts every rank (MPI_Abort), so nothing waits.
@@ -333,6 +335,64 @@ def cyclic_starts_that_break_the_protocol_fail_every_rank():
     np.testing.assert_array_equal(np.from_dlpack(got), x)
 
 
+def block_ranges_that_break_the_protocol_fail_every_rank():
+    # Blocks of two rows over a 2 x (size / 2) grid, one column per rank along the second axis.
+    cols = size // 2
+    x = np.arange(4.0 * cols).reshape(4, cols)
+    i, j = divmod(rank, cols)
+
+    def read(row):
+        d = {"__version__": "0.10.0", "buffer": x[2 * row:2 * row + 2, j:j + 1],
+             "dim_data": ({"dist_type": "b", "size": 4, "proc_grid_size": 2,
+                           "proc_grid_rank": i, "start": 2 * row, "stop": 2 * row + 2},
+                          {"dist_type": "b", "size": cols, "proc_grid_size": cols,
+                           "proc_grid_rank": j, "start": j, "stop": j + 1})}
+        return dlpart.mpi.from_distarray(d, comm)
+
+    # The last column gives its two rows' ranges the other way round: every element is still
+    # held once, but the ranks at one proc_grid_rank along the rows own different rows.
+    try:
+        read(1 - i if j == cols - 1 else i)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            f"__distarray__ dim_data[0] ('b'): ranks 0 and {cols - 1}, both at proc_grid_rank "
+            "0 along it, give start 0, stop 2, padding (0, 0) and start 2, stop 4, padding "
+            "(0, 0), which own global indices 0..2 and 2..4 (the protocol has the dimension "
+            "dictionaries at one proc_grid_rank identical)"), e
+    else:
+        raise AssertionError("ranks at one proc_grid_rank owning different rows were accepted")
+    got = read(i).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(got), x)
+
+    # An undistributed axis, one row per rank: each rank owns all of it, and gives one size.
+    y = np.arange(3.0 * size).reshape(size, 3)
+
+    def read_whole(axis1, n=3):
+        d = {"__version__": "0.10.0", "buffer": y[rank:rank + 1, :n],
+             "dim_data": ({"dist_type": "b", "size": size, "proc_grid_size": size,
+                           "proc_grid_rank": rank, "start": rank, "stop": rank + 1}, axis1)}
+        return dlpart.mpi.from_distarray(d, comm)
+
+    try:
+        read_whole({"dist_type": "b", "size": 3, "start": 0, "stop": 2}, 2)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            "__distarray__ dim_data[1] ('b'): global indices 2..3 are owned by no process "
+            "(proc_grid_rank 0, the only process along it, owns 0..2 of size 3)"), e
+    else:
+        raise AssertionError("an undistributed axis no process owns all of was accepted")
+    # The protocol's empty dictionary is the whole buffer: the last rank's is a column short.
+    try:
+        read_whole({}, 2 if rank == size - 1 else 3)
+    except dlpart.ProtocolError as e:
+        assert str(e) == (
+            f"__distarray__ dim_data[1] ('b'): size 3 on rank 0, 2 on rank {size - 1}"), e
+    else:
+        raise AssertionError("ranks giving an undistributed axis different sizes were accepted")
+    got = read_whole({}).assemble(root=None)
+    np.testing.assert_array_equal(np.from_dlpack(got), y)
+
+
 def disagreeing_grid_rank_fails_every_rank():
     x = np.arange(8.0)
     coord = 3 - rank if rank in (1, 2) else rank  # ranks 1 and 2 swap coordinates
@@ -362,5 +422,6 @@ run(check_case, shared_indices_are_read_from_the_lowest_rank,
     long_contiguous_lists_are_read_as_runs,
     padding_wider_than_the_neighbours_share_fails_every_rank,
     unequal_padding_across_a_boundary_fails_every_rank, mixed_dist_types_fail_every_rank,
-    cyclic_starts_that_break_the_protocol_fail_every_rank, disagreeing_grid_rank_fails_every_rank,
+    cyclic_starts_that_break_the_protocol_fail_every_rank,
+    block_ranges_that_break_the_protocol_fail_every_rank, disagreeing_grid_rank_fails_every_rank,
     layouts_without_one_block_per_rank_are_refused)
