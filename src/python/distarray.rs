@@ -171,9 +171,10 @@ fn dim_data(dim: &Bound<'_, PyAny>, axis: usize, extent: usize) -> Result<DimDat
 }
 
 /// An unstructured axis's global indices: a host int64 array (numpy's default) read through
-/// DLPack, any other sequence of integers as [`ints::ints`] reads arguments. An entry out of
-/// range (a negative one included: dlpart reads global indices of the array) or no int at all
-/// is named `'indices'[k]`, with its value.
+/// DLPack, any other sequence of integers entry by entry as [`count`] reads an int. An entry
+/// out of range (a negative one included: dlpart reads global indices of the array), a bool
+/// (the protocol's ints are no flags) or no int at all is named `'indices'[k]`, with its value
+/// (`"'indices'[0]: True is not an int (a bool)"`).
 fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
     const NAME: &str = "'indices'";
     let imported = match is_producer(v) {
@@ -200,19 +201,9 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
             })
             .collect();
     }
-    ints::ints::<usize>(v, NAME, Refusal::Value).map_err(|e| {
-        if e.is_instance_of::<PyValueError>(v.py()) {
-            return refused(e, v, NAME, at);
-        }
-        // No sequence of ints: the first entry that is no int, else the whole.
-        let entries = v.try_iter().ok().into_iter().flatten().flatten();
-        for (k, x) in entries.enumerate() {
-            if let Err(e) = ints::int::<usize>(&x, NAME, Refusal::Value) {
-                if !e.is_instance_of::<PyValueError>(v.py()) {
-                    return refused(e, &x, &format!("{NAME}[{k}]"), at);
-                }
-            }
-        }
+    // Read as pyo3 reads a `Vec` (any sequence but a `str`), each entry as `count` reads an
+    // int: a bool is no index, so it is checked where the entry is read, in the one pass.
+    let entries: Vec<Bound<'_, PyAny>> = v.extract().map_err(|e: PyErr| {
         Error::dist_array(
             at,
             format!(
@@ -221,7 +212,16 @@ fn indices(v: &Bound<'_, PyAny>, at: &str) -> Result<Vec<usize>> {
                 e.value(v.py())
             ),
         )
-    })
+    })?;
+    let mut out = Vec::with_capacity(entries.len());
+    for (k, x) in entries.iter().enumerate() {
+        match x.extract::<usize>() {
+            Ok(i) if !x.is_instance_of::<PyBool>() => out.push(i),
+            // Read again to name the entry: a bool, no int at all, or out of range.
+            _ => out.push(count(x, &format!("{NAME}[{k}]"), at)?),
+        }
+    }
+    Ok(out)
 }
 
 /// The dict's `dim_data`: a tuple (or list) of dimension dictionaries, for a buffer of shape

@@ -183,6 +183,13 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
     (dap(np.zeros(3), dim("u", 3, indices=[0, -1, 2])), rf"'indices'\[1\]: -1 is out of range {U64}$"),
     (dap(np.zeros(3), dim("u", 3, indices=[0, 1, "2"])), r"'indices'\[2\]: '2' is not an int \("),
     (dap(np.zeros(3), dim("u", 3, indices=5)), r"'indices': 5 is not a sequence of ints \("),
+    # A bool is no int in 'indices' either, as in every int key.
+    (dap(np.zeros(3), dim("u", 3, indices=[True, False, 2])),
+     r"'indices'\[0\]: True is not an int \(a bool\)$"),
+    (dap(np.zeros(3), dim("u", 3, indices=(2, 0, False))),
+     r"'indices'\[2\]: False is not an int \(a bool\)$"),
+    (dap(np.zeros(2), dim("u", 2, indices=np.array([True, False]))),
+     r"'indices'\[0\]: (np\.)?True_? is not an int \("),
     (dap(np.zeros(2), dim("u", 2, indices=np.array([0, 2**63], dtype=np.uint64))),
      r"index 9223372036854775808 outside \[0, 2\)"),
     # Wrap-around padding wider than the block (its own neighbour on one process) owns.
