@@ -31,6 +31,11 @@
 //! (`proc_grid_size` 1, which the protocol allows periodic and padded) both ends are the same
 //! block's.
 //!
+//! **`padding`** (blocks) is the first `padding[0]` and the last `padding[1]` indices of the
+//! buffer (the protocol's padding regions at its beginning and end): the two together wider
+//! than the block (`stop - start`, the buffer's extent along the axis), boundary padding
+//! included, is an error naming the axis, the padding and the extent ([`DimData::runs`]).
+//!
 //! Communication padding, between processes or wrapping around, is at most as wide as the
 //! indices the neighbouring process owns (the protocol's rule): an error naming the axis, the
 //! padding and the neighbour's count otherwise, wherever the neighbour's share is known. On
@@ -466,6 +471,20 @@ impl DimData {
                 ),
             ));
         }
+        // The padding is the first `padding[0]` and the last `padding[1]` indices of the buffer
+        // (the protocol's "padding region at the beginning and end of a buffer"): together at
+        // most the block, else the two regions would overlap or reach outside it.
+        let padded = padding[0] as i128 + padding[1] as i128;
+        if padded > extent as i128 {
+            return Err(error(
+                where_,
+                format!(
+                    "padding {pad} is {padded} wide, wider than the block's {extent} indices \
+                     along the axis (start {start}, stop {stop}): the protocol's padding is \
+                     part of the buffer, at its two ends"
+                ),
+            ));
+        }
         let last = coord + 1 == procs;
         // An end below 0 or beyond `size`: the wrap-around neighbour's indices, at that end of a
         // periodic axis alone, and exactly its padding wide.
@@ -514,13 +533,8 @@ impl DimData {
         }
         // Communication padding (a neighbour's indices, the wrap-around one's included) is left
         // out; boundary padding (at the ends of the grid, inside the array) is part of it.
+        // At most `extent` together: each is at most its end's padding, checked above.
         let [left, right] = self.communication_padding(start, stop, padding);
-        if left as i128 + right as i128 > extent as i128 {
-            return Err(error(
-                where_,
-                format!("padding {pad} on a block of {extent}"),
-            ));
-        }
         let len = extent - left - right;
         // Communication padding is at most as wide as the neighbour's indices (the protocol's
         // rule). On one process the wrap-around neighbour is this block: checked here; across

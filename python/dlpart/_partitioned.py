@@ -747,7 +747,8 @@ def from_distarray(obj: Any) -> PartitionedArray:
     wrap-around neighbour's indices (``start = -padding[0]``, ``stop = size + padding[1]``)
     left out, and at most as wide as the indices the block owns (its own neighbour there);
     the two ends of a periodic axis are as wide as each other where both wrap around, facing
-    each other there (docs/guide.md)."""
+    each other there; the padding at the two ends is together at most the block's extent
+    (docs/guide.md)."""
     from . import _distarray
 
     buffer, dims = _distarray.read(obj)

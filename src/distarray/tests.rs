@@ -64,6 +64,81 @@ fn a_block_leaves_out_communication_padding_and_keeps_boundary_padding() {
 }
 
 #[test]
+fn padding_is_at_most_the_block() {
+    let block = |start: isize, stop: usize, padding: [usize; 2], periodic: bool| {
+        DimData::new(
+            4,
+            Distribution::Block {
+                start,
+                stop,
+                padding,
+                periodic,
+            },
+        )
+    };
+    // One process holding 0..4: boundary padding wider than its 4 indices (at each end, or
+    // the two together) is no part of its buffer.
+    let bad = [
+        (
+            block(0, 4, [5, 5], false),
+            "padding (5, 5) is 10 wide",
+            "start 0, stop 4",
+        ),
+        (
+            block(0, 4, [5, 0], false),
+            "padding (5, 0) is 5 wide",
+            "start 0, stop 4",
+        ),
+        (
+            block(0, 4, [3, 2], true),
+            "padding (3, 2) is 5 wide",
+            "start 0, stop 4",
+        ),
+    ];
+    for (d, padding, span) in bad {
+        let e = d.runs(0, 4).unwrap_err();
+        assert_eq!(e.kind(), "ProtocolError");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "__distarray__ dim_data[0] ('b'): {padding}, wider than the block's 4 indices \
+                 along the axis ({span}): the protocol's padding is part of the buffer, at its \
+                 two ends"
+            )
+        );
+    }
+    // As wide as the block is fine: all of it boundary padding, read as part of the array.
+    let whole = Run {
+        global: 0,
+        local: 0,
+        len: 4,
+    };
+    assert_eq!(block(0, 4, [4, 0], false).runs(0, 4).unwrap(), [whole]);
+    assert_eq!(block(0, 4, [2, 2], false).runs(0, 4).unwrap(), [whole]);
+    // Between processes: communication padding of 1 and 2 around a block of 2 at 1..3 of 4
+    // overlaps itself, and is refused before the neighbours are known.
+    let middle = block(1, 3, [1, 2], false).on_grid(3, 1);
+    let e = middle.runs(0, 2).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "padding (1, 2) is 3 wide, wider than the block's 2 indices along the axis \
+                     (start 1, stop 3): the protocol's padding is part of the buffer, at its two \
+                     ends"
+        ),
+        "{e}"
+    );
+    let u = usize::MAX;
+    let e = block(0, 4, [u, u], false)
+        .runs(0, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("padding ({u}, {u}) is {} wide", 2 * (u as u128))),
+        "{e}"
+    );
+}
+
+#[test]
 fn cyclic_blocks_are_dealt_round_robin() {
     let d = DimData::new(
         7,

@@ -196,6 +196,10 @@ def test_a_one_partition_array_describes_itself_and_reads_back():
     (dap(np.zeros(8), dim("b", 2, start=-3, stop=5, padding=(3, 3), periodic=True)),
      r"start -3, stop 5, padding \(3, 3\): the communication padding of 3 at the low end .* "
      r"wider than the 2 indices its neighbour owns"),
+    # Padding is part of the buffer: together at most the block, boundary padding too.
+    (dap(np.zeros(4), dim("b", 4, start=0, stop=4, padding=(5, 5))),
+     r"dim_data\[0\] \('b'\): padding \(5, 5\) is 10 wide, wider than the block's 4 indices "
+     r"along the axis \(start 0, stop 4\)"),
     (dap(np.zeros(4), dim("b", 3, start=-1, stop=3, padding=(1, 0))),
      r"start -1 \(padding \(1, 0\)\) is below 0: the axis is not periodic"),
     (dap(np.zeros(4), dim("b", 3, start=-2, stop=2, padding=(1, 0), periodic=True)),
