@@ -1089,51 +1089,31 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
             ));
         }
     }
-    let size = axis[0].size;
-    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
-        return Err(error(
-            at,
-            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
-        ));
-    }
+    let size = one_size(axis, at)?;
     // The first rank at each coordinate; the others there own the same indices.
-    let mut first: Vec<Option<usize>> = vec![None; procs];
-    for (r, share) in axis.iter().enumerate() {
-        let c = share.coord;
-        match first[c] {
-            None => first[c] = Some(r),
-            Some(r0) if block_of(axis[r0]).3 != block_of(share).3 => {
-                let (s0, t0, p0, o0) = block_of(axis[r0]);
-                let (s, t, p, o) = block_of(share);
-                return Err(error(
-                    at,
-                    format!(
-                        "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start \
+    let first = first_at_each_coordinate(
+        axis,
+        procs,
+        at,
+        |share| block_of(share).3,
+        |r0, r, c| {
+            let (s0, t0, p0, o0) = block_of(axis[r0]);
+            let (s, t, p, o) = block_of(axis[r]);
+            format!(
+                "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start \
                          {s0}, stop {t0}, padding {} and start {s}, stop {t}, padding {}, which \
                          own global indices {}..{} and {}..{} (the protocol has the dimension \
                          dictionaries at one proc_grid_rank identical)",
-                        tuple_string(&p0),
-                        tuple_string(&p),
-                        o0.0,
-                        o0.1,
-                        o.0,
-                        o.1
-                    ),
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    let mut owned: Vec<(usize, usize)> = Vec::with_capacity(procs);
-    for (c, r) in first.iter().enumerate() {
-        let Some(r) = *r else {
-            return Err(error(
-                at,
-                format!("no rank is at proc_grid_rank {c} along it"),
-            ));
-        };
-        owned.push(block_of(axis[r]).3);
-    }
+                tuple_string(&p0),
+                tuple_string(&p),
+                o0.0,
+                o0.1,
+                o.0,
+                o.1
+            )
+        },
+    )?;
+    let owned: Vec<(usize, usize)> = first.iter().map(|&r| block_of(axis[r]).3).collect();
     // The coordinates' owned indices, by start, must tile `0..size`.
     let mut spans: Vec<(usize, usize, usize)> = owned
         .iter()
@@ -1290,6 +1270,48 @@ fn cyclic_of(share: &AxisShare) -> (usize, usize) {
     }
 }
 
+/// The `size` every rank gives an axis: an error naming the first rank that differs from
+/// rank 0.
+fn one_size(axis: &[&AxisShare], at: Option<(usize, char)>) -> Result<usize> {
+    let size = axis[0].size;
+    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
+        return Err(error(
+            at,
+            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
+        ));
+    }
+    Ok(size)
+}
+
+/// The lowest rank at each of the `procs` coordinates along an axis, after checking that the
+/// ranks at one coordinate give the same `key` (the protocol has the dimension dictionaries at
+/// one `proc_grid_rank` identical): `differ(r0, r, c)` words the error for ranks `r0 < r` at
+/// coordinate `c` that do not; a coordinate no rank is at is an error too.
+fn first_at_each_coordinate<K: PartialEq>(
+    axis: &[&AxisShare],
+    procs: usize,
+    at: Option<(usize, char)>,
+    key: impl Fn(&AxisShare) -> K,
+    differ: impl Fn(usize, usize, usize) -> String,
+) -> Result<Vec<usize>> {
+    let mut first: Vec<Option<usize>> = vec![None; procs];
+    for (r, share) in axis.iter().enumerate() {
+        let c = share.coord;
+        match first[c] {
+            None => first[c] = Some(r),
+            Some(r0) if key(axis[r0]) != key(share) => return Err(error(at, differ(r0, r, c))),
+            Some(_) => {}
+        }
+    }
+    first
+        .iter()
+        .enumerate()
+        .map(|(c, r)| {
+            r.ok_or_else(|| error(at, format!("no rank is at proc_grid_rank {c} along it")))
+        })
+        .collect()
+}
+
 /// [`read_from_lowest`] along cyclic axis `a`, over `procs` coordinates (every rank's share of
 /// it in `axis`): the ranks agree on `size`; the ranks at one coordinate give the same `start`
 /// and `block_size` (the protocol has the dimension dictionaries at one `proc_grid_rank`
@@ -1299,44 +1321,23 @@ fn cyclic_of(share: &AxisShare) -> (usize, usize) {
 /// tile the indices below the smaller of the two: a sweep over `procs` spans, whatever `size`.
 fn check_cyclic(axis: &[&AxisShare], procs: usize, a: usize) -> Result<()> {
     let at = Some((a, 'c'));
-    let size = axis[0].size;
-    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
-        return Err(error(
-            at,
-            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
-        ));
-    }
+    let size = one_size(axis, at)?;
     // The first rank at each coordinate; the others there give the same numbers.
-    let mut first: Vec<Option<usize>> = vec![None; procs];
-    for (r, share) in axis.iter().enumerate() {
-        let c = share.coord;
-        match first[c] {
-            None => first[c] = Some(r),
-            Some(r0) if cyclic_of(axis[r0]) != cyclic_of(share) => {
-                let ((s0, b0), (s, b)) = (cyclic_of(axis[r0]), cyclic_of(share));
-                return Err(error(
-                    at,
-                    format!(
-                        "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start \
-                         {s0}, block_size {b0} and start {s}, block_size {b} (the protocol has \
-                         the dimension dictionaries at one proc_grid_rank identical)"
-                    ),
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    let mut dealt: Vec<(usize, usize, usize)> = Vec::with_capacity(procs);
-    for (c, r) in first.iter().enumerate() {
-        let Some(r) = *r else {
-            return Err(error(
-                at,
-                format!("no rank is at proc_grid_rank {c} along it"),
-            ));
-        };
-        let (start, block_size) = cyclic_of(axis[r]);
-        dealt.push((start, block_size, r));
-    }
+    let first = first_at_each_coordinate(axis, procs, at, cyclic_of, |r0, r, c| {
+        let ((s0, b0), (s, b)) = (cyclic_of(axis[r0]), cyclic_of(axis[r]));
+        format!(
+            "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give start {s0}, \
+             block_size {b0} and start {s}, block_size {b} (the protocol has the dimension \
+             dictionaries at one proc_grid_rank identical)"
+        )
+    })?;
+    let dealt: Vec<(usize, usize, usize)> = first
+        .iter()
+        .map(|&r| {
+            let (start, block_size) = cyclic_of(axis[r]);
+            (start, block_size, r)
+        })
+        .collect();
     let (_, block_size, r0) = dealt[0];
     if let Some(c) = dealt.iter().position(|d| d.1 != block_size) {
         return Err(error(
