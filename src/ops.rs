@@ -300,10 +300,7 @@ unsafe fn run_copies<S: Borrow<Tensor>, D: Borrow<Tensor>>(
                 shape: op.shape.clone(),
             });
     });
-    let arrived = match crossings.is_empty() {
-        true => Vec::new(),
-        false => crossings.send(|i| srcs[i], backends)?,
-    };
+    let arrived = crossings.send(|i| srcs[i], backends)?;
     for (view, op) in &arrived {
         let dst = dsts[op.dst];
         (batches.entry(crossing::executor(view.device(), dst.device())))

@@ -109,10 +109,6 @@ impl Crossings {
         }
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
-    }
-
     /// A buffer of `numel` elements on the host side of a pair whose other side is
     /// `device_side`: [`staging_buffer`]'s, with `pinned_max` as its limit.
     fn host_side(&self, device_side: &dyn Backend, numel: usize, dtype: DType) -> Result<Tensor> {
@@ -122,7 +118,8 @@ impl Crossings {
     /// Allocates both buffers of every pair, packs each pair's boxes into the buffer on its
     /// source side and moves it to the one on its target side. Returns each box as it arrived
     /// (a view of a target-side buffer) with its copy, for the target side's kernels to
-    /// unpack. Writes no target.
+    /// unpack; none, and nothing looked up or allocated, when no copy crosses. Writes no
+    /// target.
     pub(super) fn send<'p, 's>(
         &'p self,
         src: impl Fn(usize) -> &'s Tensor,
