@@ -191,7 +191,8 @@ fn parts_of(pa: &PartitionedArray) -> Vec<(Vec<usize>, ArrayD<i32>)> {
         .collect()
 }
 
-fn expect_blocks(pa: &PartitionedArray, a: &ArrayD<i32>) {
+/// Every partition of `pa` against `a`, the block of it at the partition's start.
+pub(super) fn expect_blocks(pa: &PartitionedArray, a: &ArrayD<i32>) {
     for (start, got) in parts_of(pa) {
         let want = a.slice_each_axis(|ax| {
             let i = ax.axis.index();

@@ -7,6 +7,7 @@
 
 use ndarray::{Array2, ArrayD, Axis};
 
+use super::tests::expect_blocks;
 use super::*;
 use crate::device::DeviceType;
 use crate::layout::Layout;
@@ -41,18 +42,6 @@ fn mixed(a: &ArrayD<i32>, device: Device) -> PartitionedArray {
         None,
     )
     .unwrap()
-}
-
-/// Every partition of `pa` against `a`.
-fn expect_blocks(pa: &PartitionedArray, a: &ArrayD<i32>) {
-    for p in pa.partitions() {
-        let got = p.tensor().unwrap().to_array::<i32>().unwrap();
-        let want = a.slice_each_axis(|ax| {
-            let i = ax.axis.index();
-            ndarray::Slice::from(p.start[i]..p.start[i] + p.shape[i])
-        });
-        assert_eq!(got, want, "block at {:?}", p.start);
-    }
 }
 
 fn is_move_refused(e: &Error, moved: &str) -> bool {
