@@ -272,6 +272,20 @@ fn untouched(t: &Tensor) -> bool {
     values::<i32>(t).iter().all(|&x| x == -1)
 }
 
+/// `into`, the targets of [`rows_on`]'s plan, hold the column blocks 0..2 and 2..4 of
+/// [`reference`].
+fn expect_column_blocks(into: &[Tensor]) {
+    let a = reference();
+    assert_eq!(
+        values::<i32>(&into[0]),
+        a.slice(ndarray::s![.., 0..2]).to_owned().into_dyn()
+    );
+    assert_eq!(
+        values::<i32>(&into[1]),
+        a.slice(ndarray::s![.., 2..4]).to_owned().into_dyn()
+    );
+}
+
 #[test]
 fn a_device_without_kernels_is_refused_before_any_target_is_written() {
     let gpu = emu(90);
@@ -334,15 +348,7 @@ fn a_failing_allocation_or_transfer_leaves_every_target_as_it_was() {
         assert!(e.to_string().contains(named), "{call:?} {skip}: {e}");
         assert!(be.emulated_faults_spent());
         repartition_into(&plan, &src, &into, true).unwrap();
-        let a = reference();
-        assert_eq!(
-            values::<i32>(&into[0]),
-            a.slice(ndarray::s![.., 0..2]).to_owned().into_dyn()
-        );
-        assert_eq!(
-            values::<i32>(&into[1]),
-            a.slice(ndarray::s![.., 2..4]).to_owned().into_dyn()
-        );
+        expect_column_blocks(&into);
         be.release_staging();
         let now = be.emulated_pinned();
         assert_eq!(
@@ -365,7 +371,6 @@ fn crossings_without_pinned_memory_stage_through_ordinary_host_memory() {
     // Once through first, for the device's job-table scratch (pinned memory it keeps).
     repartition(&plan, &src, &[gpu, Device::CPU], true).unwrap();
     be.release_staging();
-    let a = reference();
     for limited in [false, true] {
         let before = be.emulated_pinned();
         match limited {
@@ -375,14 +380,7 @@ fn crossings_without_pinned_memory_stage_through_ordinary_host_memory() {
         let into = [blank(gpu), blank(Device::CPU)];
         repartition_into(&plan, &src, &into, true).unwrap();
         assert!(be.emulated_faults_spent(), "limited: {limited}");
-        assert_eq!(
-            values::<i32>(&into[0]),
-            a.slice(ndarray::s![.., 0..2]).to_owned().into_dyn()
-        );
-        assert_eq!(
-            values::<i32>(&into[1]),
-            a.slice(ndarray::s![.., 2..4]).to_owned().into_dyn()
-        );
+        expect_column_blocks(&into);
         let now = be.emulated_pinned();
         if limited {
             // Not one pinned allocation: both sides' host buffers are pageable.
