@@ -611,8 +611,8 @@ struct Stage {
     /// The device this rank's sources are on, where it packs what it sends; its targets'
     /// where it has no sources.
     src_device: Option<Device>,
+    /// The array's dtype, of every source and target.
     dtype: DType,
-    itemsize: usize,
     sources: Vec<Option<Tensor>>,
     targets: Vec<Option<Tensor>>,
     /// The boxes copied between this rank's own partitions within one memory.
@@ -864,7 +864,6 @@ impl Stage {
             device,
             src_device,
             dtype,
-            itemsize,
             sources,
             targets,
             local,
@@ -960,7 +959,7 @@ impl Stage {
             self.send.as_ref(),
             dev,
             self.dtype,
-            self.itemsize,
+            self.dtype.itemsize(),
             into,
         )?;
         self.buffers = Some(buffers);
@@ -1025,13 +1024,6 @@ impl Stage {
     /// [`Stage::run`] but for the confirmation.
     fn move_boxes(&self, comm: &dyn Communicator, buffers: Option<Buffers>) -> Result<()> {
         let dev = self.device.unwrap_or(Device::CPU);
-        let dtype = self
-            .targets
-            .iter()
-            .flatten()
-            .chain(self.sources.iter().flatten())
-            .next()
-            .map_or(DType::UInt8, Tensor::dtype);
         let recv = match buffers {
             Some(buffers) => {
                 let segments = Segments {
@@ -1044,7 +1036,7 @@ impl Stage {
             }
             // Received into the targets round by round.
             _ => {
-                self.exchange_rounds(comm, dev, dtype)?;
+                self.exchange_rounds(comm, dev)?;
                 None
             }
         };

@@ -17,7 +17,6 @@
 
 use crate::backend::{backend_for, BoxCopy as Job};
 use crate::device::Device;
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::plan::BoxCopy;
 use crate::tensor::Tensor;
@@ -217,14 +216,9 @@ impl Stage {
     /// move): each round packs its pieces of every peer's boxes into the round's send buffer
     /// (or sends them from the source in place), exchanges them, and unpacks what arrived
     /// unless it arrived in place. Host memory only.
-    pub(super) fn exchange_rounds(
-        &self,
-        comm: &dyn Communicator,
-        dev: Device,
-        dtype: DType,
-    ) -> Result<()> {
+    pub(super) fn exchange_rounds(&self, comm: &dyn Communicator, dev: Device) -> Result<()> {
         let (me, n, size) = (comm.rank(), self.rounds, self.send_counts.len());
-        let isz = self.itemsize;
+        let (dtype, isz) = (self.dtype, self.dtype.itemsize());
         let backend = backend_for(dev)?;
         let sends: Vec<Cut<'_>> = self.segments.iter().map(|s| Cut::new(s, n)).collect();
         let recvs: Vec<Cut<'_>> = self.recvs.iter().map(|r| Cut::new(r, n)).collect();
