@@ -914,55 +914,43 @@ impl Stage {
                 .collect();
             rounds::largest_round(&totals, rounds)
         };
-        let Some(dev) = self.device else {
-            // No sources and no targets here: nothing to send or receive.
-            return self.prepare_one(comm, rounds);
-        };
-        let recv_total: usize = self.recv_counts.iter().sum();
-        if rounds > 1 && !self.recv_in_place && recv_total > 0 {
-            let scratch = crate::backend::scratch_backend(dev)?;
-            self.recv_buf = Some(scratch.empty(&[elements(&self.recvs)], dtype)?);
+        // Without sources and targets here, nothing to send or receive.
+        if let Some(dev) = self.device {
+            let recv_total: usize = self.recv_counts.iter().sum();
+            if rounds > 1 && !self.recv_in_place && recv_total > 0 {
+                let scratch = crate::backend::scratch_backend(dev)?;
+                self.recv_buf = Some(scratch.empty(&[elements(&self.recvs)], dtype)?);
+            }
+            let total: usize = self.segments.iter().flatten().map(BoxCopy::numel).sum();
+            if !self.send_in_place && total > 0 {
+                let backend = crate::backend::scratch_backend(self.src_device.unwrap_or(dev))?;
+                self.send = Some(match rounds {
+                    1 => {
+                        let buf = backend.empty(&[total], dtype)?;
+                        pack(&*backend, &buf, &self.segments, &self.sources)?;
+                        buf
+                    }
+                    _ => backend.empty(&[elements(&self.segments)], dtype)?,
+                });
+            }
         }
-        let total: usize = self.segments.iter().flatten().map(BoxCopy::numel).sum();
-        if !self.send_in_place && total > 0 {
-            let backend = crate::backend::scratch_backend(self.src_device.unwrap_or(dev))?;
-            self.send = Some(match rounds {
-                1 => {
-                    let buf = backend.empty(&[total], dtype)?;
-                    pack(&*backend, &buf, &self.segments, &self.sources)?;
-                    buf
-                }
-                _ => backend.empty(&[elements(&self.segments)], dtype)?,
-            });
+        // In one round, the exchange's buffers ([`Segments::prepare`]).
+        if rounds == 1 {
+            let segments = Segments {
+                send_counts: &self.send_counts,
+                send_displs: &self.send_displs,
+                recv_counts: &self.recv_counts,
+                recv_displs: &self.recv_displs,
+            };
+            let into = match self.recv_in_place {
+                true => self.targets.iter().flatten().next().cloned(),
+                false => None,
+            };
+            let dev = self.device.unwrap_or(Device::CPU);
+            let itemsize = dtype.itemsize();
+            let buffers = segments.prepare(comm, self.send.as_ref(), dev, dtype, itemsize, into)?;
+            self.buffers = Some(buffers);
         }
-        self.prepare_one(comm, rounds)
-    }
-
-    /// In one round, the exchange's buffers ([`Segments::prepare`]).
-    fn prepare_one(&mut self, comm: &dyn Communicator, rounds: usize) -> Result<()> {
-        if rounds != 1 {
-            return Ok(());
-        }
-        let segments = Segments {
-            send_counts: &self.send_counts,
-            send_displs: &self.send_displs,
-            recv_counts: &self.recv_counts,
-            recv_displs: &self.recv_displs,
-        };
-        let into = match self.recv_in_place {
-            true => self.targets.iter().flatten().next().cloned(),
-            false => None,
-        };
-        let dev = self.device.unwrap_or(Device::CPU);
-        let buffers = segments.prepare(
-            comm,
-            self.send.as_ref(),
-            dev,
-            self.dtype,
-            self.dtype.itemsize(),
-            into,
-        )?;
-        self.buffers = Some(buffers);
         Ok(())
     }
 
