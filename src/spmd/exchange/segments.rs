@@ -76,33 +76,19 @@ impl Segments<'_> {
         let total: usize = self.recv_counts.iter().sum();
         let n = total / itemsize;
         let together = send.is_none_or(|t| one_memory(t.device(), dev));
-        if together && (dev.is_host_accessible() || comm.accepts_device(dev)) {
-            let recv = match total {
-                0 => None,
-                _ if into.is_some() => into,
-                _ => Some(crate::backend::scratch_backend(dev)?.empty(&[n], dtype)?),
-            };
-            let empty = match dev.is_host_accessible() {
-                true => None,
-                false => Some(backend_for(dev)?.empty(&[0], DType::UInt8)?),
-            };
-            return Ok(Buffers {
-                send: send.cloned(),
-                recv,
-                unstage: None,
-                empty,
-            });
-        }
-        // Device memory staged through the backend's host memory, for a communicator that
-        // does not take device pointers (or one call's two sides on two devices).
+        let host = dev.is_host_accessible();
+        // Both sides handed to the communicator as they are; else device memory is staged
+        // through the backend's host memory, for a communicator that does not take device
+        // pointers (or one call's two sides on two devices).
+        let direct = together && (host || comm.accepts_device(dev));
         let (recv, unstage) = match total {
             0 => (None, None),
-            _ if dev.is_host_accessible() => {
-                let host = match into {
+            _ if direct || host => {
+                let recv = match into {
                     Some(t) => t,
                     None => crate::backend::scratch_backend(dev)?.empty(&[n], dtype)?,
                 };
-                (Some(host), None)
+                (Some(recv), None)
             }
             _ => {
                 let b = backend_for(dev)?;
@@ -114,8 +100,12 @@ impl Segments<'_> {
                 (Some(host), Some((b.clone(), out)))
             }
         };
+        let empty = match direct && !host {
+            true => Some(backend_for(dev)?.empty(&[0], DType::UInt8)?),
+            false => None,
+        };
         let send = match send {
-            Some(t) if t.device().is_host_accessible() => Some(t.clone()),
+            Some(t) if direct || t.device().is_host_accessible() => Some(t.clone()),
             Some(t) => {
                 let b = backend_for(t.device())?;
                 let host = staging_buffer(&*b, t.shape(), t.dtype())?;
@@ -128,7 +118,7 @@ impl Segments<'_> {
             send,
             recv,
             unstage,
-            empty: None,
+            empty,
         })
     }
 
