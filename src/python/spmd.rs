@@ -343,9 +343,7 @@ fn _spmd_from_local(
     // An argument this rank cannot read is this rank's error, which the others learn of.
     let read = || -> PyResult<_> {
         let parts = local_parts_arg(parts)?;
-        let axis = axis.map_or(Ok(None), |a| {
-            ints::optional(a, |a| ints::int::<usize>(a, "axis", Refusal::Value))
-        })?;
+        let axis = axis.map_or(Ok(None), |a| ints::optional(a, axis_arg))?;
         let shape = shape.map_or(Ok(None), |s| {
             ints::optional(s, |s| ints::ints::<usize>(s, "shape", Refusal::Value))
         })?;
