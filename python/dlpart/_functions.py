@@ -58,13 +58,12 @@ def _values(values, dtype: Optional[str]):
 
 
 def _indices(indices):
-    """Index arrays as given (any DLPack array: the extension reads one whose bytes are not in
-    native order through a copy, and names the dtype of one that is no integer array as the
-    caller wrote it); one index (a Python or numpy int) as a 0-d int64 array, which drops the
-    axis as numpy does; Python sequences of ints as an int64 array; other sequences as the 1-d
-    array numpy makes of them, which the extension refuses unless it is an integer one."""
-    if isinstance(indices, Tensor) or hasattr(indices, "__dlpack__"):
-        return indices
+    """Indices that are no DLPack array, as the extension's reader of indices hands them over
+    (it reads index arrays itself: one whose bytes are not in native order through a copy, one
+    that is no integer array refused naming its dtype as the caller wrote it): one index (a
+    Python or numpy int) as a 0-d int64 array, which drops the axis as numpy does; Python
+    sequences of ints as an int64 array; other sequences as the 1-d array numpy makes of them,
+    which the extension refuses unless it is an integer one."""
     import numpy as np
 
     one = isinstance(indices, int) and not isinstance(indices, bool)
