@@ -13,7 +13,6 @@
 
 use pyo3::exceptions::{PyIndexError, PyOverflowError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 /// A Rust integer type arguments are read into, and its range.
 pub(crate) trait Int: for<'a, 'py> FromPyObject<'a, 'py, Error = PyErr> {
@@ -132,12 +131,9 @@ pub(crate) fn axis(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
 }
 
 /// A `max_version` argument: `None` or a `(major, minor)` tuple, as pyo3 reads it.
+/// (An overflow means pyo3 read a tuple of two ints, whose entries [`locate_ints`] then names.)
 pub(crate) fn max_version(obj: &Bound<'_, PyAny>) -> PyResult<Option<(i64, i64)>> {
     located(obj.extract(), obj.py(), || {
-        let t = obj.cast::<PyTuple>()?;
-        for (i, x) in t.iter().enumerate() {
-            int::<i64>(&x, &format!("max_version[{i}]"), Refusal::Value)?;
-        }
-        Ok(())
+        locate_ints::<i64>(obj, "max_version", Refusal::Value)
     })
 }
