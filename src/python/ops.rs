@@ -21,9 +21,9 @@ fn grid(shape: &[usize], splits: Vec<Vec<usize>>) -> PyResult<Grid> {
 /// The number of box copies between two grids over `shape`, and the seconds planning took.
 #[pyfunction]
 fn _plan_stats(
-    #[pyo3(from_py_with = plan_shape)] shape: Vec<usize>,
+    #[pyo3(from_py_with = super::partitioned::sizes_arg)] shape: Vec<usize>,
     #[pyo3(from_py_with = src_splits)] src_splits: Vec<Vec<usize>>,
-    #[pyo3(from_py_with = dst_splits)] dst_splits: Vec<Vec<usize>>,
+    #[pyo3(from_py_with = super::partitioned::dst_splits_arg)] dst_splits: Vec<Vec<usize>>,
 ) -> PyResult<(usize, f64)> {
     let (s, d) = (grid(&shape, src_splits)?, grid(&shape, dst_splits)?);
     let t0 = Instant::now();
@@ -33,19 +33,9 @@ fn _plan_stats(
     Ok((n, t0.elapsed().as_secs_f64()))
 }
 
-/// `_plan_stats`'s `shape`.
-fn plan_shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    super::ints::ints(obj, "shape", super::ints::Refusal::Value)
-}
-
 /// `_plan_stats`'s `src_splits`.
 fn src_splits(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
     super::ints::int_lists(obj, "src_splits", super::ints::Refusal::Value)
-}
-
-/// `_plan_stats`'s `dst_splits`.
-fn dst_splits(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
-    super::ints::int_lists(obj, "dst_splits", super::ints::Refusal::Value)
 }
 
 /// `None` when dlpart has working kernels for `device` here, else the reason it has none.

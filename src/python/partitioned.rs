@@ -836,8 +836,8 @@ fn flats_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     ints::ints(obj, "flats", Refusal::Index)
 }
 
-/// The `dst_splits` of `_PartitionedArray.plan_ops`.
-fn dst_splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
+/// The `dst_splits` of `_PartitionedArray.plan_ops` and `_plan_stats`.
+pub(super) fn dst_splits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<usize>>> {
     ints::int_lists(obj, "dst_splits", Refusal::Value)
 }
 
@@ -846,8 +846,8 @@ fn rank_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
     ints::optional(obj, |r| ints::int(r, "rank", Refusal::Value))
 }
 
-/// The `shape` of `_PartitionedArray.from_parts`.
-fn sizes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+/// The `shape` of `_PartitionedArray.from_parts` and `_plan_stats`.
+pub(super) fn sizes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     ints::ints(obj, "shape", Refusal::Value)
 }
 
