@@ -13,6 +13,9 @@ import pytest
 
 import dlpart
 from dlpart.adapters.heat import to_heat
+# REF in host memory labelled as another device's (never read there: on this machine every
+# such read below is faked or refused first).
+from test_gather_scatter import _labelled
 
 
 REF = np.arange(24, dtype=np.float32).reshape(4, 6)
@@ -132,13 +135,6 @@ def test_a_dtype_heat_has_no_type_for_is_a_type_error_naming_it(dtype):
     to_heat(dlpart.partition(REF, (2, 1)))  # float32: heat has it
 
 
-def _labelled(device):
-    """REF in host memory whose DLPack device is ``device`` (never read there: on this machine
-    every such read below is faked or refused first)."""
-    return dlpart.from_dlpack(dlpart._core._testing.make_capsule(
-        REF.tobytes(), list(REF.shape), dtype=(2, 32, 1), device=device))
-
-
 @pytest.mark.parametrize("device", [(2, 0), (10, 1)], ids=["kDLCUDA:0", "kDLROCM:1"])
 def test_gpu_partitions_go_to_heat_as_torch_tensors_through_dlpack(device, monkeypatch):
     """GPU data (cupy, JAX or torch on a GPU, dlpart's own CUDA results) goes to heat as torch
@@ -153,7 +149,7 @@ def test_gpu_partitions_go_to_heat_as_torch_tensors_through_dlpack(device, monke
         return torch.zeros(x.shape)  # stands in for the tensor on the GPU
 
     monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
-    t = _labelled(device)
+    t = _labelled(REF, device)
     d = to_heat(dlpart.partition(t, (2, 1))).__partitioned__
     for i in range(2):
         assert isinstance(d["partitions"][(i, 0)]["data"], torch.Tensor)
@@ -177,7 +173,7 @@ def test_gpu_partitions_heat_is_not_on_are_a_device_error_naming_the_way_out(mon
     fake_heat = types.SimpleNamespace(
         get_device=lambda: types.SimpleNamespace(torch_device=on["device"]))
     monkeypatch.setitem(sys.modules, "heat", fake_heat)
-    pa = dlpart.partition(_labelled((2, 0)), (2, 1))
+    pa = dlpart.partition(_labelled(REF, (2, 0)), (2, 1))
     with pytest.raises(dlpart.DeviceError) as e:
         to_heat(pa).__partitioned__
     assert str(e.value) == (
@@ -196,12 +192,12 @@ def test_data_torch_cannot_take_is_a_device_error_naming_the_device():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():  # else the labelled host memory would go to the GPU
         with pytest.raises(dlpart.DeviceError) as e:
-            to_heat(dlpart.partition(_labelled((2, 0)), (2, 1))).__partitioned__
+            to_heat(dlpart.partition(_labelled(REF, (2, 0)), (2, 1))).__partitioned__
         message = str(e.value)
         assert message.startswith("heat holds each partition as a torch tensor, and torch "
                                   "cannot take the data on kDLCUDA:0 here ("), message
         assert message.endswith("copy the array to the host first (its .to('cpu'))"), message
-    oneapi = dlpart.partition(_labelled((14, 0)), (2, 1))
+    oneapi = dlpart.partition(_labelled(REF, (14, 0)), (2, 1))
     with pytest.raises(dlpart.DeviceError) as e:
         to_heat(oneapi).__partitioned__
     assert str(e.value) == ("heat holds each partition as a torch tensor, which cannot hold "
