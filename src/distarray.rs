@@ -1411,13 +1411,7 @@ fn read_listed(
     at: Option<(usize, char)>,
     runs: &mut Vec<Run>,
 ) -> Result<()> {
-    let size = axis[0].size;
-    if let Some(r) = (0..axis.len()).find(|&r| axis[r].size != size) {
-        return Err(error(
-            at,
-            format!("size {size} on rank 0, {} on rank {r}", axis[r].size),
-        ));
-    }
+    let size = one_size(axis, at)?;
     // (one_to_one, fingerprint, runs) of a rank's share: every share here is listed.
     fn listed(s: &AxisShare) -> (bool, u64, Option<&[(usize, usize)]>) {
         match &s.kind {
@@ -1432,31 +1426,20 @@ fn read_listed(
     // Each coordinate's indices, as the first rank there gives them: the others there (the
     // processes along the other axes) give the same, as the protocol has it (the same
     // fingerprint of indices and one_to_one).
-    let mut first: Vec<Option<usize>> = vec![None; procs];
-    for (r, share) in axis.iter().enumerate() {
-        match first[share.coord] {
-            None => first[share.coord] = Some(r),
-            Some(r0) if listed(axis[r0]).1 != listed(share).1 => {
-                return Err(error(
-                    at,
-                    format!(
-                        "ranks {r0} and {r}, both at proc_grid_rank {} along it, give different \
-                         'indices' or 'one_to_one'",
-                        share.coord
-                    ),
-                ))
-            }
-            Some(_) => {}
-        }
-    }
+    let first = first_at_each_coordinate(
+        axis,
+        procs,
+        at,
+        |share| listed(share).1,
+        |r0, r, c| {
+            format!(
+                "ranks {r0} and {r}, both at proc_grid_rank {c} along it, give different \
+                 'indices' or 'one_to_one'"
+            )
+        },
+    )?;
     let mut held: Vec<(&[(usize, usize)], bool)> = Vec::with_capacity(procs);
-    for (c, r) in first.iter().enumerate() {
-        let Some(r) = *r else {
-            return Err(error(
-                at,
-                format!("no rank is at proc_grid_rank {c} along it"),
-            ));
-        };
+    for (c, &r) in first.iter().enumerate() {
         let (one_to_one, _, listed_runs) = listed(axis[r]);
         // The lowest rank at a coordinate is the one at coordinate 0 along the other axes,
         // which sends its runs.
