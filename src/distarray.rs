@@ -290,6 +290,33 @@ fn first_overlap(runs: impl Iterator<Item = (usize, usize)>) -> Option<usize> {
     sweep(sorted.into_iter()).twice
 }
 
+/// The first fault, by global index, of spans that must cover `0..size` (see [`tiling_fault`]).
+enum Fault {
+    /// The lowest index several spans hold, and the coordinates of those spans, ascending.
+    Twice(usize, Vec<usize>),
+    /// The first indices from 0 that no span holds, as `lo..hi`.
+    Gap(usize, usize),
+}
+
+/// Sorts `spans` (`(start, end, coordinate)` of global indices) by start and finds the first
+/// fault, by index, in their cover of `0..size`: an index held twice below the first gap
+/// (where the spans must hold each index `once`), or that gap.
+fn tiling_fault(spans: &mut [(usize, usize, usize)], size: usize, once: bool) -> Option<Fault> {
+    spans.sort_unstable();
+    let Sweep { twice, gap, end } = sweep(spans.iter().map(|&(start, stop, _)| (start, stop)));
+    let gap = gap.or((end < size).then_some((end, size)));
+    if let Some(g) = twice.filter(|&g| once && gap.is_none_or(|(lo, _)| g < lo)) {
+        let mut coords: Vec<usize> = spans
+            .iter()
+            .filter(|&&(start, stop, _)| start <= g && g < stop)
+            .map(|s| s.2)
+            .collect();
+        coords.sort_unstable();
+        return Some(Fault::Twice(g, coords));
+    }
+    gap.map(|(lo, hi)| Fault::Gap(lo, hi))
+}
+
 fn error(axis: Option<(usize, char)>, found: impl Into<String>) -> Error {
     let at = axis.map(|(a, kind)| format!(" dim_data[{a}] ('{kind}')"));
     Error::dist_array(at.unwrap_or_default(), found)
@@ -1120,49 +1147,37 @@ fn check_blocks(axis: &[&AxisShare], procs: usize, stride: usize, a: usize) -> R
         .enumerate()
         .map(|(c, &(lo, hi))| (lo, hi, c))
         .collect();
-    spans.sort_unstable();
-    let Sweep { twice, gap, end } = sweep(spans.iter().map(|&(lo, hi, _)| (lo, hi)));
-    let gap = gap.or((end < size).then_some((end, size)));
     let ranges = |coords: &[usize]| -> Vec<String> {
         coords
             .iter()
             .map(|&c| format!("{}..{}", owned[c].0, owned[c].1))
             .collect()
     };
-    if let Some(g) = twice.filter(|&g| gap.is_none_or(|(lo, _)| g < lo)) {
-        let mut coords: Vec<usize> = spans
-            .iter()
-            .filter(|&&(lo, hi, _)| lo <= g && g < hi)
-            .map(|s| s.2)
-            .collect();
-        coords.sort_unstable();
-        return Err(error(
-            at,
-            format!(
+    if let Some(fault) = tiling_fault(&mut spans, size, true) {
+        let found = match fault {
+            Fault::Twice(g, coords) => format!(
                 "global index {g} is owned by the processes at proc_grid_rank {} along it \
                  (global indices {}): blocks own each index once",
                 and_list(&coords),
                 ranges(&coords).join(" and ")
             ),
-        ));
-    }
-    if let Some((lo, hi)) = gap {
-        let all: Vec<usize> = (0..procs).collect();
-        let owners = match procs {
-            1 => format!(
-                "proc_grid_rank 0, the only process along it, owns {}..{} of size {size}",
-                owned[0].0, owned[0].1
-            ),
-            _ => format!(
-                "proc_grid_rank 0 to {} own {} of size {size}",
-                procs - 1,
-                ranges(&all).join(", ")
-            ),
+            Fault::Gap(lo, hi) => {
+                let all: Vec<usize> = (0..procs).collect();
+                let owners = match procs {
+                    1 => format!(
+                        "proc_grid_rank 0, the only process along it, owns {}..{} of size {size}",
+                        owned[0].0, owned[0].1
+                    ),
+                    _ => format!(
+                        "proc_grid_rank 0 to {} own {} of size {size}",
+                        procs - 1,
+                        ranges(&all).join(", ")
+                    ),
+                };
+                format!("global indices {lo}..{hi} are owned by no process ({owners})")
+            }
         };
-        return Err(error(
-            at,
-            format!("global indices {lo}..{hi} are owned by no process ({owners})"),
-        ));
+        return Err(error(at, found));
     }
     // The neighbour along the axis of rank `r` (at coordinate `c`): the rank at coordinate
     // `next` there, at the same coordinates along the other axes.
@@ -1358,44 +1373,34 @@ fn check_cyclic(axis: &[&AxisShare], procs: usize, a: usize) -> Result<()> {
         .filter(|(_, d)| d.0 < period)
         .map(|(c, d)| (d.0, d.0.saturating_add(block_size).min(period), c))
         .collect();
-    spans.sort_unstable();
-    let Sweep { twice, gap, end } = sweep(spans.iter().map(|&(start, stop, _)| (start, stop)));
-    let gap = gap.or((end < period).then_some((end, period)));
-    if let Some(g) = twice.filter(|&g| gap.is_none_or(|(lo, _)| g < lo)) {
-        let mut coords: Vec<usize> = spans
-            .iter()
-            .filter(|&&(start, stop, _)| start <= g && g < stop)
-            .map(|s| s.2)
-            .collect();
-        coords.sort_unstable();
-        let starts: Vec<usize> = coords.iter().map(|&c| dealt[c].0).collect();
-        return Err(error(
-            at,
-            format!(
-                "global index {g} is held by the processes at proc_grid_rank {} along it \
-                 (start {}, block_size {block_size}): cyclic blocks hold each index once",
-                and_list(&coords),
-                and_list(&starts)
-            ),
-        ));
-    }
-    if let Some((lo, hi)) = gap {
-        let starts: Vec<usize> = dealt.iter().map(|d| d.0).collect();
-        let coords = match procs {
-            1 => format!("start {} at proc_grid_rank 0", starts[0]),
-            _ => format!(
-                "starts {} at proc_grid_rank 0 to {}",
-                tuple_string(&starts),
-                procs - 1
-            ),
+    if let Some(fault) = tiling_fault(&mut spans, period, true) {
+        let found = match fault {
+            Fault::Twice(g, coords) => {
+                let starts: Vec<usize> = coords.iter().map(|&c| dealt[c].0).collect();
+                format!(
+                    "global index {g} is held by the processes at proc_grid_rank {} along it \
+                     (start {}, block_size {block_size}): cyclic blocks hold each index once",
+                    and_list(&coords),
+                    and_list(&starts)
+                )
+            }
+            Fault::Gap(lo, hi) => {
+                let starts: Vec<usize> = dealt.iter().map(|d| d.0).collect();
+                let coords = match procs {
+                    1 => format!("start {} at proc_grid_rank 0", starts[0]),
+                    _ => format!(
+                        "starts {} at proc_grid_rank 0 to {}",
+                        tuple_string(&starts),
+                        procs - 1
+                    ),
+                };
+                format!(
+                    "global indices {lo}..{hi} are held by no process ({coords} along it, \
+                     block_size {block_size})"
+                )
+            }
         };
-        return Err(error(
-            at,
-            format!(
-                "global indices {lo}..{hi} are held by no process ({coords} along it, \
-                 block_size {block_size})"
-            ),
-        ));
+        return Err(error(at, found));
     }
     Ok(())
 }
@@ -1471,37 +1476,17 @@ fn read_listed(
         .enumerate()
         .flat_map(|(c, (runs, _))| runs.iter().map(move |&(g, n)| (g, g + n, c)))
         .collect();
-    spans.sort_unstable();
-    let Sweep {
-        twice,
-        mut gap,
-        end,
-    } = sweep(spans.iter().map(|&(start, stop, _)| (start, stop)));
-    if gap.is_none() && end < size {
-        gap = Some((end, size));
-    }
     // The first fault by index: a shared index below the first gap (one_to_one true), or the gap.
-    if let Some(g) = twice.filter(|&g| one_to_one && gap.is_none_or(|(lo, _)| g < lo)) {
-        let mut coords: Vec<usize> = spans
-            .iter()
-            .filter(|&&(start, stop, _)| start <= g && g < stop)
-            .map(|s| s.2)
-            .collect();
-        coords.sort_unstable();
-        return Err(error(
-            at,
-            format!(
+    if let Some(fault) = tiling_fault(&mut spans, size, one_to_one) {
+        let found = match fault {
+            Fault::Twice(g, coords) => format!(
                 "global index {g} is held by the processes at proc_grid_rank {} along it, \
                  and one_to_one is True",
                 and_list(&coords)
             ),
-        ));
-    }
-    if let Some((lo, hi)) = gap {
-        return Err(error(
-            at,
-            format!("global indices {lo}..{hi} are held by no process"),
-        ));
+            Fault::Gap(lo, hi) => format!("global indices {lo}..{hi} are held by no process"),
+        };
+        return Err(error(at, found));
     }
     let coord = axis[me].coord;
     if size > 0 {
