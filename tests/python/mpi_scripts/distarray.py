@@ -49,6 +49,16 @@ class Producer:
         return self.d
 
 
+def refusal(accepted, read, *args):
+    """The message of the `dlpart.ProtocolError` that `read(*args)` raises; else an
+    AssertionError saying `accepted`."""
+    try:
+        read(*args)
+    except dlpart.ProtocolError as e:
+        return str(e)
+    raise AssertionError(accepted)
+
+
 def block(rng, n, procs, coord):
     """Irregular blocks of `n` over `procs` (none empty when `n` allows), with communication
     padding (the same width on both sides of a boundary, at most either block's length) and
@@ -177,12 +187,9 @@ def shared_indices_are_read_from_the_lowest_rank():
                                   [0, 1, 2, 3, 104, 105, 206, 207])
     if rank == 3:
         assert a.locals == [], a.locals  # every index it holds, a lower rank holds too
-    try:
-        dlpart.mpi.from_distarray(d(one_to_one=True), comm)
-    except dlpart.ProtocolError as e:
-        assert "global index 1 is held by the processes at proc_grid_rank 0 and 3" in str(e), e
-    else:
-        raise AssertionError("an index held twice was accepted with one_to_one True")
+    e = refusal("an index held twice was accepted with one_to_one True",
+                dlpart.mpi.from_distarray, d(one_to_one=True), comm)
+    assert "global index 1 is held by the processes at proc_grid_rank 0 and 3" in e, e
 
 
 def long_contiguous_lists_are_read_as_runs():
@@ -210,26 +217,18 @@ def padding_wider_than_the_neighbours_share_fails_every_rank():
          "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
                        "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pad,
                        "periodic": True},)}
-    try:
-        dlpart.mpi.from_distarray(d, comm)
-    except dlpart.ProtocolError as e:
-        assert ("rank 0 (proc_grid_rank 0 along it) has padding (3, 3): the communication "
-                "padding of 3 at its low end is wider than the 2 indices its neighbour owns, "
-                f"rank {size - 1}") in str(e), e
-    else:
-        raise AssertionError("padding wider than the neighbour's indices was accepted")
+    e = refusal("padding wider than the neighbour's indices was accepted",
+                dlpart.mpi.from_distarray, d, comm)
+    assert ("rank 0 (proc_grid_rank 0 along it) has padding (3, 3): the communication "
+            "padding of 3 at its low end is wider than the 2 indices its neighbour owns, "
+            f"rank {size - 1}") in e, e
     # Ranks that disagree on periodic.
     d = {"__version__": "0.10.0", "buffer": np.zeros(2),
          "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
                        "proc_grid_rank": rank, "start": 2 * rank, "stop": 2 * rank + 2,
                        "periodic": rank == 1},)}
-    try:
-        dlpart.mpi.from_distarray(d, comm)
-    except dlpart.ProtocolError as e:
-        assert "periodic is False at proc_grid_rank 0 (rank 0) but True at proc_grid_rank 1" \
-            in str(e), e
-    else:
-        raise AssertionError("ranks disagreeing on periodic were accepted")
+    e = refusal("ranks disagreeing on periodic were accepted", dlpart.mpi.from_distarray, d, comm)
+    assert "periodic is False at proc_grid_rank 0 (rank 0) but True at proc_grid_rank 1" in e, e
 
 
 def unequal_padding_across_a_boundary_fails_every_rank():
@@ -241,16 +240,13 @@ def unequal_padding_across_a_boundary_fails_every_rank():
          "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
                        "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pads},)}
     if size == 4:
-        try:
-            dlpart.mpi.from_distarray(d, comm)
-        except dlpart.ProtocolError as e:
-            assert str(e) == (
-                "__distarray__ dim_data[0] ('b'): rank 1 (proc_grid_rank 1 along it) has "
-                "padding (1, 2) and its neighbour, rank 2 at proc_grid_rank 2, has padding "
-                "(1, 0): the communication padding between them is 2 wide at the high end of "
-                "rank 1 and 1 at the low end of rank 2 (the protocol has the two equal)"), e
-        else:
-            raise AssertionError("unequal padding across a boundary was accepted")
+        e = refusal("unequal padding across a boundary was accepted",
+                    dlpart.mpi.from_distarray, d, comm)
+        assert e == (
+            "__distarray__ dim_data[0] ('b'): rank 1 (proc_grid_rank 1 along it) has "
+            "padding (1, 2) and its neighbour, rank 2 at proc_grid_rank 2, has padding "
+            "(1, 0): the communication padding between them is 2 wide at the high end of "
+            "rank 1 and 1 at the low end of rank 2 (the protocol has the two equal)"), e
     # Periodic, a halo of 1 everywhere but 2 at rank 0's low end, across the wrap-around.
     pads = (2, 1) if rank == 0 else (1, 1)
     lo, hi = 2 * rank - pads[0], 2 * rank + 2 + pads[1]
@@ -259,14 +255,11 @@ def unequal_padding_across_a_boundary_fails_every_rank():
          "dim_data": ({"dist_type": "b", "size": 2 * size, "proc_grid_size": size,
                        "proc_grid_rank": rank, "start": lo, "stop": hi, "padding": pads,
                        "periodic": True},)}
-    try:
-        dlpart.mpi.from_distarray(d, comm)
-    except dlpart.ProtocolError as e:
-        assert (f"rank {size - 1} (proc_grid_rank {size - 1} along it) has padding (1, 1) and "
-                "its neighbour across the wrap-around of the periodic axis, rank 0 at "
-                "proc_grid_rank 0, has padding (2, 1)") in str(e), e
-    else:
-        raise AssertionError("unequal padding across the wrap-around was accepted")
+    e = refusal("unequal padding across the wrap-around was accepted",
+                dlpart.mpi.from_distarray, d, comm)
+    assert (f"rank {size - 1} (proc_grid_rank {size - 1} along it) has padding (1, 1) and "
+            "its neighbour across the wrap-around of the periodic axis, rank 0 at "
+            "proc_grid_rank 0, has padding (2, 1)") in e, e
     # The same with rank 0's low end 1 wide: read, the halos left out.
     pads = (1, 1)
     lo, hi = 2 * rank - 1, 2 * rank + 3
@@ -286,14 +279,11 @@ def mixed_dist_types_fail_every_rank():
         dim = {**dim, "dist_type": "c", "block_size": 2}
         del dim["stop"]
     d = {"__version__": "0.10.0", "buffer": x[2 * rank:2 * rank + 2], "dim_data": (dim,)}
-    try:
-        dlpart.mpi.from_distarray(d, comm)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            "__distarray__ dim_data[0]: dist_type is 'b' at proc_grid_rank 0 (rank 0) but 'c' "
-            "at proc_grid_rank 1 (rank 1): an axis has one dist_type on every process"), e
-    else:
-        raise AssertionError("an axis read as blocks and as cyclic blocks was accepted")
+    e = refusal("an axis read as blocks and as cyclic blocks was accepted",
+                dlpart.mpi.from_distarray, d, comm)
+    assert e == (
+        "__distarray__ dim_data[0]: dist_type is 'b' at proc_grid_rank 0 (rank 0) but 'c' "
+        "at proc_grid_rank 1 (rank 1): an axis has one dist_type on every process"), e
 
 
 def cyclic_starts_that_break_the_protocol_fail_every_rank():
@@ -312,25 +302,18 @@ def cyclic_starts_that_break_the_protocol_fail_every_rank():
 
     # Row 1 deals its columns in the other order: every element is held once, but the ranks
     # at one proc_grid_rank along the columns give different starts.
-    try:
-        read(cols - 1 - j if i == 1 else j)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            f"__distarray__ dim_data[1] ('c'): ranks 0 and {cols}, both at proc_grid_rank 0 "
-            f"along it, give start 0, block_size 1 and start {cols - 1}, block_size 1 (the "
-            "protocol has the dimension dictionaries at one proc_grid_rank identical)"), e
-    else:
-        raise AssertionError("ranks at one proc_grid_rank with different starts were accepted")
+    e = refusal("ranks at one proc_grid_rank with different starts were accepted",
+                read, cols - 1 - j if i == 1 else j)
+    assert e == (
+        f"__distarray__ dim_data[1] ('c'): ranks 0 and {cols}, both at proc_grid_rank 0 "
+        f"along it, give start 0, block_size 1 and start {cols - 1}, block_size 1 (the "
+        "protocol has the dimension dictionaries at one proc_grid_rank identical)"), e
     # Coordinate 1 starts where coordinate 0 does: index 0 held twice, refused on every rank.
-    try:
-        read(0 if j == 1 else j)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            "__distarray__ dim_data[1] ('c'): global index 0 is held by the processes at "
-            "proc_grid_rank 0 and 1 along it (start 0 and 0, block_size 1): cyclic blocks "
-            "hold each index once"), e
-    else:
-        raise AssertionError("cyclic blocks holding an index twice were accepted")
+    e = refusal("cyclic blocks holding an index twice were accepted", read, 0 if j == 1 else j)
+    assert e == (
+        "__distarray__ dim_data[1] ('c'): global index 0 is held by the processes at "
+        "proc_grid_rank 0 and 1 along it (start 0 and 0, block_size 1): cyclic blocks "
+        "hold each index once"), e
     got = read(j).assemble(root=None)
     np.testing.assert_array_equal(np.from_dlpack(got), x)
 
@@ -351,16 +334,13 @@ def block_ranges_that_break_the_protocol_fail_every_rank():
 
     # The last column gives its two rows' ranges the other way round: every element is still
     # held once, but the ranks at one proc_grid_rank along the rows own different rows.
-    try:
-        read(1 - i if j == cols - 1 else i)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            f"__distarray__ dim_data[0] ('b'): ranks 0 and {cols - 1}, both at proc_grid_rank "
-            "0 along it, give start 0, stop 2, padding (0, 0) and start 2, stop 4, padding "
-            "(0, 0), which own global indices 0..2 and 2..4 (the protocol has the dimension "
-            "dictionaries at one proc_grid_rank identical)"), e
-    else:
-        raise AssertionError("ranks at one proc_grid_rank owning different rows were accepted")
+    e = refusal("ranks at one proc_grid_rank owning different rows were accepted",
+                read, 1 - i if j == cols - 1 else i)
+    assert e == (
+        f"__distarray__ dim_data[0] ('b'): ranks 0 and {cols - 1}, both at proc_grid_rank "
+        "0 along it, give start 0, stop 2, padding (0, 0) and start 2, stop 4, padding "
+        "(0, 0), which own global indices 0..2 and 2..4 (the protocol has the dimension "
+        "dictionaries at one proc_grid_rank identical)"), e
     got = read(i).assemble(root=None)
     np.testing.assert_array_equal(np.from_dlpack(got), x)
 
@@ -373,22 +353,16 @@ def block_ranges_that_break_the_protocol_fail_every_rank():
                            "proc_grid_rank": rank, "start": rank, "stop": rank + 1}, axis1)}
         return dlpart.mpi.from_distarray(d, comm)
 
-    try:
-        read_whole({"dist_type": "b", "size": 3, "start": 0, "stop": 2}, 2)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            "__distarray__ dim_data[1] ('b'): global indices 2..3 are owned by no process "
-            "(proc_grid_rank 0, the only process along it, owns 0..2 of size 3)"), e
-    else:
-        raise AssertionError("an undistributed axis no process owns all of was accepted")
+    e = refusal("an undistributed axis no process owns all of was accepted",
+                read_whole, {"dist_type": "b", "size": 3, "start": 0, "stop": 2}, 2)
+    assert e == (
+        "__distarray__ dim_data[1] ('b'): global indices 2..3 are owned by no process "
+        "(proc_grid_rank 0, the only process along it, owns 0..2 of size 3)"), e
     # The protocol's empty dictionary is the whole buffer: the last rank's is a column short.
-    try:
-        read_whole({}, 2 if rank == size - 1 else 3)
-    except dlpart.ProtocolError as e:
-        assert str(e) == (
-            f"__distarray__ dim_data[1] ('b'): size 3 on rank 0, 2 on rank {size - 1}"), e
-    else:
-        raise AssertionError("ranks giving an undistributed axis different sizes were accepted")
+    e = refusal("ranks giving an undistributed axis different sizes were accepted",
+                read_whole, {}, 2 if rank == size - 1 else 3)
+    assert e == (
+        f"__distarray__ dim_data[1] ('b'): size 3 on rank 0, 2 on rank {size - 1}"), e
     got = read_whole({}).assemble(root=None)
     np.testing.assert_array_equal(np.from_dlpack(got), y)
 
@@ -399,23 +373,16 @@ def disagreeing_grid_rank_fails_every_rank():
     d = {"__version__": "0.10.0", "buffer": x[2 * rank:2 * rank + 2],
          "dim_data": ({"dist_type": "b", "size": 8, "proc_grid_size": size,
                        "proc_grid_rank": coord, "start": 2 * rank, "stop": 2 * rank + 2},)}
-    try:
-        dlpart.mpi.from_distarray(d, comm)
-    except dlpart.ProtocolError as e:
-        assert "process grid rank" in str(e), e
-    else:
-        raise AssertionError("a grid rank that is not the process's rank was accepted")
+    e = refusal("a grid rank that is not the process's rank was accepted",
+                dlpart.mpi.from_distarray, d, comm)
+    assert "process grid rank" in e, e
 
 
 def layouts_without_one_block_per_rank_are_refused():
     a = dlpart.mpi.from_local({(2 * rank,): np.arange(2.0)}, comm)
     two = a.repartition([2 * size])  # two partitions per rank
-    try:
-        two.__distarray__()
-    except dlpart.ProtocolError as e:
-        assert "one buffer" in str(e), e
-    else:
-        raise AssertionError("a layout of two partitions per rank was described")
+    e = refusal("a layout of two partitions per rank was described", two.__distarray__)
+    assert "one buffer" in e, e
 
 
 run(check_case, shared_indices_are_read_from_the_lowest_rank,
