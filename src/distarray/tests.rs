@@ -590,9 +590,8 @@ fn periodic_end_padding_is_read_as_the_sizes_count_it() {
     }
 }
 
-/// `f(comm)` on 4 ranks over threads, every rank's result.
 /// Every rank failed with the same `ProtocolError`, `__distarray__ {found}`.
-fn failed_everywhere(results: Vec<Result<PartitionedArray>>, found: &str) {
+fn failed_everywhere<T: std::fmt::Debug>(results: Vec<Result<T>>, found: &str) {
     for r in results {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), "ProtocolError");
@@ -600,6 +599,7 @@ fn failed_everywhere(results: Vec<Result<PartitionedArray>>, found: &str) {
     }
 }
 
+/// `f(comm)` on 4 ranks over threads, every rank's result.
 fn on_four<T: Send>(f: impl Fn(&dyn Communicator) -> Result<T> + Sync) -> Vec<Result<T>> {
     ThreadComm::run(4, |comm| f(comm))
 }
@@ -1348,11 +1348,7 @@ fn padding_unequal_to_its_neighbours_across_a_boundary_fails_every_rank() {
                  at the low end of rank 2 (the protocol has the two equal)";
     for periodic in [false, true] {
         let pads = [[0, 1], [1, 2], [1, 0], [0, 0]];
-        for r in halo(pads, periodic) {
-            let e = r.unwrap_err();
-            assert_eq!(e.kind(), "ProtocolError");
-            assert_eq!(e.to_string(), format!("__distarray__ {found}"));
-        }
+        failed_everywhere(halo(pads, periodic), found);
     }
     // Across the wrap-around of a periodic axis: rank 3's high end against rank 0's low end.
     let found = "dim_data[0] ('b'): rank 3 (proc_grid_rank 3 along it) has padding (1, 1) and \
@@ -1360,9 +1356,7 @@ fn padding_unequal_to_its_neighbours_across_a_boundary_fails_every_rank() {
                  proc_grid_rank 0, has padding (2, 1): the communication padding between them \
                  is 1 wide at the high end of rank 3 and 2 at the low end of rank 0 (the \
                  protocol has the two equal)";
-    for r in halo([[2, 1], [1, 1], [1, 1], [1, 1]], true) {
-        assert_eq!(r.unwrap_err().to_string(), format!("__distarray__ {found}"));
-    }
+    failed_everywhere(halo([[2, 1], [1, 1], [1, 1], [1, 1]], true), found);
     // An end of a periodic axis counted in size (start 0) is part of the array, as boundary
     // padding is, and as wide as it likes: rank 0's low padding of 1 (index 0, inside the
     // array) against rank 3's high end of 0 is read, every index once.
@@ -1519,15 +1513,6 @@ fn cyclic_columns(
     })
 }
 
-/// Every rank failed with the same `ProtocolError`, `__distarray__ {found}`.
-fn all_failed<T: std::fmt::Debug>(results: Vec<Result<T>>, found: &str) {
-    for r in results {
-        let e = r.unwrap_err();
-        assert_eq!(e.kind(), "ProtocolError");
-        assert_eq!(e.to_string(), format!("__distarray__ {found}"));
-    }
-}
-
 #[test]
 fn ranks_at_one_cyclic_coordinate_give_the_same_start_and_block_size() {
     // The dealt columns, as every rank at a coordinate gives them alike: read.
@@ -1539,7 +1524,7 @@ fn ranks_at_one_cyclic_coordinate_give_the_same_start_and_block_size() {
     }
     // Row 1 deals its columns the other way round (start 1 at coordinate 0, 0 at coordinate
     // 1): every element is still held once, but the dictionaries at one proc_grid_rank differ.
-    all_failed(
+    failed_everywhere(
         cyclic_columns(|r| if r / 2 == 1 { 1 - r % 2 } else { r % 2 }, |_| 1),
         "dim_data[1] ('c'): ranks 0 and 2, both at proc_grid_rank 0 along it, give start 0, \
          block_size 1 and start 1, block_size 1 (the protocol has the dimension dictionaries at \
@@ -1547,7 +1532,7 @@ fn ranks_at_one_cyclic_coordinate_give_the_same_start_and_block_size() {
     );
     // Rank 3 deals blocks of 1 from 1 where rank 1, at the same coordinate, deals blocks of 2
     // from 2 (both hold 4 columns).
-    all_failed(
+    failed_everywhere(
         cyclic_columns(
             |r| if r == 3 { 1 } else { (r % 2) * 2 },
             |r| if r == 3 { 1 } else { 2 },
@@ -1557,7 +1542,7 @@ fn ranks_at_one_cyclic_coordinate_give_the_same_start_and_block_size() {
          one proc_grid_rank identical)",
     );
     // One block size per coordinate, but two along the axis.
-    all_failed(
+    failed_everywhere(
         cyclic_columns(|r| [0, 1, 0, 1][r], |r| [2, 1, 2, 1][r]),
         "dim_data[1] ('c'): block_size is 2 at proc_grid_rank 0 (rank 0) but 1 at \
          proc_grid_rank 1 (rank 1): the blocks dealt round-robin along an axis are of one size",
@@ -1596,19 +1581,19 @@ fn cyclic_blocks_must_hold_every_index_once() {
         }
     }
     // Rank 1 starts where rank 0 does: 0 and 4 held twice, 1 and 5 by no one.
-    all_failed(
+    failed_everywhere(
         dealt([0, 0, 2, 3], 1, 8),
         "dim_data[0] ('c'): global index 0 is held by the processes at proc_grid_rank 0 and 1 \
          along it (start 0 and 0, block_size 1): cyclic blocks hold each index once",
     );
     // Rank 3 starts a period late: 3 is held by no one (and 7 by rank 3 alone).
-    all_failed(
+    failed_everywhere(
         dealt([0, 1, 2, 7], 1, 8),
         "dim_data[0] ('c'): global indices 3..4 are held by no process (starts (0, 1, 2, 7) at \
          proc_grid_rank 0 to 3 along it, block_size 1)",
     );
     // Blocks of 2 overlapping at 3 (and leaving 6..8 out): the overlap comes first.
-    all_failed(
+    failed_everywhere(
         dealt([0, 3, 2, 4], 2, 8),
         "dim_data[0] ('c'): global index 3 is held by the processes at proc_grid_rank 1 and 2 \
          along it (start 3 and 2, block_size 2): cyclic blocks hold each index once",
@@ -1704,7 +1689,7 @@ fn ranks_at_one_block_coordinate_own_the_same_indices() {
         let (lo, hi) = plain([0, 3, 2, 1][r]);
         (lo as isize, hi, [0, 0], false)
     };
-    all_failed(
+    failed_everywhere(
         block_rows(swapped),
         "dim_data[0] ('b'): ranks 0 and 1, both at proc_grid_rank 0 along it, give start 0, \
          stop 2, padding (0, 0) and start 2, stop 4, padding (0, 0), which own global indices \
@@ -1720,7 +1705,7 @@ fn ranks_at_one_block_coordinate_own_the_same_indices() {
         2 => (1, 4, [1, 0], false),
         _ => (1, 4, [0, 0], false),
     };
-    all_failed(
+    failed_everywhere(
         block_rows(padded),
         "dim_data[0] ('b'): ranks 2 and 3, both at proc_grid_rank 1 along it, give start 1, \
          stop 4, padding (1, 0) and start 1, stop 4, padding (0, 0), which own global indices \
@@ -1754,17 +1739,17 @@ fn blocks_must_own_every_index_once() {
             assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
         }
     }
-    all_failed(
+    failed_everywhere(
         dealt([(0, 3), (2, 4), (4, 6), (6, 8)]),
         "dim_data[0] ('b'): global index 2 is owned by the processes at proc_grid_rank 0 and 1 \
          along it (global indices 0..3 and 2..4): blocks own each index once",
     );
-    all_failed(
+    failed_everywhere(
         dealt([(0, 2), (3, 4), (4, 6), (6, 8)]),
         "dim_data[0] ('b'): global indices 2..3 are owned by no process (proc_grid_rank 0 to 3 \
          own 0..2, 3..4, 4..6, 6..8 of size 8)",
     );
-    all_failed(
+    failed_everywhere(
         dealt([(0, 2), (2, 4), (4, 6), (6, 7)]),
         "dim_data[0] ('b'): global indices 7..8 are owned by no process (proc_grid_rank 0 to 3 \
          own 0..2, 2..4, 4..6, 6..7 of size 8)",
@@ -1800,13 +1785,13 @@ fn an_undistributed_axis_is_owned_whole_by_every_rank() {
         assert_eq!(r.unwrap().unwrap().to_array::<f64>().unwrap(), a);
     }
     // Every rank gives columns 0..2 of 4: the one process along the axis does not own it all.
-    all_failed(
+    failed_everywhere(
         read(&|_| part(0, 2)),
         "dim_data[1] ('b'): global indices 2..4 are owned by no process (proc_grid_rank 0, the \
          only process along it, owns 0..2 of size 4)",
     );
     // Rank 2 alone gives part of it.
-    all_failed(
+    failed_everywhere(
         read(&|r| if r == 2 { part(0, 2) } else { part(0, 4) }),
         "dim_data[1] ('b'): ranks 0 and 2, both at proc_grid_rank 0 along it, give start 0, \
          stop 4, padding (0, 0) and start 0, stop 2, padding (0, 0), which own global indices \
@@ -1814,7 +1799,7 @@ fn an_undistributed_axis_is_owned_whole_by_every_rank() {
          identical)",
     );
     // Rank 3's buffer is one column short, and its empty dictionary says an axis of 3.
-    all_failed(
+    failed_everywhere(
         read(&|r| DimData::undistributed(if r == 3 { 3 } else { 4 })),
         "dim_data[1] ('b'): size 4 on rank 0, 3 on rank 3",
     );
